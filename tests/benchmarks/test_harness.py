@@ -1,0 +1,113 @@
+"""Smoke test of the benchmark harness (no timing assertions: numbers are not checked)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from .broker import QueueState, delete_queue, queue_state, reachable
+from .harness import DEFAULT_URL, RATIOS, Config, ratio_key, run_benchmarks
+
+URL = os.environ.get("AMQP_URL", DEFAULT_URL)
+CASES = ["pika.noack", "pika.batched", "ackkit.sync.auto"]
+CASE_KEYS = {"median", "min", "max", "runs", "cpu_us_per_msg", "status"}
+
+
+@pytest.fixture
+def broker_url() -> str:
+    if not reachable(URL):
+        pytest.skip(f"no RabbitMQ at {URL}")
+    return URL
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_harness_runs_cases_and_leaves_queues_empty(broker_url: str, tmp_path: Path) -> None:
+    json_path = tmp_path / "bench.json"
+    out = io.StringIO()
+    cfg = Config(
+        url=broker_url,
+        cases=CASES,
+        messages=500,
+        rounds=1,
+        json_path=json_path,
+        keep_queues=True,  # so that this test can ask the broker about them
+        progress=False,
+    )
+    run_benchmarks(cfg, Console(file=out, width=120))
+    data = json.loads(json_path.read_text())
+
+    queues = [run["queue"] for res in data["cases"].values() for run in res["runs"]]
+    try:
+        assert set(data) >= {"cases", "ratios", "meta"}
+        assert list(data["cases"]) == CASES
+        for case_id in ("pika.noack", "pika.batched"):
+            res = data["cases"][case_id]
+            assert set(res) >= CASE_KEYS
+            assert res["status"] == "ok", res
+            assert len(res["runs"]) == 1
+            assert res["min"] <= res["median"] <= res["max"]
+            assert res["median"] > 0
+            assert res["cpu_us_per_msg"] > 0
+        stub = data["cases"]["ackkit.sync.auto"]
+        assert stub["status"] == "n/a"
+        assert stub["median"] is None
+
+        assert set(data["ratios"]) == {ratio_key(n, d) for n, d, _ in RATIOS}
+        assert all(value is None for value in data["ratios"].values())  # no ackkit case ran
+        meta = data["meta"]
+        assert {"date", "broker", "python", "machine", "messages", "rounds"} <= set(meta)
+        assert meta["messages"] == 500 and meta["rounds"] == 1
+        assert {"nproc", "cpu_model"} <= set(meta["machine"])
+        assert "pika.batched" in out.getvalue()
+
+        # The stub was skipped before pre-fill: it never got a queue.
+        assert queue_state(broker_url, stub["runs"][0]["queue"]) is None
+        for res in (data["cases"]["pika.noack"], data["cases"]["pika.batched"]):
+            assert queue_state(broker_url, res["runs"][0]["queue"]) == QueueState(0, 0)
+    finally:
+        for queue in queues:
+            delete_queue(broker_url, queue)
+
+
+def test_plot_renders_with_missing_values(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from .plot import write_plot
+
+    report = {
+        "cases": {
+            "pika.batched": {
+                "median": 20_000.0,
+                "min": 19_000.0,
+                "max": 21_000.0,
+                "cpu_us_per_msg": 30.0,
+                "status": "ok",
+            },
+            "ackkit.sync.auto": {
+                "median": None,
+                "min": None,
+                "max": None,
+                "cpu_us_per_msg": None,
+                "status": "n/a",
+            },
+        },
+        "ratios": {
+            ratio_key(n, d): (0.9 if i == 0 else None) for i, (n, d, _) in enumerate(RATIOS)
+        },
+        "ratio_targets": {ratio_key(n, d): t for n, d, t in RATIOS},
+        "meta": {
+            "messages": 500,
+            "rounds": 1,
+            "broker": "3.10",
+            "date": "today",
+            "machine": {"nproc": 2},
+        },
+    }
+    path = tmp_path / "plot.png"
+    assert write_plot(report, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
