@@ -1,0 +1,79 @@
+"""Actions: what the core asks a runtime to do on the channel, in order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """basic.ack on the listener's current channel."""
+
+    tag: int
+    multiple: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Nack:
+    """basic.nack (RabbitMQ extension), the only negative settle with `multiple`."""
+
+    tag: int
+    multiple: bool = False
+    requeue: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """basic.reject: one delivery, requeued or dropped / dead-lettered by the queue's DLX."""
+
+    tag: int
+    requeue: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Republish:
+    """Publish a copy of delivery `tag` (body and properties preserved) with confirms.
+
+    `set_headers` are merged into the copy's headers (a value of None removes
+    the header). When the broker has confirmed the publish, the runtime calls
+    `ListenerCore.republished(token, ok)` and carries out what that returns
+    (the ack of the original; a requeue when the publish failed).
+    """
+
+    token: int
+    tag: int
+    exchange: str
+    routing_key: str
+    set_headers: dict[str, Any] = field(default_factory=dict)
+    purpose: str = "retry"
+    declare: tuple[str, dict[str, Any]] | None = None
+    """A queue (name, arguments) to declare before publishing, when not declared yet."""
+    source: Any = field(default=None, compare=False, repr=False)
+    """The runtime's object for the original delivery (Tracked.payload)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reinvoke:
+    """Run the handler again for delivery `tag` after `delay` seconds (in-process retry).
+
+    The delivery stays unacked meanwhile; after the handler returns, report the
+    outcome to `ListenerCore.finish` again.
+    """
+
+    tag: int
+    delay: float
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class TxCommit:
+    """tx.commit on the listener's channel (SESSION_TRANSACTED mode)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TxSelect:
+    """tx.select on a freshly opened channel (SESSION_TRANSACTED mode)."""
+
+
+Action = Ack | Nack | Reject | Republish | Reinvoke | TxCommit | TxSelect

@@ -1,0 +1,62 @@
+"""The settlement lifecycle, as events and counters."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Stage(str, Enum):
+    """Where a delivery is in its lifecycle."""
+
+    RECEIVED = "received"
+    """Delivered to the consumer."""
+    ACKED = "acked"
+    """Settled as processed (the ack may still be batched)."""
+    NACKED = "nacked"
+    """Negatively acknowledged by the handler (basic.nack)."""
+    REQUEUED = "requeued"
+    """Put back on its queue (requeue=True)."""
+    REJECTED = "rejected"
+    """Rejected without requeue: to the queue's DLX, or dropped when it has none."""
+    RETRYING = "retrying"
+    """Failed, another attempt is scheduled (in process, or in a delay queue)."""
+    DEAD_LETTERED = "dead_lettered"
+    """Published to the dead-letter queue with its error, then acked."""
+    DROPPED_STALE = "dropped_stale"
+    """A settle for a channel that has closed since: not sent (the broker requeued it)."""
+    UNSETTLED = "unsettled"
+    """A MANUAL/CLIENT handler returned without settling; the default was applied."""
+    RETURNED = "returned"
+    """Prefetched but never started at shutdown: requeued, not counted as a failure."""
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One step of one delivery's lifecycle."""
+
+    stage: Stage
+    listener: str
+    tag: int
+    attempt: int
+    reason: str = ""
+
+
+Observer = Callable[[Event], None]
+
+
+class Counters:
+    """Per-listener counts of lifecycle stages, plus ack frames sent and their size."""
+
+    __slots__ = ("ack_frames", "acked_by_frames", "counts")
+
+    def __init__(self) -> None:
+        self.counts: dict[Stage, int] = dict.fromkeys(Stage, 0)
+        self.ack_frames = 0
+        self.acked_by_frames = 0
+
+    def snapshot(self) -> dict[str, int]:
+        out = {s.value: n for s, n in self.counts.items()}
+        out["ack_frames"] = self.ack_frames
+        return out

@@ -1,0 +1,565 @@
+"""ListenerCore: every settlement decision for one listener, without I/O."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import headers as H
+from .actions import Ack, Action, Nack, Reinvoke, Reject, Republish, TxCommit, TxSelect
+from .errors import (
+    AlreadySettled,
+    BadPayload,
+    DeadLetterMessage,
+    RejectMessage,
+    RequeueMessage,
+    RetryLater,
+    SettleNotAllowed,
+)
+from .events import Counters, Event, Observer, Stage
+from .policy import AckMode, ListenerPolicy, RetryStrategy, Unsettled
+from .window import IN_FLIGHT, TagWindow
+
+_BATCHED = (AckMode.AUTO, AckMode.DUPS_OK, AckMode.TRANSACTED)
+_HANDLER_SETTLES = (AckMode.MANUAL, AckMode.CLIENT, AckMode.INDIVIDUAL)
+
+
+class Tracked:
+    """The core's record of one delivery. Runtimes hold it inside their Delivery."""
+
+    __slots__ = (
+        "attempt",
+        "exchange",
+        "generation",
+        "headers",
+        "parked",
+        "payload",
+        "routing_key",
+        "settled",
+        "tag",
+        "verdict",
+    )
+
+    def __init__(
+        self,
+        tag: int,
+        generation: int,
+        attempt: int,
+        headers: Mapping[str, Any] | None,
+        exchange: str,
+        routing_key: str,
+    ) -> None:
+        self.tag = tag
+        self.generation = generation
+        self.attempt = attempt
+        self.headers = headers
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.settled = False
+        self.parked = False
+        self.payload: Any = None  # the runtime's own object for this delivery (opaque here)
+        self.verdict: list[Action] | None = None
+
+    def __repr__(self) -> str:
+        return f"Tracked(tag={self.tag}, gen={self.generation}, attempt={self.attempt})"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSpec:
+    """A queue the listener needs (dead-letter queue, delay tier); declared idempotently."""
+
+    name: str
+    arguments: dict[str, Any]
+    purpose: str
+
+
+def _iso(ts: float) -> str:
+    return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+class ListenerCore:
+    """Decisions for one listener on one channel at a time.
+
+    A runtime calls: `channel_opened()` when its channel for this listener is
+    open, `receive()` per delivery, `finish()` when the handler returned or
+    raised, `settle()` for handler-driven acks, `republished()` when a
+    confirm for a Republish arrived, `tick()` periodically, `drain()` before
+    cancel/close, `channel_closed()` when the channel is gone. Each returns
+    actions to carry out in order on the current channel.
+    """
+
+    def __init__(
+        self,
+        policy: ListenerPolicy,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wallclock: Callable[[], float] = time.time,
+        observer: Observer | None = None,
+    ) -> None:
+        self.policy = policy
+        self.mode = policy.mode
+        self._flush = policy.flush_policy
+        self._clock = clock
+        self._wallclock = wallclock
+        self.observer = observer
+        self.counters = Counters()
+        self.generation = 0
+        self.open = False
+        self._window = TagWindow()
+        self._tracked: dict[int, Tracked] = {}
+        self._republishing: dict[int, Tracked] = {}
+        self._token = 0
+        self._parked = 0
+        self._last_flush = clock()
+        self._declared: set[str] = set()
+
+    # -- topology ---------------------------------------------------------
+
+    def topology(self) -> list[QueueSpec]:
+        """Queues ackkit declares for this listener: the DLQ and the retry delay tiers."""
+        p = self.policy
+        specs = []
+        dlq = p.dead_letter_queue
+        if dlq is not None:
+            specs.append(QueueSpec(dlq, {}, "dead-letter"))
+        if p.retry.strategy is RetryStrategy.BROKER and p.retry.max_attempts > 1:
+            for ms in p.retry.delay_tiers_ms():
+                specs.append(self._delay_spec(ms))
+        return specs
+
+    def _delay_spec(self, ms: int) -> QueueSpec:
+        return QueueSpec(
+            self.policy.delay_queue(ms),
+            {
+                "x-message-ttl": ms,
+                "x-dead-letter-exchange": "",
+                "x-dead-letter-routing-key": self.policy.queue,
+            },
+            "retry-delay",
+        )
+
+    def extra_delay_queue(self, delay: float) -> QueueSpec | None:
+        """The delay queue a RetryLater(delay=...) needs, if it is not one of the tiers."""
+        ms = _round_delay_ms(delay)
+        name = self.policy.delay_queue(ms)
+        if name in self._declared or ms in self.policy.retry.delay_tiers_ms():
+            return None
+        return self._delay_spec(ms)
+
+    def declared(self, name: str) -> None:
+        self._declared.add(name)
+
+    # -- channel lifecycle -----------------------------------------------
+
+    def channel_opened(self) -> list[Action]:
+        self.generation += 1
+        self.open = True
+        self._window = TagWindow()
+        self._tracked = {}
+        self._parked = 0
+        self._last_flush = self._clock()
+        return [TxSelect()] if self.mode is AckMode.TRANSACTED else []
+
+    def channel_closed(self) -> int:
+        """The channel is gone: every outstanding delivery of it is now stale.
+
+        Returns how many deliveries had not been acked; the broker has requeued them.
+        """
+        self.open = False
+        n = len(self._tracked)
+        for t in self._tracked.values():
+            if not t.settled:
+                t.settled = True
+                self._emit(Stage.DROPPED_STALE, t, "channel closed")
+        self._tracked = {}
+        self._window = TagWindow()
+        self._parked = 0
+        return n
+
+    # -- deliveries -------------------------------------------------------
+
+    def receive(
+        self,
+        tag: int,
+        redelivered: bool = False,
+        headers: Mapping[str, Any] | None = None,
+        exchange: str = "",
+        routing_key: str = "",
+    ) -> Tracked:
+        """Track a delivery. If `verdict` is set on the result, do not run the handler:
+        carry out the verdict's actions instead."""
+        try:
+            attempt = H.attempt_of(headers, redelivered)
+            bad: str | None = None
+        except H.BadAttemptHeader as exc:
+            attempt, bad = 1, str(exc)
+        t = Tracked(tag, self.generation, attempt, headers, exchange, routing_key)
+        c = self.counters.counts
+        c[Stage.RECEIVED] += 1
+        if self.observer:
+            self._emit(Stage.RECEIVED, t, "", count=False)
+        if self.mode is AckMode.NONE:
+            t.settled = True
+            return t
+        self._window.add(tag)
+        self._tracked[tag] = t
+        if bad is not None:
+            t.verdict = self._dead_letter(t, bad, BadPayload(bad), None)
+        else:
+            mx = self.policy.retry.max_attempts
+            if mx > 1 and attempt > mx:
+                # Redelivered after consumer loss with its attempts used up: a message
+                # that kills its consumer must not loop (Celery's reject_on_worker_lost).
+                t.verdict = self._dead_letter(
+                    t, f"attempts exhausted ({attempt - 1} of {mx}, last one lost)", None, None
+                )
+        return t
+
+    def finish(
+        self, t: Tracked, exc: BaseException | None = None, traceback: str | None = None
+    ) -> list[Action]:
+        """The handler returned (exc None) or raised `exc`."""
+        if self.mode is AckMode.NONE:
+            # The broker already forgot the message; a copy in the DLQ is the only net left.
+            if exc is None or self.policy.dead_letter_queue is None:
+                if exc is not None:
+                    self._emit(Stage.REJECTED, t, f"lost (no-ack, no DLQ): {_describe(exc)}")
+                return []
+            return self._dead_letter(t, f"handler failed: {_describe(exc)}", exc, traceback)
+        if t.settled:
+            return []
+        if t.generation != self.generation or not self.open:
+            t.settled = True
+            self._emit(Stage.DROPPED_STALE, t, "channel closed")
+            return []
+        if exc is None:
+            if self.mode in _BATCHED:
+                return self._ack(t)
+            return self._unsettled(t)
+        if self.mode is AckMode.TRANSACTED:
+            return self._requeue_pending("transaction rolled back") + self._failure(
+                t, exc, traceback
+            )
+        return self._failure(t, exc, traceback)
+
+    def settle(
+        self, t: Tracked, kind: str, *, requeue: bool = False, multiple: bool = False
+    ) -> list[Action]:
+        """The handler settles `t` itself: kind is 'ack', 'nack' or 'reject'."""
+        if self.mode is AckMode.NONE:
+            raise SettleNotAllowed(
+                f"AckMode.NONE: the broker settled this delivery when it sent it; nothing to {kind}"
+            )
+        if t.settled:
+            raise AlreadySettled(f"delivery tag {t.tag} was already settled")
+        if multiple and self.mode is AckMode.INDIVIDUAL:
+            raise SettleNotAllowed("AckMode.INDIVIDUAL settles one delivery at a time")
+        if t.generation != self.generation or not self.open:
+            t.settled = True
+            self._emit(Stage.DROPPED_STALE, t, "channel closed before settle")
+            return []
+        if kind == "ack":
+            if multiple or self.mode is AckMode.CLIENT:
+                return self._ack_upto(t.tag)
+            return self._ack(t)
+        if kind not in ("nack", "reject"):
+            raise ValueError(f"unknown settle kind {kind!r}")
+        targets = self._take_upto(t.tag) if multiple else [self._take(t)]
+        acts: list[Action] = []
+        if requeue:
+            if multiple:
+                acts.extend(self._flush_acks(force=True))
+                self._window.mark_gone_upto(t.tag)
+                acts.append(Nack(t.tag, multiple=True, requeue=True))
+            else:
+                self._window.mark_gone(t.tag)
+                acts.append(Nack(t.tag, requeue=True) if kind == "nack" else Reject(t.tag, True))
+            for x in targets:
+                self._emit(Stage.REQUEUED, x, f"{kind} requeue by handler")
+            return acts
+        for x in targets:
+            x.settled = False  # _dead_letter settles it
+            acts.extend(self._dead_letter(x, f"{kind} without requeue by handler", None, None))
+        return acts
+
+    def republished(self, token: int, ok: bool) -> list[Action]:
+        """The broker confirmed (ok) or refused a Republish: settle the original."""
+        t = self._republishing.pop(token, None)
+        if t is None:
+            return []
+        if t.generation != self.generation and self.mode is AckMode.NONE:
+            return []
+        if t.generation != self.generation or not self.open:
+            self._emit(Stage.DROPPED_STALE, t, "channel closed before the republish confirm")
+            return []
+        if self.mode is AckMode.NONE:
+            if not ok:
+                self._emit(Stage.REJECTED, t, "lost: no-ack delivery and the DLQ publish failed")
+            return []
+        if not ok:
+            self._window.mark_gone(t.tag)
+            self._emit(Stage.REQUEUED, t, "republish not confirmed")
+            return [Reject(t.tag, requeue=True)]
+        return self._ack(t, count=False)
+
+    def release(self, t: Tracked) -> list[Action]:
+        """Return a prefetched delivery whose handler never started (shutdown)."""
+        if t.settled or t.generation != self.generation or not self.open:
+            return []
+        t.settled = True
+        self._tracked.pop(t.tag, None)
+        self._window.mark_gone(t.tag)
+        self._emit(Stage.RETURNED, t, "shutdown before start")
+        return [Nack(t.tag, requeue=True)]
+
+    # -- time and shutdown -------------------------------------------------
+
+    def tick(self) -> list[Action]:
+        """Call periodically (e.g. every 50 ms): sends acks held longer than the interval."""
+        if not self._window.pending:
+            self._last_flush = self._clock()
+            return []
+        if self._clock() - self._last_flush >= self._flush.interval:
+            return self._flush_acks(force=True)
+        return []
+
+    def drain(self) -> list[Action]:
+        """Send every pending ack now (before basic.cancel and channel close)."""
+        if not self.open:
+            return []
+        return self._flush_acks(force=True)
+
+    @property
+    def pending_acks(self) -> int:
+        return self._window.pending
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._tracked)
+
+    @property
+    def republishing(self) -> int:
+        return len(self._republishing)
+
+    def unsettled(self) -> list[Tracked]:
+        return [t for t in self._tracked.values() if not t.settled]
+
+    # -- internals ---------------------------------------------------------
+
+    def _emit(self, stage: Stage, t: Tracked, reason: str, count: bool = True) -> None:
+        if count:
+            self.counters.counts[stage] += 1
+        if self.observer:
+            self.observer(Event(stage, self.policy.name, t.tag, t.attempt, reason))
+
+    def _take(self, t: Tracked) -> Tracked:
+        t.settled = True
+        self._tracked.pop(t.tag, None)
+        if t.parked:
+            t.parked = False
+            self._parked -= 1
+        return t
+
+    def _take_upto(self, tag: int) -> list[Tracked]:
+        out = []
+        for x in self._window.in_flight_upto(tag):
+            y = self._tracked.get(x)
+            if y is not None:
+                out.append(self._take(y))
+        return out
+
+    def _ack(self, t: Tracked, count: bool = True) -> list[Action]:
+        self._take(t)
+        if count:
+            self.counters.counts[Stage.ACKED] += 1
+            if self.observer:
+                self._emit(Stage.ACKED, t, "", count=False)
+        w = self._window
+        w.mark_ack(t.tag)
+        if w.pending >= self._flush.max_pending:
+            return self._flush_acks(force=False)
+        return []
+
+    def _ack_upto(self, tag: int) -> list[Action]:
+        for x in self._take_upto(tag):
+            self._window.mark_ack(x.tag)
+            self._emit(Stage.ACKED, x, "")
+        return self._flush_acks(force=self._window.pending >= self._flush.max_pending)
+
+    def _flush_acks(self, force: bool) -> list[Action]:
+        w = self._window
+        self._last_flush = self._clock()
+        top, n = w.take_prefix()
+        acts: list[Action] = []
+        if n:
+            acts.append(Ack(top, multiple=n > 1))
+            self.counters.ack_frames += 1
+            self.counters.acked_by_frames += n
+        if w.pending and (force or w.pending >= self._flush.max_pending):
+            for s in w.take_stragglers():
+                acts.append(Ack(s))
+                self.counters.ack_frames += 1
+                self.counters.acked_by_frames += 1
+        if acts and self.mode is AckMode.TRANSACTED:
+            acts.append(TxCommit())
+        return acts
+
+    def _requeue_pending(self, reason: str) -> list[Action]:
+        acts: list[Action] = []
+        for tag in self._window.take_stragglers():
+            acts.append(Reject(tag, requeue=True))
+            self.counters.counts[Stage.ACKED] -= 1
+            self.counters.counts[Stage.REQUEUED] += 1
+        return acts
+
+    def _unsettled(self, t: Tracked) -> list[Action]:
+        if self.mode is AckMode.CLIENT:
+            # May be settled later by a multiple ack; only a full window is a problem.
+            if not t.parked:
+                t.parked = True
+                self._parked += 1
+            if self.policy.prefetch and self._parked >= self.policy.prefetch:
+                acts: list[Action] = []
+                for x in [x for x in self._tracked.values() if x.parked]:
+                    acts.extend(self._apply_unsettled(x, "window full of unsettled deliveries"))
+                return acts
+            return []
+        return self._apply_unsettled(t, "handler returned without settling")
+
+    def _apply_unsettled(self, t: Tracked, why: str) -> list[Action]:
+        self._emit(Stage.UNSETTLED, t, why)
+        how = self.policy.on_unsettled
+        if how is Unsettled.ACK:
+            return self._ack(t)
+        if how is Unsettled.REQUEUE:
+            self._take(t)
+            self._window.mark_gone(t.tag)
+            self._emit(Stage.REQUEUED, t, why)
+            return [Reject(t.tag, requeue=True)]
+        return self._dead_letter(t, why, None, None)
+
+    def _failure(self, t: Tracked, exc: BaseException, tb: str | None) -> list[Action]:
+        if isinstance(exc, RequeueMessage):
+            self._take(t)
+            self._window.mark_gone(t.tag)
+            self._emit(Stage.REQUEUED, t, exc.reason)
+            return [Reject(t.tag, requeue=True)]
+        if isinstance(exc, RejectMessage):
+            if self.policy.dead_letter_queue is None:
+                self._take(t)
+                self._window.mark_gone(t.tag)
+                self._emit(Stage.REJECTED, t, exc.reason)
+                return [Reject(t.tag, requeue=False)]
+            return self._dead_letter(t, exc.reason, exc, tb)
+        if isinstance(exc, DeadLetterMessage):
+            return self._dead_letter(t, exc.reason, exc, tb)
+        retry = self.policy.retry
+        if isinstance(exc, BadPayload):
+            return self._dead_letter(t, f"bad payload: {exc}", exc, tb)
+        wants = isinstance(exc, RetryLater) or retry.should_retry(exc)
+        if not wants:
+            return self._dead_letter(t, f"non-retryable {type(exc).__name__}", exc, tb)
+        if t.attempt >= retry.max_attempts:
+            why = f"attempts exhausted ({t.attempt} of {retry.max_attempts})"
+            return self._dead_letter(t, why, exc, tb)
+        asked = exc.delay if isinstance(exc, RetryLater) else None
+        self._emit(Stage.RETRYING, t, _describe(exc))
+        if retry.strategy is RetryStrategy.IN_PROCESS:
+            t.attempt += 1
+            delay = asked if asked is not None else retry.jittered(t.attempt - 1)
+            return [Reinvoke(t.tag, delay, t.attempt)]
+        # Broker delays come in fixed TTL tiers (one delay queue each); jitter does not apply.
+        ms = retry.tier_for(t.attempt) if asked is None else _round_delay_ms(asked)
+        extra = self.extra_delay_queue(ms / 1000) if asked is not None else None
+        now = _iso(self._wallclock())
+        hdrs: dict[str, Any] = {
+            H.ATTEMPT: t.attempt + 1,
+            H.LAST_FAILURE: now,
+            H.ERROR_TYPE: _qualname(exc),
+            H.ERROR_MESSAGE: _bounded(str(exc), 1000),
+        }
+        if not (t.headers and H.FIRST_FAILURE in t.headers):
+            hdrs[H.FIRST_FAILURE] = now
+        if not (t.headers and H.ORIGINAL_EXCHANGE in t.headers):
+            hdrs[H.ORIGINAL_EXCHANGE] = t.exchange
+            hdrs[H.ORIGINAL_ROUTING_KEY] = t.routing_key
+        act = self._republish(t, self.policy.delay_queue(ms), hdrs, "retry")
+        if extra is not None:
+            self._declared.add(extra.name)
+            declare = (extra.name, extra.arguments)
+            act = Republish(
+                act.token, act.tag, "", act.routing_key, hdrs, "retry", declare, t.payload
+            )
+        return [act]
+
+    def _dead_letter(
+        self, t: Tracked, reason: str, exc: BaseException | None, tb: str | None
+    ) -> list[Action]:
+        dlq = self.policy.dead_letter_queue
+        if dlq is None:
+            self._take(t)
+            self._window.mark_gone(t.tag)
+            self._emit(Stage.REJECTED, t, reason)
+            return [Reject(t.tag, requeue=False)]
+        now = _iso(self._wallclock())
+        old = t.headers or {}
+        hdrs: dict[str, Any] = {
+            H.REASON: _bounded(reason, 1000),
+            H.ATTEMPTS: t.attempt,
+            H.LISTENER: self.policy.name,
+            H.ORIGINAL_QUEUE: self.policy.queue,
+            H.ORIGINAL_EXCHANGE: old.get(H.ORIGINAL_EXCHANGE, t.exchange),
+            H.ORIGINAL_ROUTING_KEY: old.get(H.ORIGINAL_ROUTING_KEY, t.routing_key),
+            H.FIRST_FAILURE: old.get(H.FIRST_FAILURE, now),
+            H.LAST_FAILURE: now,
+            H.DEAD_LETTERED_AT: now,
+        }
+        if exc is not None:
+            hdrs[H.ERROR_TYPE] = _qualname(exc)
+            hdrs[H.ERROR_MESSAGE] = _bounded(str(exc), 1000)
+        if tb:
+            hdrs[H.ERROR_TRACEBACK] = tb[-self.policy.max_traceback :]
+        self._emit(Stage.DEAD_LETTERED, t, reason, count=False)
+        return [self._republish(t, dlq, hdrs, "dead-letter")]
+
+    def _republish(self, t: Tracked, queue: str, hdrs: dict[str, Any], purpose: str) -> Republish:
+        self._take(t)
+        self._token += 1
+        self._republishing[self._token] = t
+        if purpose == "dead-letter":
+            self.counters.counts[Stage.DEAD_LETTERED] += 1
+        return Republish(self._token, t.tag, "", queue, hdrs, purpose=purpose, source=t.payload)
+
+    def reinvoked(self, t: Tracked) -> None:
+        """An in-process retry is about to run the handler again (no-op hook for symmetry)."""
+
+
+def _round_delay_ms(delay: float) -> int:
+    ms = max(int(delay * 1000 + 0.999), 1)
+    if ms > 10_000:
+        return (ms + 999) // 1000 * 1000
+    if ms > 1000:
+        return (ms + 99) // 100 * 100
+    return ms
+
+
+def _qualname(exc: BaseException) -> str:
+    t = type(exc)
+    mod = t.__module__
+    return t.__qualname__ if mod == "builtins" else f"{mod}.{t.__qualname__}"
+
+
+def _bounded(s: str, n: int) -> str:
+    return s if len(s) <= n else s[: n - 3] + "..."
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {_bounded(str(exc), 200)}"
+
+
+def in_flight_states(core: ListenerCore) -> Iterable[int]:
+    """Debug helper: tags the window still considers in flight."""
+    return [t for t in core._window.in_flight() if core._window.state(t) == IN_FLIGHT]

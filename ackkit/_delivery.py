@@ -1,0 +1,145 @@
+"""Delivery: one message as a handler sees it, and how it is settled."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from ._core.errors import BadPayload
+from ._core.listener import Tracked
+
+if TYPE_CHECKING:
+    from ._handler import Decoder
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class Settler(Protocol):
+    """What a runtime offers a Delivery to carry out a handler's settle."""
+
+    def settle(self, delivery: Delivery, kind: str, requeue: bool, multiple: bool) -> None: ...
+
+
+class Delivery:
+    """A message delivered to a listener (or fetched with basic.get).
+
+    `body` is bytes; `properties` are the AMQP basic properties (attribute
+    names as in pika: content_type, headers, message_id, ...). `attempt` is
+    1-based and survives restarts and broker retries (ackkit's own header,
+    a quorum queue's x-delivery-count, or the redelivered flag).
+    """
+
+    __slots__ = (
+        "_decoder",
+        "_settler",
+        "body",
+        "exchange",
+        "properties",
+        "queue",
+        "redelivered",
+        "routing_key",
+        "tracked",
+    )
+
+    def __init__(
+        self,
+        body: bytes,
+        properties: Any,
+        tracked: Tracked,
+        settler: Settler,
+        *,
+        exchange: str = "",
+        routing_key: str = "",
+        redelivered: bool = False,
+        queue: str = "",
+        decoder: Decoder | None = None,
+    ) -> None:
+        self.body = body
+        self.properties = properties
+        self.tracked = tracked
+        self._settler = settler
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.redelivered = redelivered
+        self.queue = queue
+        self._decoder = decoder
+        tracked.payload = self
+
+    # -- what the message is ------------------------------------------------
+
+    @property
+    def delivery_tag(self) -> int:
+        return self.tracked.tag
+
+    @property
+    def attempt(self) -> int:
+        return self.tracked.attempt
+
+    @property
+    def headers(self) -> Mapping[str, Any]:
+        h = getattr(self.properties, "headers", None)
+        return h if h is not None else {}
+
+    @property
+    def message_id(self) -> str | None:
+        return getattr(self.properties, "message_id", None)
+
+    @property
+    def content_type(self) -> str | None:
+        return getattr(self.properties, "content_type", None)
+
+    @property
+    def settled(self) -> bool:
+        return self.tracked.settled
+
+    def text(self) -> str:
+        try:
+            return self.body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BadPayload(f"body is not valid UTF-8: {exc}") from None
+
+    def json(self) -> Any:
+        if self._decoder is not None:
+            self._decoder.check(self)
+        try:
+            return json.loads(self.body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BadPayload(f"body is not valid JSON: {exc}") from None
+
+    def model(self, model: type[M]) -> M:
+        if self._decoder is not None:
+            self._decoder.check(self)
+        try:
+            return model.model_validate_json(self.body)
+        except ValidationError as exc:
+            raise BadPayload(_validation_reason(model, exc)) from None
+
+    # -- settling --------------------------------------------------------------
+
+    def ack(self, multiple: bool = False) -> None:
+        """Acknowledge (processed). multiple=True also acks every earlier delivery."""
+        self._settler.settle(self, "ack", False, multiple)
+
+    def nack(self, requeue: bool = True, multiple: bool = False) -> None:
+        """Negative ack. requeue=False dead-letters (to the listener's DLQ if it has one)."""
+        self._settler.settle(self, "nack", requeue, multiple)
+
+    def reject(self, requeue: bool = False) -> None:
+        """Reject one delivery. requeue=False dead-letters (to the DLQ if there is one)."""
+        self._settler.settle(self, "reject", requeue, False)
+
+    def __repr__(self) -> str:
+        return (
+            f"<Delivery queue={self.queue!r} tag={self.delivery_tag} attempt={self.attempt} "
+            f"message_id={self.message_id!r} bytes={len(self.body)}>"
+        )
+
+
+def _validation_reason(model: type[BaseModel], exc: ValidationError) -> str:
+    errs = exc.errors(include_url=False, include_input=False)
+    parts = [f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in errs[:5]]
+    more = f" (+{len(errs) - 5} more)" if len(errs) > 5 else ""
+    return f"does not match {model.__name__}: " + "; ".join(parts) + more

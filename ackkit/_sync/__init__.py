@@ -1,0 +1,1 @@
+"""The sync runtime on pika: carries out the core's decisions on real channels."""

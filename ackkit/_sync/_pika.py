@@ -1,0 +1,101 @@
+"""Small pika helpers shared by the App, pull mode and the tools."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pika
+import pika.exceptions
+
+from .._core.errors import TopologyConflict
+from .._core.listener import QueueSpec
+
+PROPERTY_FIELDS = (
+    "content_type",
+    "content_encoding",
+    "headers",
+    "delivery_mode",
+    "priority",
+    "correlation_id",
+    "reply_to",
+    "expiration",
+    "message_id",
+    "timestamp",
+    "type",
+    "user_id",
+    "app_id",
+)
+
+
+def parameters(url: str, *, heartbeat: int | None = None, name: str = "ackkit") -> Any:
+    params = pika.URLParameters(url)
+    if heartbeat is not None:
+        params.heartbeat = heartbeat
+    props = dict(params.client_properties or {})
+    props.setdefault("connection_name", name)
+    params.client_properties = props
+    return params
+
+
+def copy_properties(props: Any, set_headers: Mapping[str, Any]) -> pika.BasicProperties:
+    """A copy of `props` (any object with the AMQP property attributes) with headers merged."""
+    kw = {f: getattr(props, f, None) for f in PROPERTY_FIELDS}
+    headers = dict(kw.get("headers") or {})
+    for k, v in set_headers.items():
+        if v is None:
+            headers.pop(k, None)
+        else:
+            headers[k] = v
+    kw["headers"] = headers
+    mode = kw.get("delivery_mode")
+    if mode is not None and hasattr(mode, "value"):
+        kw["delivery_mode"] = mode.value
+    ts = kw.get("timestamp")
+    if ts is not None and not isinstance(ts, int):
+        kw["timestamp"] = int(ts.timestamp()) if hasattr(ts, "timestamp") else None
+    return pika.BasicProperties(**kw)
+
+
+def declare_queues(
+    conn: pika.BlockingConnection,
+    own: Iterable[QueueSpec],
+    user: Iterable[tuple[str, dict[str, Any]]] = (),
+) -> None:
+    """Declare the user's queues (passively first) and ackkit's own queues, idempotently.
+
+    A queue that exists with conflicting arguments raises TopologyConflict
+    (the failed declare only costs a throwaway channel).
+    """
+    for name, args in user:
+        if not args and _exists(conn, name):
+            continue
+        _declare(conn, name, args, "listener queue")
+    for spec in own:
+        _declare(conn, spec.name, spec.arguments, spec.purpose)
+
+
+def _exists(conn: pika.BlockingConnection, name: str) -> bool:
+    ch = conn.channel()
+    try:
+        ch.queue_declare(name, passive=True)
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        if exc.reply_code == 404:
+            return False
+        raise
+    ch.close()
+    return True
+
+
+def _declare(conn: pika.BlockingConnection, name: str, args: dict[str, Any], what: str) -> None:
+    ch = conn.channel()
+    try:
+        ch.queue_declare(name, durable=True, arguments=args or None)
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        if exc.reply_code == 406:
+            raise TopologyConflict(
+                f"{what} {name!r} already exists with arguments that differ from {args!r}; "
+                f"broker said: {exc.reply_text}. Delete it or align its arguments."
+            ) from None
+        raise
+    ch.close()

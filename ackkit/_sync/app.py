@@ -1,0 +1,102 @@
+"""App: decorator-registered listeners on pika, run in the foreground or background."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
+
+from .._spec import AppBase
+from .runtime import Runtime
+
+log = logging.getLogger("ackkit")
+
+
+class App(AppBase):
+    """Listeners on RabbitMQ with acknowledgement that is correct by construction.
+
+    ```
+    app = App("amqp://guest:guest@127.0.0.1:5672/%2f")
+
+    @app.listener("orders", ack_mode=AckMode.AUTO, prefetch=100)
+    def on_order(order: Order) -> None: ...
+
+    app.run()              # blocks; SIGINT/SIGTERM or app.stop() -> graceful shutdown
+    with app.running(): ...  # in a background thread, stopped gracefully on exit
+    ```
+    """
+
+    def __init__(self, url: str = "amqp://guest:guest@127.0.0.1:5672/%2f", **kw: Any) -> None:
+        super().__init__(url, **kw)
+        self._runtime: Runtime | None = None
+        self._stopped = threading.Event()
+
+    def start(self) -> None:
+        """Connect, declare, start consuming; returns once every listener consumes."""
+        if self._runtime is not None:
+            raise RuntimeError("App is already running")
+        if not self.specs:
+            raise RuntimeError("App has no listeners: register one with @app.listener(...)")
+        self._stopped.clear()
+        rt = Runtime(self)
+        self._runtime = rt
+        try:
+            rt.start()
+        except BaseException:
+            self._runtime = None
+            raise
+        log.info("ackkit: %d listener(s) consuming from %s", len(self.specs), self.safe_url)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Graceful shutdown: cancel, finish in-flight handlers, requeue the rest, flush acks."""
+        rt = self._runtime
+        if rt is None:
+            return
+        rt.stop(timeout)
+        self._runtime = None
+        self._stopped.set()
+
+    def run(self) -> None:
+        """Run until SIGINT/SIGTERM (main thread) or stop() from another thread."""
+        self.start()
+        restore: list[tuple[signal.Signals, Any]] = []
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                restore.append((sig, signal.signal(sig, self._on_signal)))
+        try:
+            while not self._stopped.wait(0.2):
+                rt = self._runtime
+                if rt is not None and rt.fatal is not None:
+                    raise rt.fatal
+        finally:
+            for sig, old in restore:
+                signal.signal(sig, old)
+            self.stop()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        log.info("ackkit: signal %d, shutting down gracefully", signum)
+        threading.Thread(target=self.stop, name="ackkit-stop", daemon=True).start()
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[App]:
+        """Run in the background for the duration of a with-block."""
+        self.start()
+        try:
+            yield self
+        finally:
+            self.stop()
+
+    @property
+    def is_running(self) -> bool:
+        return self._runtime is not None
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Lifecycle counters per listener (received, acked, dead_lettered, ...)."""
+        rt = self._runtime
+        if rt is None:
+            return {}
+        return {c.spec.name: c.core.counters.snapshot() for c in rt.consumers}

@@ -1,0 +1,647 @@
+"""The pika runtime: an I/O thread owning a SelectConnection, handler worker threads.
+
+pika is not thread-safe, so every channel call happens on the I/O thread.
+Workers run handlers and report outcomes to the listener's core under its
+lock; whatever actions come back are handed to the I/O thread with
+add_callback_threadsafe, tagged with the channel generation they belong to.
+The I/O thread drops actions of a generation that is no longer current, so a
+delivery tag never reaches a channel it did not come from.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue as _queue
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import pika
+import pika.exceptions
+from pika.spec import Basic
+from tenacity import Retrying, retry_if_exception_type, wait_exponential_jitter
+
+from .._core.actions import Ack, Action, Nack, Reinvoke, Reject, Republish, TxCommit, TxSelect
+from .._core.errors import AckkitError, TopologyConflict
+from .._core.events import Observer
+from .._core.listener import ListenerCore, Tracked
+from .._core.policy import AckMode
+from .._delivery import Delivery
+from .._handler import AckIndex
+from .._spec import ListenerSpec
+from .._url import mask_text
+from ._pika import copy_properties, declare_queues, parameters
+
+log = logging.getLogger("ackkit")
+TICK = 0.05
+
+
+class ConnectFailed(AckkitError):
+    """The connection could not be opened (retried with backoff)."""
+
+
+class FatalConnectError(AckkitError):
+    """Connecting failed in a way retrying cannot fix (credentials, vhost, topology)."""
+
+
+class Consumer:
+    """One listener on one channel (re-opened as a new generation after a loss)."""
+
+    def __init__(self, rt: Runtime, spec: ListenerSpec, observer: Observer | None) -> None:
+        self.rt = rt
+        self.spec = spec
+        self.core = ListenerCore(spec.policy, observer=observer)
+        self.lock = threading.Lock()
+        self.inbox: _queue.SimpleQueue[Delivery | None] = _queue.SimpleQueue()
+        self.channel: Any = None
+        self.consumer_tag: str | None = None
+        self.workers: list[threading.Thread] = []
+        self.in_handler = 0
+        self.cancelled = threading.Event()
+        self.binding = spec.binding
+        self.no_ack = spec.policy.mode is AckMode.NONE
+
+    # -- I/O thread ----------------------------------------------------------
+
+    def open(self, conn: Any) -> None:
+        conn.channel(on_open_callback=self._on_channel_open)
+
+    def _reopen(self, conn: Any) -> None:
+        if conn.is_open and not self.rt.stopping:
+            self.open(conn)
+
+    def _on_channel_open(self, ch: Any) -> None:
+        if self.rt.stopping:
+            ch.close()
+            return
+        self.channel = ch
+        ch.add_on_close_callback(self._on_channel_closed)
+        with self.lock:
+            acts = self.core.channel_opened()
+        for a in acts:
+            if isinstance(a, TxSelect):
+                ch.tx_select()
+        prefetch = self.spec.policy.prefetch
+        ch.basic_qos(prefetch_count=prefetch, callback=lambda _f: self._consume(ch))
+
+    def _consume(self, ch: Any) -> None:
+        self.cancelled.clear()
+        self.consumer_tag = ch.basic_consume(
+            self.spec.queue, self._on_message, auto_ack=self.no_ack
+        )
+        self.rt.consumer_ready(self)
+
+    def _on_channel_closed(self, ch: Any, reason: BaseException) -> None:
+        if ch is not self.channel:
+            return
+        with self.lock:
+            lost = self.core.channel_closed()
+        self.channel = None
+        self.cancelled.set()
+        if lost:
+            log.info(
+                "%s: channel closed with %d deliveries unsettled (broker requeues them)",
+                self.spec.name,
+                lost,
+            )
+        code = getattr(reason, "reply_code", 0)
+        if code not in (0, 200, 320):
+            log.error("%s: channel closed by broker: %s", self.spec.name, reason)
+        conn = self.rt.connection
+        if not self.rt.stopping and conn is not None and conn.is_open:
+            conn.ioloop.call_later(1.0, lambda: self._reopen(conn))
+
+    def _on_message(self, ch: Any, method: Any, props: Any, body: bytes) -> None:
+        with self.lock:
+            t = self.core.receive(
+                method.delivery_tag,
+                method.redelivered,
+                props.headers,
+                method.exchange,
+                method.routing_key,
+            )
+        d = Delivery(
+            body,
+            props,
+            t,
+            self,
+            exchange=method.exchange,
+            routing_key=method.routing_key,
+            redelivered=method.redelivered,
+            queue=self.spec.queue,
+            decoder=self.binding.decoder,
+        )
+        if t.verdict is not None:
+            self.execute(t.generation, t.verdict)
+            return
+        self.inbox.put(d)
+
+    def tick(self) -> None:
+        if self.channel is None:
+            return
+        with self.lock:
+            acts = self.core.tick()
+            gen = self.core.generation
+        if acts:
+            self.execute(gen, acts)
+
+    def execute(self, gen: int, acts: list[Action]) -> None:
+        """Carry out actions on the channel of generation `gen` (I/O thread only)."""
+        ch = self.channel
+        if ch is None or not ch.is_open or gen != self.core.generation or not self.core.open:
+            if any(not isinstance(a, Republish) for a in acts):
+                log.info(
+                    "%s: dropped %d settle actions for a closed channel", self.spec.name, len(acts)
+                )
+            return
+        for a in acts:
+            if type(a) is Ack:
+                ch.basic_ack(a.tag, a.multiple)
+            elif type(a) is Reject:
+                ch.basic_reject(a.tag, a.requeue)
+            elif type(a) is Nack:
+                ch.basic_nack(a.tag, a.multiple, a.requeue)
+            elif type(a) is Republish:
+                self.rt.publisher.publish(self, gen, a)
+            elif type(a) is TxCommit:
+                ch.tx_commit()
+            elif type(a) is TxSelect:
+                ch.tx_select()
+
+    def republished(self, gen: int, token: int, ok: bool) -> None:
+        with self.lock:
+            acts = self.core.republished(token, ok)
+        if acts:
+            self.execute(self.core.generation, acts)
+
+    # -- worker threads --------------------------------------------------------
+
+    def send(self, gen: int, acts: list[Action]) -> None:
+        """From any thread: hand actions to the I/O thread."""
+        self.rt.call_soon(lambda: self.execute(gen, acts))
+
+    def settle(self, delivery: Delivery, kind: str, requeue: bool, multiple: bool) -> None:
+        """Delivery.ack()/nack()/reject() from a handler (Settler protocol)."""
+        with self.lock:
+            acts = self.core.settle(delivery.tracked, kind, requeue=requeue, multiple=multiple)
+            gen = self.core.generation
+        if acts:
+            self.send(gen, acts)
+
+    def start_workers(self) -> None:
+        target = self._batch_worker if self.spec.batch_size else self._worker
+        for i in range(self.spec.concurrency):
+            th = threading.Thread(target=target, name=f"ackkit-{self.spec.name}-{i}", daemon=True)
+            th.start()
+            self.workers.append(th)
+
+    def _worker(self) -> None:
+        inbox = self.inbox
+        while True:
+            d = inbox.get()
+            if d is None:
+                return
+            if self.rt.stopping:
+                self.rt.unstarted.append(d)
+                continue
+            self._handle(d)
+
+    def _handle(self, d: Delivery) -> None:
+        t = d.tracked
+        fn = self.binding.fn
+        args = self.binding.args
+        while True:
+            exc: BaseException | None = None
+            tb = None
+            self.in_handler += 1
+            try:
+                fn(*args(d))
+            except Exception as e:
+                exc = e
+                tb = traceback.format_exc()
+            finally:
+                self.in_handler -= 1
+            with self.lock:
+                acts = self.core.finish(t, exc, tb)
+                gen = self.core.generation
+            if exc is not None:
+                log.warning("%s: handler failed on %r: %s", self.spec.name, d, _short(exc))
+            if acts and type(acts[0]) is Reinvoke:
+                if self.rt.stop_event.wait(acts[0].delay):
+                    self._release(t)
+                    return
+                continue
+            if acts:
+                self.send(gen, acts)
+            return
+
+    def _release(self, t: Tracked) -> None:
+        with self.lock:
+            acts = self.core.release(t)
+            gen = self.core.generation
+        if acts:
+            self.send(gen, acts)
+
+    def _batch_worker(self) -> None:
+        size = self.spec.batch_size or 1
+        timeout = self.spec.batch_timeout
+        while True:
+            first = self.inbox.get()
+            if first is None:
+                return
+            batch = [first]
+            deadline = time.monotonic() + timeout
+            while len(batch) < size:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    nxt = self.inbox.get(timeout=left)
+                except _queue.Empty:
+                    break
+                if nxt is None:
+                    self.inbox.put(None)
+                    break
+                batch.append(nxt)
+            if self.rt.stopping:
+                self.rt.unstarted.extend(batch)
+                continue
+            self._handle_batch(batch)
+
+    def _handle_batch(self, batch: list[Delivery]) -> None:
+        b = self.binding
+        exc: BaseException | None = None
+        tb = None
+        good: list[Delivery] = []
+        args: list[Any] = []
+        results: dict[int, BaseException] = {}
+        for d in batch:
+            try:
+                args.append(b.arg(d))
+                good.append(d)
+            except Exception as e:  # bad payloads leave the batch with their reason
+                results[id(d)] = e
+        done = len(good)
+        if good:
+            self.in_handler += 1
+            try:
+                extra = (good,) if b.pass_delivery else ()
+                out = b.fn(args, *extra)
+                if isinstance(out, AckIndex):
+                    done = max(-1, min(out.index, len(good) - 1)) + 1
+            except Exception as e:
+                exc, tb, done = e, traceback.format_exc(), 0
+            finally:
+                self.in_handler -= 1
+        from .._core.errors import RetryLater
+
+        later = RetryLater("not acknowledged by the batch handler (AckIndex)")
+        acts: list[Action] = []
+        with self.lock:
+            for i, d in enumerate(good):
+                err = None if i < done else (exc or later)
+                acts.extend(self.core.finish(d.tracked, err, tb if err is exc else None))
+            for d in batch:
+                if id(d) in results:
+                    acts.extend(self.core.finish(d.tracked, results[id(d)], None))
+            gen = self.core.generation
+        reinv = [a for a in acts if type(a) is Reinvoke]
+        acts = [a for a in acts if type(a) is not Reinvoke]
+        if acts:
+            self.send(gen, acts)
+        if reinv:
+            delay = max(a.delay for a in reinv)
+            again = [d for d in good if d.tracked.tag in {a.tag for a in reinv}]
+            if self.rt.stop_event.wait(delay):
+                for d in again:
+                    self._release(d.tracked)
+            else:
+                self._handle_batch(again)
+
+
+class Publisher:
+    """A confirm-mode channel for republishes (retry delays, dead letters)."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.channel: Any = None
+        self.seq = 0
+        self.pending: dict[int, tuple[Consumer, int, int, str]] = {}
+        self.returned: set[int] = set()
+        self.waiting: list[tuple[Consumer, int, Republish]] = []
+
+    def open(self, conn: Any) -> None:
+        conn.channel(on_open_callback=self._on_open)
+
+    def _reopen(self, conn: Any) -> None:
+        if conn.is_open and not self.rt.stopping:
+            self.open(conn)
+
+    def _on_open(self, ch: Any) -> None:
+        ch.add_on_close_callback(self._on_closed)
+        ch.add_on_return_callback(self._on_return)
+        ch.confirm_delivery(self._on_confirm, callback=lambda _f: self._ready(ch))
+
+    def _ready(self, ch: Any) -> None:
+        self.channel = ch
+        self.seq = 0
+        waiting, self.waiting = self.waiting, []
+        for c, gen, a in waiting:
+            self.publish(c, gen, a)
+
+    def publish(self, c: Consumer, gen: int, a: Republish) -> None:
+        ch = self.channel
+        if ch is None or not ch.is_open:
+            self.waiting.append((c, gen, a))
+            return
+        if a.declare is not None:
+            name, args = a.declare
+            plain = Republish(
+                a.token, a.tag, a.exchange, a.routing_key, a.set_headers, a.purpose, None, a.source
+            )
+            ch.queue_declare(
+                name, durable=True, arguments=args, callback=lambda _f: self.publish(c, gen, plain)
+            )
+            return
+        d: Delivery = a.source
+        props = copy_properties(d.properties, a.set_headers)
+        ch.basic_publish(a.exchange, a.routing_key, d.body, props, mandatory=True)
+        self.seq += 1
+        self.pending[self.seq] = (c, gen, a.token, a.routing_key)
+
+    def _on_return(self, ch: Any, method: Any, props: Any, body: bytes) -> None:
+        for seq, (_c, _g, _t, rk) in self.pending.items():
+            if rk == method.routing_key and seq not in self.returned:
+                self.returned.add(seq)
+                break
+        log.error(
+            "republish to %r returned by the broker: %s (the original is requeued)",
+            method.routing_key,
+            method.reply_text,
+        )
+
+    def _on_confirm(self, frame: Any) -> None:
+        m = frame.method
+        ok = isinstance(m, Basic.Ack)
+        tags = [s for s in self.pending if s <= m.delivery_tag] if m.multiple else [m.delivery_tag]
+        for s in tags:
+            entry = self.pending.pop(s, None)
+            if entry is None:
+                continue
+            c, gen, token, _rk = entry
+            c.republished(gen, token, ok and s not in self.returned)
+            self.returned.discard(s)
+
+    def _on_closed(self, ch: Any, reason: BaseException) -> None:
+        self.channel = None
+        pending, self.pending = self.pending, {}
+        self.returned.clear()
+        for c, gen, token, _rk in pending.values():
+            c.republished(gen, token, False)
+        conn = self.rt.connection
+        if not self.rt.stopping and conn is not None and conn.is_open:
+            log.warning("publisher channel closed: %s; reopening", reason)
+            conn.ioloop.call_later(0.5, lambda: self._reopen(conn))
+
+
+class Runtime:
+    """Runs the listeners of an App until stopped; reconnects with backoff."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        obs = app._observer()
+        self.consumers = [Consumer(self, s, obs) for s in app.specs]
+        self.publisher = Publisher(self)
+        self.connection: Any = None
+        self.stopping = False
+        self.stop_event = threading.Event()
+        self.ready = threading.Event()
+        self.fatal: BaseException | None = None
+        self.unstarted: list[Delivery] = []
+        self._thread: threading.Thread | None = None
+        self._ready_count = 0
+        self._opened = False
+        self._close_reason = ""
+        self._done = threading.Event()
+
+    # -- lifecycle (caller's thread) -------------------------------------------
+
+    def start(self) -> None:
+        for c in self.consumers:
+            c.start_workers()
+        self._thread = threading.Thread(target=self._io_main, name="ackkit-io", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + self.app.startup_timeout
+        while not self.ready.wait(0.05):
+            if self.fatal is not None:
+                self._join_workers(0)
+                raise self.fatal
+            if time.monotonic() > deadline:
+                self.stop()
+                raise ConnectFailed(
+                    f"no connection to {self.app.safe_url} within {self.app.startup_timeout} s"
+                )
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Graceful: cancel consumers, finish handlers, return unstarted, flush acks, close."""
+        if self.stopping and self._done.is_set():
+            return
+        timeout = self.app.shutdown_timeout if timeout is None else timeout
+        self.stopping = True
+        self.stop_event.set()
+        conn = self.connection
+        if conn is not None and conn.is_open:
+            self.call_soon(self._cancel_all)
+            for c in self.consumers:
+                c.cancelled.wait(5.0)
+        for c in self.consumers:
+            while True:
+                try:
+                    d = c.inbox.get_nowait()
+                except _queue.Empty:
+                    break
+                if d is not None:
+                    self.unstarted.append(d)
+        self._join_workers(timeout)
+        if conn is not None and conn.is_open:
+            flushed = threading.Event()
+            self.call_soon(lambda: self._finish_io(flushed))
+            flushed.wait(10.0)
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join(10.0)
+
+    def _join_workers(self, timeout: float) -> None:
+        for c in self.consumers:
+            for _ in c.workers:
+                c.inbox.put(None)
+        deadline = time.monotonic() + timeout
+        for c in self.consumers:
+            for th in c.workers:
+                th.join(max(0.0, deadline - time.monotonic()))
+                if th.is_alive():
+                    log.warning(
+                        "%s: a handler is still running after %.0f s; its delivery "
+                        "is requeued by the broker when the channel closes",
+                        c.spec.name,
+                        timeout,
+                    )
+
+    # -- I/O thread ------------------------------------------------------------
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        conn = self.connection
+        if conn is not None:
+            conn.ioloop.add_callback_threadsafe(fn)
+
+    def _io_main(self) -> None:
+        try:
+            while not self.stopping:
+                retrying = Retrying(
+                    wait=wait_exponential_jitter(initial=0.2, max=self.app.reconnect_max_interval),
+                    retry=retry_if_exception_type(ConnectFailed),
+                    reraise=True,
+                    before_sleep=lambda rs: log.warning(
+                        "ackkit: connecting to %s failed (attempt %d): %s; retrying",
+                        self.app.safe_url,
+                        rs.attempt_number,
+                        mask_text(str(rs.outcome.exception()) if rs.outcome else ""),
+                    ),
+                )
+                for attempt in retrying:
+                    with attempt:
+                        if self.stopping:
+                            return
+                        self._serve()
+        except FatalConnectError as exc:
+            self.fatal = exc
+        except BaseException as exc:  # pragma: no cover - surfaced to start()
+            self.fatal = exc
+            log.exception("ackkit I/O thread failed")
+        finally:
+            self._done.set()
+
+    def _serve(self) -> None:
+        """One connection's life. Raises ConnectFailed if it never opened."""
+        params = parameters(
+            self.app.url, heartbeat=self.app.heartbeat, name=self.app.connection_name
+        )
+        self._topology(params)
+        self._opened = False
+        self._ready_count = 0
+        conn = pika.SelectConnection(
+            params,
+            on_open_callback=self._on_open,
+            on_open_error_callback=self._on_open_error,
+            on_close_callback=self._on_close,
+        )
+        self.connection = conn
+        conn.ioloop.start()
+        if not self._opened:
+            raise ConnectFailed(self._close_reason)
+        if not self.stopping:
+            log.warning(
+                "ackkit: connection to %s lost (%s); reconnecting",
+                self.app.safe_url,
+                self._close_reason,
+            )
+
+    def _topology(self, params: Any) -> None:
+        try:
+            conn = pika.BlockingConnection(params)
+        except pika.exceptions.ProbableAuthenticationError as exc:
+            raise FatalConnectError(
+                f"authentication failed for {self.app.safe_url}: {exc}"
+            ) from None
+        except pika.exceptions.ProbableAccessDeniedError as exc:
+            raise FatalConnectError(f"access denied on {self.app.safe_url}: {exc}") from None
+        except pika.exceptions.AMQPConnectionError as exc:
+            raise ConnectFailed(mask_text(repr(exc))) from None
+        try:
+            own = [q for c in self.consumers for q in c.core.topology()]
+            user = [
+                (c.spec.queue, c.spec.queue_arguments) for c in self.consumers if c.spec.declare
+            ]
+            declare_queues(conn, own, user)
+        except TopologyConflict as exc:
+            raise FatalConnectError(str(exc)) from None
+        except pika.exceptions.AMQPError as exc:
+            raise ConnectFailed(mask_text(repr(exc))) from None
+        finally:
+            if conn.is_open:
+                conn.close()
+
+    def _on_open(self, conn: Any) -> None:
+        self._opened = True
+        self.publisher.open(conn)
+        for c in self.consumers:
+            c.open(conn)
+        conn.ioloop.call_later(TICK, self._tick)
+
+    def consumer_ready(self, c: Consumer) -> None:
+        self._ready_count += 1
+        if self._ready_count >= len(self.consumers):
+            self.ready.set()
+
+    def _on_open_error(self, conn: Any, err: BaseException) -> None:
+        self._close_reason = mask_text(repr(err))
+        conn.ioloop.stop()
+
+    def _on_close(self, conn: Any, reason: BaseException) -> None:
+        self._close_reason = mask_text(repr(reason))
+        for c in self.consumers:
+            if c.channel is not None:
+                c._on_channel_closed(c.channel, reason)
+        if self.publisher.channel is not None:
+            self.publisher._on_closed(self.publisher.channel, reason)
+        conn.ioloop.stop()
+
+    def _tick(self) -> None:
+        conn = self.connection
+        for c in self.consumers:
+            c.tick()
+        if conn is not None and conn.is_open:
+            conn.ioloop.call_later(TICK, self._tick)
+
+    def _cancel_all(self) -> None:
+        for c in self.consumers:
+            ch = c.channel
+            if ch is not None and ch.is_open and c.consumer_tag:
+                ch.basic_cancel(c.consumer_tag, callback=lambda _f, c=c: c.cancelled.set())
+            else:
+                c.cancelled.set()
+
+    def _finish_io(self, flushed: threading.Event) -> None:
+        for d in self.unstarted:
+            c = next(c for c in self.consumers if d._settler is c)
+            with c.lock:
+                acts = c.core.release(d.tracked)
+            c.execute(d.tracked.generation, acts)
+        self.unstarted.clear()
+        for c in self.consumers:
+            with c.lock:
+                acts = c.core.drain()
+                gen = c.core.generation
+            c.execute(gen, acts)
+        self._await_confirms(flushed, time.monotonic() + 5.0)
+
+    def _await_confirms(self, flushed: threading.Event, deadline: float) -> None:
+        conn = self.connection
+        if self.publisher.pending and time.monotonic() < deadline and conn.is_open:
+            conn.ioloop.call_later(0.02, lambda: self._await_confirms(flushed, deadline))
+            return
+        for c in self.consumers:
+            with c.lock:
+                acts = c.core.drain()
+                gen = c.core.generation
+            c.execute(gen, acts)
+        if conn.is_open:
+            conn.close()
+        flushed.set()
+
+
+def _short(exc: BaseException) -> str:
+    s = f"{type(exc).__name__}: {exc}"
+    return mask_text(s if len(s) < 300 else s[:297] + "...")
