@@ -182,7 +182,7 @@ def check_drained(url: str, queue: str, n: int) -> str | None:
     if state.consumers:
         return f"{state.consumers} consumer(s) still attached"
     if state.ready:
-        return f"{state.ready} message(s) left in the queue (acks lost or not consumed)"
+        return f"{state.ready} msgs left in queue (acks lost?)"
     return None
 
 

@@ -51,6 +51,7 @@ QUICK_ROUNDS = 1
 SETTLE_S = 0.5  # pause between pre-fill and the timed call
 HANDSHAKE_TIMEOUT_S = 60.0
 KILL_GRACE_S = 30.0
+NOTE_WIDTH = 30  # reasons are cut in the table; the JSON has them in full
 
 #: (numerator, denominator, target): the ratios tracked over time.
 RATIOS: tuple[tuple[str, str, float], ...] = (
@@ -362,20 +363,20 @@ def _num(value: float | None, fmt: str = "{:,.0f}") -> str:
 
 def results_table(report: dict[str, Any]) -> Table:
     table = Table(
-        title=f"msgs/s, {report['meta']['messages']:,} messages x {report['meta']['rounds']}"
-        " round(s), each run in a fresh process"
+        title=f"msgs/s and CPU µs per message, {report['meta']['messages']:,} messages"
+        f" x {report['meta']['rounds']} round(s), fresh process per run"
     )
-    table.add_column("case", no_wrap=True)
-    table.add_column("median msg/s", justify="right")
-    table.add_column("min", justify="right")
-    table.add_column("max", justify="right")
-    table.add_column("CPU µs/msg", justify="right")
-    table.add_column("valid", justify="right")
-    table.add_column("note", no_wrap=True, overflow="ellipsis", max_width=60)
+    table.add_column("case", no_wrap=True, min_width=19)
+    for name in ("median", "min", "max", "µs CPU"):
+        table.add_column(name, justify="right", no_wrap=True, min_width=6)
+    table.add_column("ok", justify="right", no_wrap=True)
+    table.add_column("note")
     for case_id, res in report["cases"].items():
         status = res["status"]
         style = {"ok": "", "partial": "yellow", "failed": "red", "n/a": "dim"}[status]
         note = "" if status == "ok" else (res.get("reason") or status)
+        if len(note) > NOTE_WIDTH:
+            note = note[: NOTE_WIDTH - 1] + "…"
         table.add_row(
             case_id,
             _num(res["median"]),

@@ -24,7 +24,7 @@ from . import CaseUnavailable, case
 
 
 def _not_written() -> None:
-    raise CaseUnavailable("not implemented yet (stub in tests/benchmarks/cases/ackkit_cases.py)")
+    raise CaseUnavailable("stub, not written yet")
 
 
 @case("ackkit.sync.auto", available=_not_written)
