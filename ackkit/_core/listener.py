@@ -170,10 +170,7 @@ class ListenerCore:
         """
         self.open = False
         n = len(self._tracked)
-        for t in self._tracked.values():
-            if not t.settled:
-                t.settled = True
-                self._emit(Stage.DROPPED_STALE, t, "channel closed")
+        # Their handlers may still settle them: that is dropped (and counted) then.
         self._tracked = {}
         self._window = TagWindow()
         self._parked = 0
@@ -258,6 +255,7 @@ class ListenerCore:
         if multiple and self.mode is AckMode.INDIVIDUAL:
             raise SettleNotAllowed("AckMode.INDIVIDUAL settles one delivery at a time")
         if t.generation != self.generation or not self.open:
+            # Its channel is gone and the broker has requeued it: never send its tag.
             t.settled = True
             self._emit(Stage.DROPPED_STALE, t, "channel closed before settle")
             return []
