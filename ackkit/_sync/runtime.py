@@ -21,7 +21,7 @@ from typing import Any
 import pika
 import pika.exceptions
 from pika.spec import Basic
-from tenacity import Retrying, retry_if_exception_type, wait_exponential_jitter
+from tenacity import Retrying, retry_if_exception_type, wait_exponential, wait_random
 
 from .._core.actions import Ack, Action, Nack, Reinvoke, Reject, Republish, TxCommit, TxSelect
 from .._core.errors import AckkitError, TopologyConflict
@@ -500,7 +500,8 @@ class Runtime:
         try:
             while not self.stopping:
                 retrying = Retrying(
-                    wait=wait_exponential_jitter(initial=0.2, max=self.app.reconnect_max_interval),
+                    wait=wait_exponential(multiplier=0.2, max=self.app.reconnect_max_interval)
+                    + wait_random(0, 0.2),
                     retry=retry_if_exception_type(ConnectFailed),
                     reraise=True,
                     before_sleep=lambda rs: log.warning(
@@ -538,7 +539,10 @@ class Runtime:
             on_close_callback=self._on_close,
         )
         self.connection = conn
-        conn.ioloop.start()
+        try:
+            conn.ioloop.start()
+        finally:
+            conn.ioloop.close()
         if not self._opened:
             raise ConnectFailed(self._close_reason)
         if not self.stopping:
