@@ -66,7 +66,7 @@ class Delivery:
         self.redelivered = redelivered
         self.queue = queue
         self._decoder = decoder
-        tracked.payload = self
+        tracked.attach(self)
 
     # -- what the message is ------------------------------------------------
 

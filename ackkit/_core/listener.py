@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -33,6 +34,7 @@ class Tracked:
     __slots__ = (
         "attempt",
         "exchange",
+        "first_failure",
         "generation",
         "headers",
         "parked",
@@ -62,6 +64,23 @@ class Tracked:
         self.parked = False
         self.payload: Any = None  # the runtime's own object for this delivery (opaque here)
         self.verdict: list[Action] | None = None
+        self.first_failure: str | None = None  # in-process retries: when attempt 1 failed
+
+    def attach(self, payload: Any) -> None:
+        """Attach the runtime's object for this delivery (its Delivery).
+
+        A verdict decided in `receive()` (dead-letter a forged attempt header, or a
+        redelivery past max attempts) was made before the runtime had built that
+        object; its Republish actions get it here as their source.
+        """
+        self.payload = payload
+        if self.verdict:
+            self.verdict = [
+                dataclasses.replace(a, source=payload)
+                if isinstance(a, Republish) and a.source is None
+                else a
+                for a in self.verdict
+            ]
 
     def __repr__(self) -> str:
         return f"Tracked(tag={self.tag}, gen={self.generation}, attempt={self.attempt})"
