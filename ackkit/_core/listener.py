@@ -485,6 +485,8 @@ class ListenerCore:
         asked = exc.delay if isinstance(exc, RetryLater) else None
         self._emit(Stage.RETRYING, t, _describe(exc))
         if retry.strategy is RetryStrategy.IN_PROCESS:
+            if t.first_failure is None:
+                t.first_failure = _iso(self._wallclock())
             t.attempt += 1
             delay = asked if asked is not None else retry.jittered(t.attempt - 1)
             return [Reinvoke(t.tag, delay, t.attempt)]
@@ -494,6 +496,9 @@ class ListenerCore:
         now = _iso(self._wallclock())
         hdrs: dict[str, Any] = {
             H.ATTEMPT: t.attempt + 1,
+            # The copy is a new message: a quorum queue's count of this copy's
+            # deliveries must not come along (it would be counted twice).
+            H.X_DELIVERY_COUNT: None,
             H.LAST_FAILURE: now,
             H.ERROR_TYPE: _qualname(exc),
             H.ERROR_MESSAGE: _bounded(str(exc), 1000),
@@ -530,9 +535,10 @@ class ListenerCore:
             H.ORIGINAL_QUEUE: self.policy.queue,
             H.ORIGINAL_EXCHANGE: old.get(H.ORIGINAL_EXCHANGE, t.exchange),
             H.ORIGINAL_ROUTING_KEY: old.get(H.ORIGINAL_ROUTING_KEY, t.routing_key),
-            H.FIRST_FAILURE: old.get(H.FIRST_FAILURE, now),
+            H.FIRST_FAILURE: old.get(H.FIRST_FAILURE) or t.first_failure or now,
             H.LAST_FAILURE: now,
             H.DEAD_LETTERED_AT: now,
+            H.X_DELIVERY_COUNT: None,
         }
         if exc is not None:
             hdrs[H.ERROR_TYPE] = _qualname(exc)
