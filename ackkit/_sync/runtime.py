@@ -516,7 +516,7 @@ class Runtime:
                         if self.stopping:
                             return
                         self._serve()
-        except FatalConnectError as exc:
+        except (FatalConnectError, TopologyConflict) as exc:
             self.fatal = exc
         except BaseException as exc:  # pragma: no cover - surfaced to start()
             self.fatal = exc
@@ -568,9 +568,7 @@ class Runtime:
             user = [
                 (c.spec.queue, c.spec.queue_arguments) for c in self.consumers if c.spec.declare
             ]
-            declare_queues(conn, own, user)
-        except TopologyConflict as exc:
-            raise FatalConnectError(str(exc)) from None
+            declare_queues(conn, own, user)  # TopologyConflict: fatal, raised by start()
         except pika.exceptions.AMQPError as exc:
             raise ConnectFailed(mask_text(repr(exc))) from None
         finally:
