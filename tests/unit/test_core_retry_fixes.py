@@ -107,3 +107,29 @@ def test_broker_retry_keeps_first_failure_from_headers() -> None:
     t.attach("d")
     (act,) = c.finish(t, ValueError("x"))
     assert act.set_headers[H.FIRST_FAILURE] == first  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("kind", [bytes, str])
+def test_max_body_size_holds_for_bytes_and_str_handlers(kind: type) -> None:
+    """A bytes handler used to get any body, whatever max_body_size said."""
+    from ackkit import BadPayload, Delivery
+    from ackkit._handler import Binding, Decoder
+
+    def as_bytes(body: bytes) -> None:
+        pass
+
+    def as_text(body: str) -> None:
+        pass
+
+    b = Binding(as_bytes if kind is bytes else as_text, Decoder(max_body_size=10))
+    c = core()
+
+    class _Settler:
+        def settle(self, *a: Any) -> None:
+            pass
+
+    ok = Delivery(b"x" * 10, None, c.receive(1), _Settler())
+    assert b.args(ok) == ((b"x" * 10) if kind is bytes else "x" * 10,)
+    big = Delivery(b"x" * 11, None, c.receive(2), _Settler())
+    with pytest.raises(BadPayload, match="exceeds max_body_size=10"):
+        b.args(big)
