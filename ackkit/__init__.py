@@ -3,6 +3,9 @@
 Public names are re-exported here; everything in underscore modules is private.
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._core.errors import (
     AckkitError,
     AlreadySettled,
@@ -22,7 +25,43 @@ from ._sync.app import App
 from ._sync.pull import PullConnection, connect
 from ._url import mask_url
 
+if TYPE_CHECKING:
+    from ._async.app import AsyncApp
+    from ._async.delivery import AsyncDelivery
+    from ._async.pull import AsyncPullConnection, aconnect
+
 __version__ = "0.1.0"
+
+# The asyncio runtime needs aio-pika, an optional extra: imported on first use.
+_ASYNC = {
+    "AsyncApp": "app",
+    "AsyncDelivery": "delivery",
+    "AsyncPullConnection": "pull",
+    "aconnect": "pull",
+}
+_ASYNC_HINT = 'pip install "ackkit[async]"'
+
+
+def __getattr__(name: str) -> Any:
+    mod = _ASYNC.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'ackkit' has no attribute {name!r}")
+    try:
+        module = importlib.import_module(f"ackkit._async.{mod}")
+    except ImportError as exc:
+        if exc.name not in ("aio_pika", "aiormq", "pamqp", "yarl"):
+            raise
+        raise ImportError(
+            f"ackkit.{name} needs aio-pika, which is not installed: {_ASYNC_HINT}", name=exc.name
+        ) from exc
+    value = getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_ASYNC))
+
 
 __all__ = [
     "AckIndex",
@@ -30,6 +69,9 @@ __all__ = [
     "AckkitError",
     "AlreadySettled",
     "App",
+    "AsyncApp",
+    "AsyncDelivery",
+    "AsyncPullConnection",
     "BadPayload",
     "DeadLetterMessage",
     "Delivery",
@@ -46,6 +88,7 @@ __all__ = [
     "TopologyConflict",
     "Unsettled",
     "__version__",
+    "aconnect",
     "connect",
     "mask_url",
 ]

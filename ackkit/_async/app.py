@@ -1,0 +1,146 @@
+"""AsyncApp: decorator-registered listeners on aio-pika, run on an asyncio event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import signal
+import threading
+import typing
+from collections.abc import AsyncIterator
+from typing import Any
+
+from .._handler import Binding
+from .._spec import AppBase
+from .delivery import AsyncDelivery
+from .runtime import AsyncRuntime
+
+log = logging.getLogger("ackkit")
+
+
+class AsyncApp(AppBase):
+    """Listeners on RabbitMQ with acknowledgement that is correct by construction, on asyncio.
+
+    ```
+    app = AsyncApp("amqp://guest:guest@127.0.0.1:5672/%2f")
+
+    @app.listener("orders", ack_mode=AckMode.AUTO, prefetch=100, max_concurrency=50)
+    async def on_order(order: Order) -> None: ...
+
+    await app.run()                  # until SIGINT/SIGTERM or app.stop()
+    async with app.running(): ...    # consume for the duration of the block
+    ```
+
+    Same ack modes, retry, dead-lettering and shutdown as the pika `App`; the
+    decisions come from the same core. `async def` handlers run on the loop
+    and settle with `await delivery.ack()` (an AsyncDelivery). Plain `def`
+    handlers run in a thread pool of `max_concurrency` threads per listener;
+    their `delivery.ack()` blocks until the loop has carried the settle out.
+    """
+
+    def __init__(self, url: str = "amqp://guest:guest@127.0.0.1:5672/%2f", **kw: Any) -> None:
+        super().__init__(url, **kw)
+        self._runtime: AsyncRuntime | None = None
+        self._stop_request: asyncio.Event | None = None
+
+    def _check_handler(self, binding: Binding) -> None:
+        if binding.is_async:
+            return
+        try:
+            hints = typing.get_type_hints(binding.fn)
+        except Exception:
+            return
+        params = list(inspect.signature(binding.fn).parameters)
+        for p in params[:2]:
+            tp = hints.get(p)
+            for t in (tp, *typing.get_args(tp)):
+                if isinstance(t, type) and issubclass(t, AsyncDelivery):
+                    raise TypeError(
+                        f"{binding.name}: a plain `def` handler gets a Delivery with a blocking "
+                        "ack(); annotate it `Delivery`, or make the handler `async def`"
+                    )
+
+    async def start(self) -> None:
+        """Connect, declare, start consuming; returns once every listener consumes."""
+        if self._runtime is not None:
+            raise RuntimeError("AsyncApp is already running")
+        if not self.specs:
+            raise RuntimeError("AsyncApp has no listeners: register one with @app.listener(...)")
+        self._stop_request = asyncio.Event()
+        rt = AsyncRuntime(self)
+        self._runtime = rt
+        try:
+            await rt.start()
+        except BaseException:
+            self._runtime = None
+            raise
+        log.info("ackkit: %d async listener(s) consuming from %s", len(self.specs), self.safe_url)
+
+    async def stop(self, timeout: float | None = None) -> None:
+        """Graceful shutdown: cancel, finish in-flight handlers, requeue the rest, flush acks."""
+        rt = self._runtime
+        if rt is None:
+            return
+        if self._stop_request is not None:
+            self._stop_request.set()
+        try:
+            await rt.stop(timeout)
+        finally:
+            self._runtime = None
+
+    def request_stop(self) -> None:
+        """Ask `run()` to shut down gracefully (safe from signal handlers and callbacks)."""
+        if self._stop_request is not None:
+            self._stop_request.set()
+
+    async def run(self) -> None:
+        """Run until SIGINT/SIGTERM (main thread), `request_stop()` or `stop()`."""
+        await self.start()
+        loop = asyncio.get_running_loop()
+        installed: list[signal.Signals] = []
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.add_signal_handler(sig, self._on_signal, sig)
+                    installed.append(sig)
+        stop = self._stop_request
+        assert stop is not None
+        try:
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 0.2)
+                rt = self._runtime
+                if rt is None:
+                    return
+                if rt.fatal is not None:
+                    raise rt.fatal
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+            await self.stop()
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        log.info("ackkit: signal %d, shutting down gracefully", sig)
+        self.request_stop()
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[AsyncApp]:
+        """Consume for the duration of an `async with` block, then shut down gracefully."""
+        await self.start()
+        try:
+            yield self
+        finally:
+            await self.stop()
+
+    @property
+    def is_running(self) -> bool:
+        return self._runtime is not None
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Lifecycle counters per listener (received, acked, dead_lettered, ...)."""
+        rt = self._runtime
+        if rt is None:
+            return {}
+        return {c.spec.name: c.core.counters.snapshot() for c in rt.consumers}

@@ -1,0 +1,121 @@
+"""Runtime-neutral pieces shared by the pika and the aio-pika runtimes.
+
+Nothing here talks to a broker or imports a client library: batch outcome
+bookkeeping, header merging for republished copies, the reconnect backoff and
+the connect errors. The core decides; these helpers only shape what a runtime
+hands to it and takes back from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tenacity import wait_exponential, wait_random
+from tenacity.wait import wait_base
+
+from ._core.actions import Action, Reinvoke
+from ._core.errors import AckkitError, RetryLater
+from ._core.listener import ListenerCore
+from ._delivery import Delivery
+from ._handler import AckIndex, Binding
+from ._url import mask_text
+
+TICK = 0.05
+"""Seconds between core.tick() calls (time-based ack flushing)."""
+
+
+class ConnectFailed(AckkitError):
+    """The connection could not be opened (retried with backoff)."""
+
+
+class FatalConnectError(AckkitError):
+    """Connecting failed in a way retrying cannot fix (credentials, vhost, topology)."""
+
+
+def reconnect_wait(max_interval: float) -> wait_base:
+    """Backoff between connection attempts: 0.2 s doubling up to `max_interval`, plus jitter."""
+    return wait_exponential(multiplier=0.2, max=max_interval) + wait_random(0, 0.2)
+
+
+def merge_headers(
+    headers: Mapping[str, Any] | None, set_headers: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A copy of `headers` with `set_headers` merged in (None removes a header)."""
+    out = dict(headers or {})
+    for k, v in set_headers.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = v
+    return out
+
+
+def short(exc: BaseException) -> str:
+    """One log-friendly line for an exception, credentials masked."""
+    s = f"{type(exc).__name__}: {exc}"
+    return mask_text(s if len(s) < 300 else s[:297] + "...")
+
+
+# -- batch handlers ------------------------------------------------------------
+
+
+class BatchCall:
+    """One invocation of a batch handler: which deliveries decoded, and their arguments.
+
+    Deliveries whose body cannot be decoded leave the batch with their
+    BadPayload (they are dead-lettered; the handler never sees them).
+    """
+
+    __slots__ = ("args", "bad", "good")
+
+    def __init__(self, binding: Binding, batch: Sequence[Delivery]) -> None:
+        self.good: list[Delivery] = []
+        self.args: list[Any] = []
+        self.bad: list[tuple[Delivery, BaseException]] = []
+        for d in batch:
+            try:
+                self.args.append(binding.arg(d))
+                self.good.append(d)
+            except Exception as e:
+                self.bad.append((d, e))
+
+    def call_args(self, binding: Binding) -> tuple[Any, ...]:
+        return (self.args, self.good) if binding.pass_delivery else (self.args,)
+
+    def succeeded(self, result: object) -> int:
+        """How many of `good` succeeded, given what the handler returned."""
+        n = len(self.good)
+        if isinstance(result, AckIndex):
+            return max(-1, min(result.index, n - 1)) + 1
+        return n
+
+    def finish(
+        self,
+        core: ListenerCore,
+        done: int,
+        exc: BaseException | None = None,
+        tb: str | None = None,
+    ) -> list[Action]:
+        """Report every delivery's outcome to the core.
+
+        The first `done` succeeded; the rest failed with `exc` (the handler
+        raised) or, when it returned an AckIndex, with RetryLater.
+        """
+        later = RetryLater("not acknowledged by the batch handler (AckIndex)")
+        acts: list[Action] = []
+        for i, d in enumerate(self.good):
+            err = None if i < done else (exc or later)
+            acts.extend(core.finish(d.tracked, err, tb if err is exc else None))
+        for d, e in self.bad:
+            acts.extend(core.finish(d.tracked, e, None))
+        return acts
+
+
+def split_reinvoke(acts: list[Action]) -> tuple[list[Action], set[int], float]:
+    """Separate in-process retries from channel actions: (actions, tags to re-run, delay)."""
+    if not any(type(a) is Reinvoke for a in acts):
+        return acts, set(), 0.0
+    rest = [a for a in acts if type(a) is not Reinvoke]
+    reinv = [a for a in acts if type(a) is Reinvoke]
+    return rest, {a.tag for a in reinv}, max(a.delay for a in reinv)

@@ -1,0 +1,340 @@
+"""The contract harness: one behaviour, written once, run on the pika App and on AsyncApp.
+
+A behaviour is an `async def behaviour(payload, delivery, io)`; it settles through
+`io` (`await io.ack(d)`, ...) and sleeps with `await io.sleep(s)`. The sync
+runtime gets a plain `def` handler that drives the coroutine to completion
+without an event loop (nothing in it ever really suspends); the async runtime
+gets an `async def` handler that awaits it, with `AsyncDelivery` settles.
+What the tests assert comes from the broker (queue counts, dead-letter queue
+contents and headers), through the `ackkit.testing` kit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pika
+import pytest
+
+from ackkit import App, AsyncApp, Delivery
+from ackkit._spec import AppBase
+from ackkit.testing import BrokerHandle
+
+Behaviour = Callable[[Any, Delivery, "IO"], Awaitable[Any]]
+
+
+class IO:
+    """How a behaviour settles and waits; one flavour per runtime."""
+
+    async def ack(self, d: Delivery, multiple: bool = False) -> None:
+        raise NotImplementedError
+
+    async def nack(self, d: Delivery, requeue: bool = True, multiple: bool = False) -> None:
+        raise NotImplementedError
+
+    async def reject(self, d: Delivery, requeue: bool = False) -> None:
+        raise NotImplementedError
+
+    async def sleep(self, seconds: float) -> None:
+        raise NotImplementedError
+
+
+class SyncIO(IO):
+    async def ack(self, d: Delivery, multiple: bool = False) -> None:
+        d.ack(multiple=multiple)
+
+    async def nack(self, d: Delivery, requeue: bool = True, multiple: bool = False) -> None:
+        d.nack(requeue=requeue, multiple=multiple)
+
+    async def reject(self, d: Delivery, requeue: bool = False) -> None:
+        d.reject(requeue=requeue)
+
+    async def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+class AsyncIO(IO):
+    async def ack(self, d: Delivery, multiple: bool = False) -> None:
+        await d.ack(multiple=multiple)  # type: ignore[func-returns-value]
+
+    async def nack(self, d: Delivery, requeue: bool = True, multiple: bool = False) -> None:
+        await d.nack(requeue=requeue, multiple=multiple)  # type: ignore[func-returns-value]
+
+    async def reject(self, d: Delivery, requeue: bool = False) -> None:
+        await d.reject(requeue=requeue)  # type: ignore[func-returns-value]
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+def drive(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run a coroutine that never suspends (SyncIO only) to completion, synchronously."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value
+    coro.close()
+    raise RuntimeError("a behaviour suspended on the sync runtime")
+
+
+class LoopThread:
+    """An asyncio event loop in a background thread, for driving AsyncApp from sync tests."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="contract-loop")
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, Any], timeout: float = 60.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+@dataclass
+class Msg:
+    body: bytes
+    headers: dict[str, Any]
+
+
+class Broker:
+    """The test's view of the broker: publish, read a queue, counts."""
+
+    def __init__(self, handle: BrokerHandle) -> None:
+        self.handle = handle
+
+    def publish(
+        self,
+        queue: str,
+        bodies: list[str | bytes],
+        *,
+        content_type: str | None = "application/json",
+        headers: dict[str, Any] | None = None,
+    ) -> None:
+        conn = self.handle.connect()
+        try:
+            ch = conn.channel()
+            ch.confirm_delivery()
+            for b in bodies:
+                props = pika.BasicProperties(
+                    content_type=content_type,
+                    delivery_mode=2,
+                    headers=headers,
+                    message_id=uuid.uuid4().hex,
+                )
+                ch.basic_publish("", queue, b.encode() if isinstance(b, str) else b, props)
+        finally:
+            conn.close()
+
+    def take_all(self, queue: str) -> list[Msg]:
+        """Every ready message of `queue` (consumed with auto-ack)."""
+        out: list[Msg] = []
+        conn = self.handle.connect()
+        try:
+            ch = conn.channel()
+            while True:
+                method, props, body = ch.basic_get(queue, auto_ack=True)
+                if method is None:
+                    return out
+                out.append(Msg(body, dict(props.headers or {})))
+        finally:
+            conn.close()
+
+    def wait_for(self, queue: str, timeout: float = 15.0, **want: int) -> Any:
+        return self.handle.wait_for(queue, timeout=timeout, **want)
+
+    def counts(self, queue: str) -> Any:
+        return self.handle.counts(queue)
+
+
+def eventually(check: Callable[[], bool], timeout: float = 15.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what or check}")
+        time.sleep(0.02)
+
+
+class Runtime:
+    """Adapter: build an app, register a behaviour as a listener, run the app."""
+
+    kind = "?"
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.url = broker.handle.url
+        self.connection_name = f"contract-{self.kind}-{uuid.uuid4().hex[:8]}"
+
+    def app(self, **kw: Any) -> AppBase:
+        raise NotImplementedError
+
+    def handler(self, behaviour: Behaviour, payload: Any) -> Callable[..., Any]:
+        raise NotImplementedError
+
+    def listen(
+        self, app: AppBase, queue: str, behaviour: Behaviour, payload: Any = Delivery, **kw: Any
+    ) -> None:
+        fn = self.handler(behaviour, payload)
+        fn.__annotations__ = {"payload": payload, "delivery": Delivery, "return": None}
+        fn.__name__ = fn.__qualname__ = getattr(behaviour, "__name__", "handler")
+        app.listener(queue, **kw)(fn)
+
+    @contextlib.contextmanager
+    def running(self, app: AppBase) -> Iterator[AppBase]:
+        raise NotImplementedError
+        yield app
+
+    def stop(self, app: AppBase) -> None:
+        raise NotImplementedError
+
+    def stats(self, app: AppBase) -> dict[str, int]:
+        """Counters of the app's only listener."""
+        (s,) = app.stats().values()  # type: ignore[attr-defined]
+        return dict(s)
+
+    @contextlib.contextmanager
+    def pull(self) -> Iterator[Any]:
+        raise NotImplementedError
+        yield None
+
+
+class SyncRuntime(Runtime):
+    kind = "sync"
+
+    def app(self, **kw: Any) -> AppBase:
+        kw.setdefault("shutdown_timeout", 5.0)
+        kw.setdefault("reconnect_max_interval", 1.0)
+        return App(self.url, connection_name=self.connection_name, **kw)
+
+    def handler(self, behaviour: Behaviour, payload: Any) -> Callable[..., Any]:
+        io = SyncIO()
+
+        def handler(payload: Any, delivery: Delivery) -> Any:
+            return drive(behaviour(payload, delivery, io))  # type: ignore[arg-type]
+
+        return handler
+
+    @contextlib.contextmanager
+    def running(self, app: AppBase) -> Iterator[AppBase]:
+        assert isinstance(app, App)
+        app.start()
+        try:
+            yield app
+        finally:
+            app.stop()
+
+    def stop(self, app: AppBase) -> None:
+        assert isinstance(app, App)
+        app.stop()
+
+    @contextlib.contextmanager
+    def pull(self) -> Iterator[Any]:
+        import ackkit
+
+        with ackkit.connect(self.url) as conn:
+            yield SyncPull(conn)
+
+
+class SyncPull:
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def get(self, queue: str) -> Delivery | None:
+        d: Delivery | None = self.conn.get(queue)
+        return d
+
+    def ack(self, d: Delivery) -> None:
+        d.ack()
+
+    def reject(self, d: Delivery, requeue: bool = False) -> None:
+        d.reject(requeue=requeue)
+
+
+class AsyncRuntime(Runtime):
+    kind = "async"
+
+    def __init__(self, broker: Broker, loop: LoopThread) -> None:
+        super().__init__(broker)
+        self.lt = loop
+
+    def app(self, **kw: Any) -> AppBase:
+        kw.setdefault("shutdown_timeout", 5.0)
+        kw.setdefault("reconnect_max_interval", 1.0)
+        return AsyncApp(self.url, connection_name=self.connection_name, **kw)
+
+    def handler(self, behaviour: Behaviour, payload: Any) -> Callable[..., Any]:
+        io = AsyncIO()
+
+        async def handler(payload: Any, delivery: Delivery) -> Any:
+            return await behaviour(payload, delivery, io)
+
+        return handler
+
+    @contextlib.contextmanager
+    def running(self, app: AppBase) -> Iterator[AppBase]:
+        assert isinstance(app, AsyncApp)
+        self.lt.run(app.start())
+        try:
+            yield app
+        finally:
+            self.lt.run(app.stop())
+
+    def stop(self, app: AppBase) -> None:
+        assert isinstance(app, AsyncApp)
+        self.lt.run(app.stop())
+
+    @contextlib.contextmanager
+    def pull(self) -> Iterator[Any]:
+        from ackkit import AsyncPullConnection
+
+        conn = AsyncPullConnection(self.url)
+        self.lt.run(conn.open())
+        try:
+            yield AsyncPull(conn, self.lt)
+        finally:
+            self.lt.run(conn.close())
+
+
+class AsyncPull:
+    def __init__(self, conn: Any, lt: LoopThread) -> None:
+        self.conn = conn
+        self.lt = lt
+
+    def get(self, queue: str) -> Delivery | None:
+        d: Delivery | None = self.lt.run(self.conn.get(queue))
+        return d
+
+    def ack(self, d: Delivery) -> None:
+        self.lt.run(d.ack())  # type: ignore[func-returns-value]
+
+    def reject(self, d: Delivery, requeue: bool = False) -> None:
+        self.lt.run(d.reject(requeue=requeue))  # type: ignore[func-returns-value]
+
+
+@pytest.fixture(scope="session")
+def loop_thread() -> Iterator[LoopThread]:
+    lt = LoopThread()
+    yield lt
+    lt.close()
+
+
+@pytest.fixture
+def broker(rabbitmq: BrokerHandle) -> Broker:
+    return Broker(rabbitmq)
+
+
+@pytest.fixture(params=["sync", "async"])
+def runtime(request: pytest.FixtureRequest, broker: Broker) -> Runtime:
+    if request.param == "sync":
+        return SyncRuntime(broker)
+    return AsyncRuntime(broker, request.getfixturevalue("loop_thread"))
