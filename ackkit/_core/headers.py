@@ -22,6 +22,8 @@ FIRST_FAILURE = "ackkit-first-failure"
 LAST_FAILURE = "ackkit-last-failure"
 DEAD_LETTERED_AT = "ackkit-dead-lettered-at"
 REPLAYED = "ackkit-replayed"
+"""How often this message was replayed from a dead-letter queue (set by the DLQ tool)."""
+REPLAYED_AT = "ackkit-replayed-at"
 
 X_DELIVERY_COUNT = "x-delivery-count"
 MAX_ATTEMPT_HEADER = 1_000_000
