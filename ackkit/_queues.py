@@ -1,0 +1,277 @@
+"""Queue counts like `rabbitmqctl list_queues name messages_ready messages_unacknowledged
+messages consumers`, from whichever source answers:
+
+1. the management API (HTTP, the AMQP URL's credentials), when the plugin answers;
+2. `rabbitmqctl`, when the broker runs on this machine and the node it reaches is
+   the one listening on the URL's port;
+3. AMQP itself: a passive declare per named queue gives ready and consumers only
+   (AMQP cannot list queues, nor count unacknowledged messages).
+
+Every answer says which source it came from.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._url import mask_text
+
+SOURCES = ("auto", "management", "rabbitmqctl", "amqp")
+_SBIN = ("/usr/sbin", "/usr/local/sbin", "/sbin", "/usr/lib/rabbitmq/bin", "/opt/homebrew/sbin")
+
+
+class QueueSourceError(Exception):
+    """A source could not answer (the message says why, password masked)."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRow:
+    name: str
+    ready: int | None
+    unacked: int | None
+    total: int | None
+    consumers: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "ready": self.ready,
+            "unacked": self.unacked,
+            "total": self.total,
+            "consumers": self.consumers,
+        }
+
+
+@dataclass
+class QueueListing:
+    source: str
+    rows: list[QueueRow]
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "queues": [r.to_dict() for r in self.rows],
+            "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    scheme: str
+    host: str
+    port: int
+    user: str
+    password: str
+    vhost: str
+
+    @staticmethod
+    def parse(url: str) -> _Target:
+        p = urllib.parse.urlsplit(url)
+        tls = p.scheme == "amqps"
+        vhost = urllib.parse.unquote(p.path[1:]) if len(p.path) > 1 else "/"
+        return _Target(
+            p.scheme,
+            p.hostname or "localhost",
+            p.port or (5671 if tls else 5672),
+            urllib.parse.unquote(p.username or "guest"),
+            urllib.parse.unquote(p.password or "guest"),
+            vhost,
+        )
+
+    @property
+    def local(self) -> bool:
+        return self.host in ("localhost", "127.0.0.1", "::1", "0.0.0.0")
+
+
+def _mask(text: str, t: _Target) -> str:
+    return mask_text(text, t.password if t.password not in ("", "guest") else "")
+
+
+def list_queues(
+    url: str,
+    names: Sequence[str] = (),
+    *,
+    source: str = "auto",
+    management_url: str | None = None,
+    node: str | None = None,
+    timeout: float = 5.0,
+) -> QueueListing:
+    """Counts of the vhost's queues (or only `names`), from the first source that answers."""
+    if source not in SOURCES:
+        raise ValueError(f"source must be one of {SOURCES}")
+    t = _Target.parse(url)
+    notes: list[str] = []
+    order = ["management", "rabbitmqctl", "amqp"] if source == "auto" else [source]
+    for src in order:
+        try:
+            if src == "management":
+                rows = _management(t, management_url, timeout)
+            elif src == "rabbitmqctl":
+                rows = _rabbitmqctl(t, node, timeout=max(timeout, 30.0))
+            else:
+                if not names:
+                    raise QueueSourceError(
+                        "AMQP cannot list queues: name the queues to count "
+                        "(ready and consumers only; AMQP does not count unacked messages)"
+                    )
+                return QueueListing("amqp", _amqp(url, names), notes)
+        except QueueSourceError as exc:
+            if source != "auto":
+                raise
+            notes.append(f"{src}: {_mask(str(exc), t)}")
+            continue
+        if names:
+            wanted = set(names)
+            missing = [n for n in names if n not in {r.name for r in rows}]
+            rows = [r for r in rows if r.name in wanted]
+            rows += [QueueRow(n, None, None, None, None) for n in missing]
+            if missing:
+                notes.append(f"not found: {', '.join(missing)}")
+        return QueueListing(src, sorted(rows, key=lambda r: r.name), notes)
+    raise QueueSourceError("no source answered: " + "; ".join(notes))
+
+
+def _management(t: _Target, management_url: str | None, timeout: float) -> list[QueueRow]:
+    base = management_url or f"{'https' if t.scheme == 'amqps' else 'http'}://{t.host}:15672"
+    vhost = urllib.parse.quote(t.vhost, safe="")
+    cols = "name,messages_ready,messages_unacknowledged,messages,consumers"
+    url = f"{base.rstrip('/')}/api/queues/{vhost}?columns={cols}"
+    req = urllib.request.Request(url)
+    token = base64.b64encode(f"{t.user}:{t.password}".encode()).decode()
+    req.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            data = json.loads(resp.read().decode("utf-8"))
+    except urllib.error.HTTPError as exc:
+        raise QueueSourceError(f"management API at {base} answered {exc.code}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise QueueSourceError(f"management API at {base} did not answer ({exc})") from None
+    if not isinstance(data, list):
+        raise QueueSourceError(f"management API at {base}: unexpected answer")
+    return [_row(d) for d in data if isinstance(d, dict) and "name" in d]
+
+
+def _row(d: dict[str, Any]) -> QueueRow:
+    def num(k: str) -> int | None:
+        v = d.get(k)
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+    return QueueRow(
+        str(d["name"]),
+        num("messages_ready"),
+        num("messages_unacknowledged"),
+        num("messages"),
+        num("consumers"),
+    )
+
+
+def _ctl_path() -> str | None:
+    path = os.pathsep.join([os.environ.get("PATH", ""), *_SBIN])
+    return shutil.which("rabbitmqctl", path=path)
+
+
+def _ctl(exe: str, node: str | None, *args: str, timeout: float) -> str:
+    cmd = [exe, *(["-n", node] if node else []), *args]
+    try:
+        res = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            cwd=tempfile.gettempdir(),
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise QueueSourceError(f"rabbitmqctl failed: {exc}") from None
+    if res.returncode != 0:
+        tail = (res.stderr or res.stdout).strip().splitlines()[-3:]
+        raise QueueSourceError(f"rabbitmqctl exited {res.returncode}: {' '.join(tail)}")
+    return res.stdout
+
+
+def _json_tail(text: str, opener: str) -> Any:
+    start = text.find(opener)
+    if start < 0:
+        raise QueueSourceError(f"rabbitmqctl: unexpected output {text[:200]!r}")
+    try:
+        return json.loads(text[start:])
+    except ValueError:
+        raise QueueSourceError(f"rabbitmqctl: unexpected output {text[:200]!r}") from None
+
+
+def _rabbitmqctl(t: _Target, node: str | None, timeout: float) -> list[QueueRow]:
+    if not t.local and not node:
+        raise QueueSourceError(f"broker {t.host} is not on this machine (give --node)")
+    exe = _ctl_path()
+    if exe is None:
+        raise QueueSourceError("rabbitmqctl is not installed")
+    if not node:
+        # The default node must be the broker of the URL, not another one on this host.
+        status = _json_tail(_ctl(exe, None, "status", "--formatter", "json", timeout=timeout), "{")
+        ports = {
+            int(x["port"])
+            for x in status.get("listeners", [])
+            if isinstance(x, dict) and "amqp" in str(x.get("protocol", ""))
+        }
+        if ports and t.port not in ports:
+            raise QueueSourceError(
+                f"the local node listens on {sorted(ports)}, not on port {t.port} (give --node)"
+            )
+    text = _ctl(
+        exe,
+        node,
+        "list_queues",
+        "-p",
+        t.vhost,
+        "--formatter",
+        "json",
+        "--quiet",
+        "name",
+        "messages_ready",
+        "messages_unacknowledged",
+        "messages",
+        "consumers",
+        timeout=timeout,
+    )
+    data = _json_tail(text, "[")
+    return [_row(d) for d in data if isinstance(d, dict) and "name" in d]
+
+
+def _amqp(url: str, names: Sequence[str]) -> list[QueueRow]:
+    import pika
+    import pika.exceptions
+
+    from ._sync._pika import parameters
+
+    rows: list[QueueRow] = []
+    conn = pika.BlockingConnection(parameters(url, name="ackkit-queues"))
+    try:
+        for name in names:
+            ch = conn.channel()
+            try:
+                ok = ch.queue_declare(name, passive=True).method
+            except pika.exceptions.ChannelClosedByBroker as exc:
+                if exc.reply_code != 404:
+                    raise
+                rows.append(QueueRow(name, None, None, None, None))
+                continue
+            rows.append(QueueRow(name, int(ok.message_count), None, None, int(ok.consumer_count)))
+            with contextlib.suppress(pika.exceptions.AMQPError):
+                ch.close()
+    finally:
+        with contextlib.suppress(pika.exceptions.AMQPError):
+            conn.close()
+    return rows
