@@ -10,6 +10,7 @@ import pika.exceptions
 
 from .._core.errors import TopologyConflict
 from .._core.listener import QueueSpec
+from .._runtime_common import merge_headers
 
 PROPERTY_FIELDS = (
     "content_type",
@@ -41,13 +42,7 @@ def parameters(url: str, *, heartbeat: int | None = None, name: str = "ackkit") 
 def copy_properties(props: Any, set_headers: Mapping[str, Any]) -> pika.BasicProperties:
     """A copy of `props` (any object with the AMQP property attributes) with headers merged."""
     kw = {f: getattr(props, f, None) for f in PROPERTY_FIELDS}
-    headers = dict(kw.get("headers") or {})
-    for k, v in set_headers.items():
-        if v is None:
-            headers.pop(k, None)
-        else:
-            headers[k] = v
-    kw["headers"] = headers
+    kw["headers"] = merge_headers(kw.get("headers"), set_headers)
     mode = kw.get("delivery_mode")
     if mode is not None and hasattr(mode, "value"):
         kw["delivery_mode"] = mode.value

@@ -21,29 +21,28 @@ from typing import Any
 import pika
 import pika.exceptions
 from pika.spec import Basic
-from tenacity import Retrying, retry_if_exception_type, wait_exponential, wait_random
+from tenacity import Retrying, retry_if_exception_type
 
 from .._core.actions import Ack, Action, Nack, Reinvoke, Reject, Republish, TxCommit, TxSelect
-from .._core.errors import AckkitError, TopologyConflict
+from .._core.errors import TopologyConflict
 from .._core.events import Observer
 from .._core.listener import ListenerCore, Tracked
 from .._core.policy import AckMode
 from .._delivery import Delivery
-from .._handler import AckIndex
+from .._runtime_common import (
+    TICK,
+    BatchCall,
+    ConnectFailed,
+    FatalConnectError,
+    reconnect_wait,
+    short,
+    split_reinvoke,
+)
 from .._spec import ListenerSpec
 from .._url import mask_text
 from ._pika import copy_properties, declare_queues, parameters
 
 log = logging.getLogger("ackkit")
-TICK = 0.05
-
-
-class ConnectFailed(AckkitError):
-    """The connection could not be opened (retried with backoff)."""
-
-
-class FatalConnectError(AckkitError):
-    """Connecting failed in a way retrying cannot fix (credentials, vhost, topology)."""
 
 
 class Consumer:
@@ -227,7 +226,7 @@ class Consumer:
                 acts = self.core.finish(t, exc, tb)
                 gen = self.core.generation
             if exc is not None:
-                log.warning("%s: handler failed on %r: %s", self.spec.name, d, _short(exc))
+                log.warning("%s: handler failed on %r: %s", self.spec.name, d, short(exc))
             if acts and type(acts[0]) is Reinvoke:
                 if self.rt.stop_event.wait(acts[0].delay):
                     self._release(t)
@@ -272,48 +271,26 @@ class Consumer:
 
     def _handle_batch(self, batch: list[Delivery]) -> None:
         b = self.binding
+        call = BatchCall(b, batch)  # bad payloads leave the batch with their reason
         exc: BaseException | None = None
         tb = None
-        good: list[Delivery] = []
-        args: list[Any] = []
-        results: dict[int, BaseException] = {}
-        for d in batch:
-            try:
-                args.append(b.arg(d))
-                good.append(d)
-            except Exception as e:  # bad payloads leave the batch with their reason
-                results[id(d)] = e
-        done = len(good)
-        if good:
+        done = len(call.good)
+        if call.good:
             self.in_handler += 1
             try:
-                extra = (good,) if b.pass_delivery else ()
-                out = b.fn(args, *extra)
-                if isinstance(out, AckIndex):
-                    done = max(-1, min(out.index, len(good) - 1)) + 1
+                done = call.succeeded(b.fn(*call.call_args(b)))
             except Exception as e:
                 exc, tb, done = e, traceback.format_exc(), 0
             finally:
                 self.in_handler -= 1
-        from .._core.errors import RetryLater
-
-        later = RetryLater("not acknowledged by the batch handler (AckIndex)")
-        acts: list[Action] = []
         with self.lock:
-            for i, d in enumerate(good):
-                err = None if i < done else (exc or later)
-                acts.extend(self.core.finish(d.tracked, err, tb if err is exc else None))
-            for d in batch:
-                if id(d) in results:
-                    acts.extend(self.core.finish(d.tracked, results[id(d)], None))
+            acts = call.finish(self.core, done, exc, tb)
             gen = self.core.generation
-        reinv = [a for a in acts if type(a) is Reinvoke]
-        acts = [a for a in acts if type(a) is not Reinvoke]
+        acts, again_tags, delay = split_reinvoke(acts)
         if acts:
             self.send(gen, acts)
-        if reinv:
-            delay = max(a.delay for a in reinv)
-            again = [d for d in good if d.tracked.tag in {a.tag for a in reinv}]
+        if again_tags:
+            again = [d for d in call.good if d.tracked.tag in again_tags]
             if self.rt.stop_event.wait(delay):
                 for d in again:
                     self._release(d.tracked)
@@ -500,8 +477,7 @@ class Runtime:
         try:
             while not self.stopping:
                 retrying = Retrying(
-                    wait=wait_exponential(multiplier=0.2, max=self.app.reconnect_max_interval)
-                    + wait_random(0, 0.2),
+                    wait=reconnect_wait(self.app.reconnect_max_interval),
                     retry=retry_if_exception_type(ConnectFailed),
                     reraise=True,
                     before_sleep=lambda rs: log.warning(
@@ -642,8 +618,3 @@ class Runtime:
         if conn.is_open:
             conn.close()
         flushed.set()
-
-
-def _short(exc: BaseException) -> str:
-    s = f"{type(exc).__name__}: {exc}"
-    return mask_text(s if len(s) < 300 else s[:297] + "...")

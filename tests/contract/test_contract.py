@@ -17,13 +17,13 @@ from pydantic import BaseModel
 
 from ackkit import (
     AckIndex,
-    AckkitError,
     AckMode,
     AlreadySettled,
     Delivery,
     Retry,
     RetryLater,
     RetryStrategy,
+    TopologyConflict,
 )
 
 from .conftest import IO, Broker, Runtime, eventually
@@ -432,6 +432,9 @@ def test_topology_conflict_is_reported(
 
     app = runtime.app()
     runtime.listen(app, q, handle)
-    with pytest.raises(AckkitError, match=r"already exists with arguments"), runtime.running(app):
+    with (
+        pytest.raises(TopologyConflict, match=r"already exists with arguments"),
+        runtime.running(app),
+    ):
         pass
     broker.wait_for(q, consumers=0)
