@@ -1,0 +1,563 @@
+"""The runner-side consumer: an I/O thread that owns the broker connection.
+
+It lives in Spark's `python_streaming_source_runner` process for the whole
+query, so delivery tags stay valid across micro-batches. pika is not
+thread-safe: every channel call happens on the I/O thread; the reader's
+thread (Spark asks it for batches) and the IPC thread (the foreachBatch
+wrapper says "written") hand it actions with `add_callback_threadsafe`, tagged
+with the channel generation they belong to. Every decision (what a batch
+holds, which tags may be acked, what a poison message becomes) is the core's:
+`ListenerCore` and `BatchLedger`; this module only carries them out.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import datetime as _dt
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pika
+import pika.exceptions
+from pika.spec import Basic
+from pydantic import BaseModel, ValidationError
+
+from .._core.actions import Ack, Action, Nack, Reject, Republish
+from .._core.batches import BatchLedger, BatchPlan
+from .._core.errors import AckkitError, BadPayload, TopologyConflict
+from .._core.listener import ListenerCore, Tracked
+from .._core.policy import NO_RETRY, AckMode, FlushPolicy, ListenerPolicy
+from .._delivery import _validation_reason
+from .._sync._pika import copy_properties, declare_queues, parameters
+from .._url import mask_text, mask_url
+from ._options import KeyFrom, OnInvalid, SourceOptions
+from ._schema import RowMeta, header_text
+
+log = logging.getLogger("ackkit.spark")
+TICK = 0.1
+
+
+class SourceFailed(AckkitError):
+    """The source cannot go on (authentication, topology, or a poison message with
+    on_invalid=fail); the query fails with this error."""
+
+
+@dataclass(slots=True)
+class Item:
+    """A delivery waiting to be handed out in a batch."""
+
+    tracked: Tracked
+    key: str | None
+    meta: RowMeta
+    parsed: dict[str, Any] | None
+    error: str | None = None
+
+
+class SourceConsumer:
+    """Consumes one queue with manual acks and a prefetch window for one streaming source."""
+
+    def __init__(
+        self,
+        opts: SourceOptions,
+        model: type[BaseModel] | None,
+        *,
+        written_upto: int = 0,
+    ) -> None:
+        self.opts = opts
+        self.model = model
+        policy = ListenerPolicy(
+            name=f"spark:{opts.queue}",
+            queue=opts.queue,
+            mode=AckMode.AUTO,
+            prefetch=opts.prefetch,
+            retry=NO_RETRY,
+            dead_letter=opts.dead_letter_queue,
+            # Batches are acked when written (one multiple-ack); only dead-letter
+            # acks are left for the periodic flush.
+            flush=FlushPolicy(max_pending=opts.prefetch + 1, interval=0.2),
+        )
+        self.core = ListenerCore(policy)
+        self.ledger = BatchLedger(self.core, written_upto=written_upto)
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
+        self.buffer: collections.deque[Item] = collections.deque()
+        self.fatal: BaseException | None = None
+        self.stopping = False
+        self.connection: Any = None
+        self.channel: Any = None
+        self._consumer_tag: str | None = None
+        self._pub: Any = None
+        self._pub_seq = 0
+        self._pub_pending: dict[int, int] = {}  # publish seq -> core token
+        self._pub_returned: set[int] = set()
+        self._pub_waiting: list[Republish] = []
+        self._confirms: list[threading.Event] = []
+        self._waiting = 0
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._closed = threading.Event()
+        self.connections = 0
+        self.received = 0
+        self.invalid = 0
+
+    # -- lifecycle (reader thread) ---------------------------------------------------
+
+    def start(self, timeout: float = 30.0) -> None:
+        self._thread = threading.Thread(target=self._io_main, name="ackkit-spark-io", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._ready.wait(0.05):
+            if self.fatal is not None:
+                raise self.fatal
+            if time.monotonic() > deadline:
+                raise SourceFailed(
+                    f"no consumer on {self.opts.queue!r} at {mask_url(self.opts.url)} "
+                    f"within {timeout:.0f} s"
+                )
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Flush settled acks and close the connection (the broker requeues the rest)."""
+        if self.stopping:
+            return
+        self.stopping = True
+        with self.cond:
+            self.cond.notify_all()
+        self._call(self._close)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # -- batches (reader thread) ------------------------------------------------------
+
+    def take(self, start: int) -> tuple[list[Item], BatchPlan]:
+        """Wait for deliveries, then form batch (start, ...] from up to max_batch of them."""
+        o = self.opts
+        with self.cond:
+            deadline = time.monotonic() + o.max_wait
+            self._waiting += 1
+            try:
+                while not self.buffer:
+                    self._raise_fatal()
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self.stopping:
+                        return [], BatchPlan(start, start, [], [])
+                    self.cond.wait(left)
+                # Messages flow: keep filling while they do, up to max_batch.
+                cap = time.monotonic() + max(o.max_wait, 5 * o.linger)
+                while len(self.buffer) < o.max_batch and time.monotonic() < cap:
+                    n = len(self.buffer)
+                    self.cond.wait(o.linger)
+                    if len(self.buffer) == n:
+                        break
+            finally:
+                self._waiting -= 1
+            self._raise_fatal()
+            items = [self.buffer.popleft() for _ in range(min(len(self.buffer), o.max_batch))]
+            for it in items:
+                if it.error is not None:
+                    raise SourceFailed(
+                        f"message {it.meta.message_id or '(no message_id)'} on {o.queue!r} "
+                        f"does not validate: {it.error} (set option on_invalid=dead_letter to "
+                        "dead-letter such messages instead of failing the query)"
+                    )
+            plan = self.ledger.plan(start, [(it.tracked, it.key) for it in items])
+            gen = self.core.generation
+        if plan.actions:
+            self._send(gen, plan.actions)
+        return [items[i] for i in plan.rows], plan
+
+    def _raise_fatal(self) -> None:
+        if self.fatal is not None:
+            raise self.fatal
+
+    def restore(self, end: int, keys: list[str | None]) -> None:
+        with self.lock:
+            self.ledger.restore(end, keys)
+
+    def forget(self, upto: int) -> int:
+        with self.lock:
+            return self.ledger.forget(upto)
+
+    # -- written (IPC thread, or the reader's commit) -----------------------------
+
+    def written(self, end: int, timeout: float = 30.0) -> dict[str, int]:
+        """Ack every delivery of batches up to `end` (and their held copies); return once
+        the broker has processed the acks (a basic.qos round trip on the same channel)."""
+        with self.lock:
+            w = self.ledger.written(end)
+            gen = self.core.generation
+        confirmed = True
+        if w.actions:
+            done = threading.Event()
+            if not self._call(lambda: self._execute_confirmed(gen, w.actions, done)):
+                done.set()
+            confirmed = done.wait(timeout)
+        return {
+            "acked": w.acked,
+            "held": w.held,
+            "stale": w.stale,
+            "frames": sum(1 for a in w.actions if isinstance(a, Ack)),
+            "confirmed": int(confirmed),
+        }
+
+    def stats(self) -> dict[str, int]:
+        with self.lock:
+            counts = self.core.counters.snapshot()
+            return {
+                "received": self.received,
+                "buffered": len(self.buffer),
+                "unwritten": self.ledger.unwritten,
+                "holding": self.ledger.holding,
+                "remembered": self.ledger.remembered,
+                "written_upto": self.ledger.written_upto,
+                "dead_lettered": counts["dead_lettered"],
+                "invalid": self.invalid,
+                "connections": self.connections,
+                "ack_frames": counts["ack_frames"],
+                "pending_acks": self.core.pending_acks,
+                "republishing": self.core.republishing,
+            }
+
+    # -- cross-thread plumbing ----------------------------------------------------------
+
+    def _call(self, fn: Callable[[], None]) -> bool:
+        conn = self.connection
+        if conn is None or self._closed.is_set():
+            return False
+        try:
+            conn.ioloop.add_callback_threadsafe(fn)
+        except Exception:  # the ioloop is gone
+            return False
+        return True
+
+    def _send(self, gen: int, acts: list[Action]) -> None:
+        self._call(lambda: self._execute(gen, acts))
+
+    # -- I/O thread ---------------------------------------------------------------------
+
+    def _io_main(self) -> None:
+        backoff = 0.2
+        while not self.stopping:
+            opened = False
+            try:
+                opened = self._serve()
+            except SourceFailed as exc:
+                self.fatal = exc
+                break
+            except Exception as exc:
+                log.warning(
+                    "ackkit.spark: connection to %s failed: %s",
+                    mask_url(self.opts.url),
+                    mask_text(repr(exc)),
+                )
+            if self.stopping:
+                break
+            backoff = 0.2 if opened else min(backoff * 2, 5.0)
+            time.sleep(backoff)
+        with self.cond:
+            self.cond.notify_all()
+
+    def _serve(self) -> bool:
+        params = parameters(
+            self.opts.url, heartbeat=self.opts.heartbeat, name=f"ackkit-spark:{self.opts.queue}"
+        )
+        self._topology(params)
+        self._closed.clear()
+        self._opened = False
+        conn = pika.SelectConnection(
+            params,
+            on_open_callback=self._on_open,
+            on_open_error_callback=lambda c, err: c.ioloop.stop(),
+            on_close_callback=self._on_close,
+        )
+        self.connection = conn
+        try:
+            conn.ioloop.start()
+        finally:
+            self._closed.set()
+            self._release_confirms()
+            with contextlib.suppress(Exception):
+                conn.ioloop.close()
+        return self._opened
+
+    def _topology(self, params: Any) -> None:
+        try:
+            conn = pika.BlockingConnection(params)
+        except (
+            pika.exceptions.ProbableAuthenticationError,
+            pika.exceptions.ProbableAccessDeniedError,
+        ) as exc:
+            raise SourceFailed(f"cannot log in to {mask_url(self.opts.url)}: {exc!r}") from None
+        try:
+            user: list[tuple[str, dict[str, Any]]] = (
+                [(self.opts.queue, {})] if self.opts.declare else []
+            )
+            own = self.core.topology() if self.opts.on_invalid is OnInvalid.DEAD_LETTER else []
+            declare_queues(conn, own, user)
+            if not self.opts.declare:
+                ch = conn.channel()
+                try:
+                    ch.queue_declare(self.opts.queue, passive=True)
+                except pika.exceptions.ChannelClosedByBroker as exc:
+                    raise SourceFailed(
+                        f"queue {self.opts.queue!r} does not exist: {exc.reply_text}"
+                    ) from None
+        except TopologyConflict as exc:
+            raise SourceFailed(str(exc)) from None
+        finally:
+            if conn.is_open:
+                conn.close()
+
+    def _on_open(self, conn: Any) -> None:
+        self._opened = True
+        self.connections += 1
+        conn.channel(on_open_callback=self._on_channel_open)
+        conn.channel(on_open_callback=self._on_pub_open)
+        conn.ioloop.call_later(TICK, self._tick)
+
+    def _on_close(self, conn: Any, reason: BaseException) -> None:
+        waiting, self._pub_waiting = self._pub_waiting, []
+        with self.lock:
+            for a in waiting:
+                self.core.republished(a.token, False)
+        if self.channel is not None:
+            self._on_channel_closed(self.channel, reason)
+        if self._pub is not None:
+            self._on_pub_closed(self._pub, reason)
+        if not self.stopping:
+            log.warning("ackkit.spark: connection lost (%s); reconnecting", mask_text(repr(reason)))
+        conn.ioloop.stop()
+
+    def _on_channel_open(self, ch: Any) -> None:
+        self.channel = ch
+        ch.add_on_close_callback(self._on_channel_closed)
+        with self.lock:
+            self.core.channel_opened()
+        ch.basic_qos(prefetch_count=self.opts.prefetch, callback=lambda _f: self._consume(ch))
+
+    def _consume(self, ch: Any) -> None:
+        self._consumer_tag = ch.basic_consume(
+            self.opts.queue, self._on_message, exclusive=self.opts.exclusive
+        )
+        self._ready.set()
+
+    def _on_channel_closed(self, ch: Any, reason: BaseException) -> None:
+        if ch is not self.channel:
+            return
+        self.channel = None
+        with self.lock:
+            dropped = self.ledger.channel_closed() + len(self.buffer)
+            self.buffer.clear()
+        self._release_confirms()
+        if dropped:
+            log.info("ackkit.spark: channel closed, %d unacked deliveries requeued", dropped)
+        code = getattr(reason, "reply_code", 0)
+        if code not in (0, 200, 320):
+            log.error("ackkit.spark: channel closed by the broker: %s", mask_text(str(reason)))
+        conn = self.connection
+        if not self.stopping and conn is not None and conn.is_open:
+            conn.ioloop.call_later(1.0, lambda: self._reopen(conn))
+
+    def _reopen(self, conn: Any) -> None:
+        if conn.is_open and not self.stopping and self.channel is None:
+            conn.channel(on_open_callback=self._on_channel_open)
+
+    def _release_confirms(self) -> None:
+        waiting, self._confirms = self._confirms, []
+        for ev in waiting:
+            ev.set()
+
+    def _on_message(self, ch: Any, method: Any, props: Any, body: bytes) -> None:
+        if ch is not self.channel:
+            return
+        o = self.opts
+        mid = props.message_id
+        if o.key is KeyFrom.MESSAGE_ID:
+            key = mid if mid else None
+        elif o.key is KeyFrom.BODY:
+            key = hashlib.sha256(body).hexdigest()
+        else:
+            key = None
+        parsed: dict[str, Any] | None = None
+        error: str | None = None
+        if self.model is not None:
+            if not body:
+                error = "empty body"
+            else:
+                try:
+                    parsed = self.model.model_validate_json(body).model_dump()
+                except ValidationError as exc:
+                    error = _validation_reason(self.model, exc)
+        hdrs = props.headers
+        ts = props.timestamp
+        with self.lock:
+            t = self.core.receive(
+                method.delivery_tag, method.redelivered, hdrs, method.exchange, method.routing_key
+            )
+            t.attach((props, body))
+            self.received += 1
+            acts: list[Action] | None = t.verdict
+            if acts is None and error is not None:
+                self.invalid += 1
+                if o.on_invalid is OnInvalid.DEAD_LETTER:
+                    acts = self.core.finish(t, BadPayload(error))
+            if acts is None:
+                meta = RowMeta(
+                    mid,
+                    body,
+                    {k: header_text(v) for k, v in hdrs.items()} if hdrs else None,
+                    method.routing_key,
+                    method.exchange,
+                    bool(method.redelivered),
+                    t.attempt,
+                    props.content_type,
+                    _dt.datetime.fromtimestamp(ts, _dt.timezone.utc) if ts else None,
+                )
+                self.buffer.append(Item(t, key, meta, parsed, error))
+                if self._waiting and (
+                    len(self.buffer) == 1 or len(self.buffer) >= o.max_batch or error
+                ):
+                    self.cond.notify_all()
+            gen = t.generation
+        if acts:
+            self._execute(gen, acts)
+
+    def _execute(self, gen: int, acts: list[Action]) -> None:
+        """Carry out actions on the channel of generation `gen` (I/O thread only)."""
+        ch = self.channel
+        if ch is None or not ch.is_open or gen != self.core.generation or not self.core.open:
+            if any(not isinstance(a, Republish) for a in acts):
+                log.info("ackkit.spark: dropped %d settles for a closed channel", len(acts))
+            return
+        for a in acts:
+            if type(a) is Ack:
+                ch.basic_ack(a.tag, a.multiple)
+            elif type(a) is Reject:
+                ch.basic_reject(a.tag, a.requeue)
+            elif type(a) is Nack:
+                ch.basic_nack(a.tag, a.multiple, a.requeue)
+            elif type(a) is Republish:
+                self._publish(a)
+
+    def _execute_confirmed(self, gen: int, acts: list[Action], done: threading.Event) -> None:
+        self._execute(gen, acts)
+        ch = self.channel
+        if ch is None or not ch.is_open or gen != self.core.generation:
+            done.set()
+            return
+        self._confirms.append(done)
+
+        def ok(_frame: Any) -> None:
+            if done in self._confirms:
+                self._confirms.remove(done)
+            done.set()
+
+        # Frames on a channel are processed in order: Qos-Ok means the acks were too.
+        ch.basic_qos(prefetch_count=self.opts.prefetch, callback=ok)
+
+    def _tick(self) -> None:
+        conn = self.connection
+        if conn is None or not conn.is_open:
+            return
+        if self.channel is not None:
+            with self.lock:
+                acts = self.core.tick()
+                gen = self.core.generation
+            if acts:
+                self._execute(gen, acts)
+        conn.ioloop.call_later(TICK, self._tick)
+
+    def _close(self) -> None:
+        conn = self.connection
+        if conn is None or not conn.is_open:
+            return
+        with self.lock:
+            acts = self.core.drain()
+            gen = self.core.generation
+        if acts:
+            self._execute(gen, acts)
+        conn.close()
+
+    # -- dead-letter publishes with confirms (I/O thread) ---------------------------------
+
+    def _on_pub_open(self, ch: Any) -> None:
+        ch.add_on_close_callback(self._on_pub_closed)
+        ch.add_on_return_callback(self._on_return)
+        ch.confirm_delivery(self._on_confirm, callback=lambda _f: self._pub_ready(ch))
+
+    def _pub_ready(self, ch: Any) -> None:
+        self._pub = ch
+        self._pub_seq = 0
+        waiting, self._pub_waiting = self._pub_waiting, []
+        for a in waiting:
+            self._publish(a)
+
+    def _publish(self, a: Republish) -> None:
+        ch = self._pub
+        if ch is None or not ch.is_open:
+            self._pub_waiting.append(a)
+            return
+        props, body = a.source
+        ch.basic_publish(
+            a.exchange, a.routing_key, body, copy_properties(props, a.set_headers), mandatory=True
+        )
+        self._pub_seq += 1
+        self._pub_pending[self._pub_seq] = a.token
+
+    def _on_return(self, ch: Any, method: Any, props: Any, body: bytes) -> None:
+        # Returns precede their confirm: the oldest unconfirmed publish is the one returned.
+        for seq in sorted(self._pub_pending):
+            if seq not in self._pub_returned:
+                self._pub_returned.add(seq)
+                break
+        log.error(
+            "ackkit.spark: dead-letter publish to %r returned: %s (the original is requeued)",
+            method.routing_key,
+            method.reply_text,
+        )
+
+    def _on_confirm(self, frame: Any) -> None:
+        m = frame.method
+        ok = isinstance(m, Basic.Ack)
+        seqs = (
+            [s for s in self._pub_pending if s <= m.delivery_tag]
+            if m.multiple
+            else [m.delivery_tag]
+        )
+        for s in seqs:
+            token = self._pub_pending.pop(s, None)
+            if token is None:
+                continue
+            good = ok and s not in self._pub_returned
+            self._pub_returned.discard(s)
+            with self.lock:
+                acts = self.core.republished(token, good)
+                gen = self.core.generation
+            if acts:
+                self._execute(gen, acts)
+
+    def _on_pub_closed(self, ch: Any, reason: BaseException) -> None:
+        if ch is not self._pub:
+            return
+        self._pub = None
+        tokens = list(self._pub_pending.values())
+        self._pub_pending = {}
+        self._pub_returned.clear()
+        for token in tokens:
+            with self.lock:
+                acts = self.core.republished(token, False)
+                gen = self.core.generation
+            if acts:
+                self._execute(gen, acts)
+        conn = self.connection
+        if not self.stopping and conn is not None and conn.is_open:
+            conn.ioloop.call_later(0.5, lambda: self._reopen_pub(conn))
+
+    def _reopen_pub(self, conn: Any) -> None:
+        if conn.is_open and not self.stopping and self._pub is None:
+            conn.channel(on_open_callback=self._on_pub_open)

@@ -1,0 +1,174 @@
+"""The source's options (Spark passes them as strings) and the paths derived from them."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from .._core.policy import DLQ_DEFAULT
+
+MAX_PREFETCH = 65535  # basic.qos prefetch-count is a short
+
+
+class OnInvalid(str, Enum):
+    """What the source does with a body that does not validate against the model."""
+
+    FAIL = "fail"
+    """Stop the query with the validation error; nothing of the batch is acked (default)."""
+    DEAD_LETTER = "dead_letter"
+    """Publish it to the dead-letter queue with its reason (confirmed), then ack it; the
+    rest of the batch goes on."""
+
+
+class KeyFrom(str, Enum):
+    """Which value identifies a message, so that a redelivered copy is recognised."""
+
+    MESSAGE_ID = "message_id"
+    """The AMQP message_id property (default). Messages without one are not deduplicated."""
+    BODY = "body"
+    """SHA-256 of the body: for producers without message ids whose bodies are unique."""
+    NONE = "none"
+    """No deduplication: after a crash, messages may be in the output twice."""
+
+
+def _flag(value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {value!r}")
+
+
+def local_path(location: str) -> Path:
+    """A checkpoint location as a local path (file: URIs accepted)."""
+    parts = urlsplit(location)
+    if parts.scheme in ("", "file") or (len(parts.scheme) == 1 and sys.platform == "win32"):
+        path = parts.path if parts.scheme == "file" else location
+        return Path(os.path.realpath(os.path.expanduser(path)))
+    raise ValueError(
+        f"checkpoint {location!r}: the rabbitmq source keeps its write-ahead log with plain file "
+        "I/O, so the checkpoint must be a local (or mounted) path"
+    )
+
+
+def ipc_address(checkpoint: Path, queue: str) -> str:
+    """Where the source's runner listens for "batch written" notices (an abstract unix socket
+    on Linux, a short socket file elsewhere). Both sides derive it from the same two values."""
+    digest = hashlib.sha256(f"{checkpoint}\0{queue}".encode()).hexdigest()[:24]
+    if sys.platform.startswith("linux"):
+        return f"\0ackkit-spark-{digest}"
+    return os.path.join("/tmp", f"ackkit-spark-{digest}.sock")
+
+
+def wal_dir(checkpoint: Path, queue: str) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", queue)[:80]
+    digest = hashlib.sha256(queue.encode()).hexdigest()[:8]
+    return checkpoint / "ackkit" / f"{safe}-{digest}"
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """Options of `spark.readStream.format("rabbitmq")`, validated."""
+
+    url: str
+    queue: str
+    checkpoint: Path
+    max_batch: int = 10_000
+    """Most messages in one micro-batch."""
+    prefetch: int = 20_000
+    """Unacked deliveries the broker may push (basic.qos); at least max_batch."""
+    model: str | None = None
+    """"package.module:Class" of a pydantic model: its fields become columns."""
+    on_invalid: OnInvalid = OnInvalid.FAIL
+    dead_letter_queue: str = DLQ_DEFAULT
+    key: KeyFrom = KeyFrom.MESSAGE_ID
+    max_wait: float = 0.5
+    """Seconds a read waits for the first message before reporting "no new data"."""
+    linger: float = 0.05
+    """Once messages flow, a read returns when none came for this long (or max_batch)."""
+    heartbeat: int = 30
+    exclusive: bool = True
+    """Consume exclusively: the exactly-once guarantee assumes no other consumer."""
+    declare: bool = True
+    """Declare the queue (durable, no arguments) when it does not exist."""
+    fsync: bool = True
+    retain_batches: int = 10
+    """Written batches whose rows stay in the write-ahead log (deduplication window)."""
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> SourceOptions:
+        opts = {k.lower(): v for k, v in options.items()}
+        missing = [k for k in ("url", "queue", "checkpoint") if not opts.get(k)]
+        if missing:
+            raise ValueError(
+                "the rabbitmq source needs option(s) "
+                + ", ".join(repr(m) for m in missing)
+                + " (checkpoint: the same path as the query's checkpointLocation)"
+            )
+        known = {
+            "url",
+            "queue",
+            "checkpoint",
+            "max_batch",
+            "prefetch",
+            "model",
+            "on_invalid",
+            "dead_letter_queue",
+            "key",
+            "max_wait_ms",
+            "linger_ms",
+            "heartbeat",
+            "exclusive",
+            "declare",
+            "fsync",
+            "retain_batches",
+            "path",
+        }
+        unknown = sorted(set(opts) - known)
+        if unknown:
+            raise ValueError(f"unknown rabbitmq source option(s): {', '.join(unknown)}")
+        max_batch = int(opts.get("max_batch", 10_000))
+        if max_batch < 1:
+            raise ValueError("max_batch must be >= 1")
+        if "prefetch" in opts:
+            prefetch = int(opts["prefetch"])
+        else:
+            prefetch = min(max(2 * max_batch, 100), MAX_PREFETCH)
+        if not 1 <= prefetch <= MAX_PREFETCH:
+            raise ValueError(f"prefetch must be in 1..{MAX_PREFETCH}")
+        # A batch never waits for more than the broker may have in flight: cap it.
+        max_batch = min(max_batch, prefetch)
+        return cls(
+            url=opts["url"],
+            queue=opts["queue"],
+            checkpoint=local_path(opts["checkpoint"]),
+            max_batch=max_batch,
+            prefetch=prefetch,
+            model=opts.get("model") or None,
+            on_invalid=OnInvalid(opts.get("on_invalid", OnInvalid.FAIL.value).lower()),
+            dead_letter_queue=opts.get("dead_letter_queue", DLQ_DEFAULT),
+            key=KeyFrom(opts.get("key", KeyFrom.MESSAGE_ID.value).lower()),
+            max_wait=int(opts.get("max_wait_ms", 500)) / 1000,
+            linger=int(opts.get("linger_ms", 50)) / 1000,
+            heartbeat=int(opts.get("heartbeat", 30)),
+            exclusive=_flag(opts.get("exclusive", "true")),
+            declare=_flag(opts.get("declare", "true")),
+            fsync=_flag(opts.get("fsync", "true")),
+            retain_batches=int(opts.get("retain_batches", 10)),
+        )
+
+    @property
+    def wal_dir(self) -> Path:
+        return wal_dir(self.checkpoint, self.queue)
+
+    @property
+    def address(self) -> str:
+        return ipc_address(self.checkpoint, self.queue)

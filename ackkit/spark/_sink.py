@@ -1,0 +1,144 @@
+"""ack_after_commit: a foreachBatch wrapper that acks a batch once its output is written."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .._core.errors import AckkitError
+from ._faults import crash_point
+from ._ipc import RunnerUnreachable, request
+from ._options import ipc_address, local_path
+
+log = logging.getLogger("ackkit.spark")
+
+Writer = Callable[[Any, int], None]
+
+
+class AckFailed(AckkitError):
+    """The batch was written but the source runner could not ack it. The query fails; on
+    restart Spark replays the batch (the writer must be idempotent per batch id) and the
+    redelivered messages are acked then."""
+
+
+def batch_offsets(checkpoint: Path, batch_id: int) -> list[tuple[str, int]]:
+    """(queue, end offset) of every rabbitmq source in `<checkpoint>/offsets/<batch_id>`.
+
+    Spark writes that file before it runs the batch: a version line, a metadata line,
+    then one line per source (JSON, or "-" when the source has no offset yet).
+    """
+    path = checkpoint / "offsets" / str(batch_id)
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        raise AckFailed(
+            f"{path} does not exist: ack_after_commit(checkpoint=...) must be the query's "
+            "checkpointLocation (and the rabbitmq source's 'checkpoint' option)"
+        ) from None
+    out = []
+    for line in lines[2:]:
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            off = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(off, dict) and "ackkit" in off and "seq" in off:
+            out.append((str(off["ackkit"]), int(off["seq"])))
+    return out
+
+
+class AckAfterCommit:
+    """`writeStream.foreachBatch(AckAfterCommit(writer, checkpoint=...))`.
+
+    Calls `writer(df, batch_id)`; only when it returns are the batch's deliveries acked,
+    on the channel that received them, as one multiple-ack (the source runner does it
+    and answers once the broker has processed the ack). If the writer raises, nothing
+    is acked and the exception fails the query. Counters of what was acked are kept on
+    the instance (in the driver process).
+    """
+
+    def __init__(
+        self, writer: Writer, *, checkpoint: str | os.PathLike[str], timeout: float = 120.0
+    ):
+        self.writer = writer
+        self.checkpoint = local_path(os.fspath(checkpoint))
+        self.timeout = timeout
+        self.batches = 0
+        self.acked = 0
+        self.held = 0
+        self.last_batch: int | None = None
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        crash_point("before_write", batch_id)
+        self.writer(df, batch_id)
+        crash_point("after_write", batch_id)
+        for queue, end in batch_offsets(self.checkpoint, batch_id):
+            addr = ipc_address(self.checkpoint, queue)
+            req = {
+                "op": "written",
+                "end": end,
+                "batch": batch_id,
+                "checkpoint": str(self.checkpoint),
+            }
+            try:
+                reply = request(addr, req, self.timeout)
+            except (RunnerUnreachable, OSError) as exc:
+                raise AckFailed(
+                    f"batch {batch_id} was written but the rabbitmq source for queue {queue!r} "
+                    f"did not answer ({exc}); is its 'checkpoint' option {str(self.checkpoint)!r}?"
+                ) from None
+            if not reply.get("ok"):
+                raise AckFailed(f"batch {batch_id}: the source could not ack: {reply.get('error')}")
+            if not reply.get("confirmed", 1):
+                log.warning("ackkit.spark: batch %d acked without a broker round trip", batch_id)
+            self.acked += int(reply.get("acked", 0))
+            self.held += int(reply.get("held", 0))
+        self.batches += 1
+        self.last_batch = batch_id
+        crash_point("after_ack", batch_id)
+
+
+def ack_after_commit(
+    writer: Writer, *, checkpoint: str | os.PathLike[str], timeout: float = 120.0
+) -> AckAfterCommit:
+    """Wrap a foreachBatch writer so that a batch's messages are acked only after it returned.
+
+    `checkpoint` is the query's checkpointLocation (also the source's `checkpoint` option).
+    For an exactly-once effect the writer must be idempotent per batch_id: a batch replayed
+    after a crash has the same batch_id and exactly the same rows (see `parquet_batches`).
+    """
+    return AckAfterCommit(writer, checkpoint=checkpoint, timeout=timeout)
+
+
+def parquet_batches(path: str | os.PathLike[str], *, compression: str = "snappy") -> Writer:
+    """An idempotent foreachBatch writer: batch N goes to `<path>/batch=N/`, atomically.
+
+    The batch is written to a hidden temporary directory and renamed into place; a
+    batch_id that is already there was written before a crash and is skipped (its
+    replay holds the same rows). Reading `path` back gives a `batch` column. Local
+    (or mounted) paths only: the rename is a local file-system rename.
+    """
+    root = local_path(os.fspath(path))
+
+    def write(df: Any, batch_id: int) -> None:
+        target = root / f"batch={batch_id}"
+        if target.exists():
+            return
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = root / f"_tmp-batch={batch_id}-{uuid.uuid4().hex[:8]}"
+        try:
+            df.write.option("compression", compression).parquet(str(tmp))
+            os.rename(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    return write

@@ -1,0 +1,204 @@
+"""The `rabbitmq` streaming data source (pyspark.sql.datasource, simple stream reader).
+
+Where things run (PySpark 4.x):
+
+* `read(start)` and `commit(end)` run in Spark's long-lived
+  `python_streaming_source_runner` process, one per query. The broker
+  connection, the write-ahead log writer and the IPC listener live there
+  (started lazily on the first call, never in `__init__`).
+* `readBetweenOffsets(start, end)` runs in an executor's Python worker on a
+  pickled copy of the reader, only when a restarted query replays a batch: it
+  reads the batch back from the write-ahead log, never from the broker.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
+
+from ._consumer import SourceConsumer
+from ._faults import crash_point
+from ._ipc import IpcServer
+from ._options import SourceOptions
+from ._schema import KEY_COLUMN, RowSchema, load_model
+from ._wal import WalError, WriteAheadLog
+
+log = logging.getLogger("ackkit.spark")
+
+
+def _offset(queue: str, seq: int) -> dict[str, Any]:
+    return {"ackkit": queue, "seq": seq}
+
+
+def _schema(opts: SourceOptions) -> RowSchema:
+    return RowSchema(load_model(opts.model) if opts.model else None)
+
+
+class RabbitMQDataSource(DataSource):
+    """`spark.readStream.format("rabbitmq")`: see `ackkit.spark` for the options."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "rabbitmq"
+
+    def schema(self) -> Any:
+        return _schema(SourceOptions.parse(self.options)).spark
+
+    def simpleStreamReader(self, schema: Any) -> RabbitMQStreamReader:
+        return RabbitMQStreamReader(dict(self.options))
+
+
+class RabbitMQStreamReader(SimpleDataSourceStreamReader):
+    """Hands out batches of deliveries; acks wait for `ack_after_commit` (see module doc)."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.options = options
+        self.opts = SourceOptions.parse(options)
+        self._runner: _Runner | None = None
+        self._rows: RowSchema | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"options": self.options, "opts": self.opts, "_runner": None, "_rows": None}
+
+    def _run(self) -> _Runner:
+        if self._runner is None:
+            self._runner = _Runner(self.opts)
+        return self._runner
+
+    def initialOffset(self) -> dict[str, Any]:
+        return _offset(self.opts.queue, 0)
+
+    def read(self, start: dict[str, Any]) -> tuple[Iterator[pa.RecordBatch], dict[str, Any]]:
+        return self._run().read(int(start["seq"]))
+
+    def readBetweenOffsets(
+        self, start: dict[str, Any], end: dict[str, Any]
+    ) -> Iterator[pa.RecordBatch]:
+        if self._rows is None:
+            self._rows = _schema(self.opts)
+        rows = self._rows
+        wal = WriteAheadLog(self.opts.wal_dir)
+        return iter([rows.rows(b) for b in wal.read(int(start["seq"]), int(end["seq"]))])
+
+    def commit(self, end: dict[str, Any]) -> None:
+        if self._runner is not None:
+            self._runner.commit(int(end["seq"]))
+
+
+class _Runner:
+    """The source's state in the runner process: consumer, write-ahead log, IPC listener."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+        self.rows = _schema(opts)
+        self.wal = WriteAheadLog(opts.wal_dir, fsync=opts.fsync)
+        self.wal.create()
+        self._persisted = self.wal.written_upto()
+        self.consumer = SourceConsumer(opts, self.rows.model, written_upto=self._persisted)
+        for s, e in self.wal.batches():
+            self.consumer.restore(e, self.wal.keys(s, e, KEY_COLUMN))
+        self._written_lock = threading.Lock()
+        self.ipc = IpcServer(opts.address, self._handle)
+        self.ipc.start()
+        try:
+            self.consumer.start()
+        except BaseException:
+            self.ipc.close()
+            raise
+        self._closed = False
+        self._handed_out = 0
+        atexit.register(self.close)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    # -- Spark's calls --------------------------------------------------------------------
+
+    def read(self, start: int) -> tuple[Iterator[pa.RecordBatch], dict[str, Any]]:
+        q = self.opts.queue
+        logged = self.wal.batches()
+        again = next(((s, e) for s, e in logged if s == start), None)
+        if again is not None:
+            # Handed out before (e.g. the process died before Spark logged its offsets):
+            # offer exactly the same rows again.
+            batches = [self.rows.rows(b) for b in self.wal.read(*again)]
+            return iter(batches), _offset(q, again[1])
+        ahead = [(s, e) for s, e in logged if e > start]
+        if ahead:
+            raise WalError(
+                f"Spark asks for offsets after {start}, but the write-ahead log already holds "
+                f"{ahead[0]} and later: the checkpoint's offsets and the log disagree"
+            )
+        items, plan = self.consumer.take(start)
+        if not items:
+            return iter([]), _offset(q, start)
+        batch = self.rows.batch(
+            start,
+            [it.meta for it in items],
+            [it.parsed for it in items],
+            [it.key for it in items],
+        )
+        self.wal.write(start, plan.end, batch)
+        self._handed_out += 1
+        crash_point("wal_written", self._handed_out, group=True)
+        return iter([self.rows.rows(batch)]), _offset(q, plan.end)
+
+    def commit(self, end: int) -> None:
+        # Spark logs a batch as committed only after its sink returned, so the output up
+        # to `end` is written. ack_after_commit has normally acked it already; this is the
+        # fallback for a sink without it.
+        if end > self.consumer.ledger.written_upto:
+            self.written(end)
+        doomed = self.wal.prune(min(end, self._persisted), self.opts.retain_batches)
+        if doomed:
+            self.consumer.forget(doomed[-1][1])
+
+    # -- the foreachBatch wrapper's calls (IPC thread) --------------------------------------
+
+    def written(self, end: int) -> dict[str, int]:
+        with self._written_lock:
+            if end > self._persisted:
+                # Before acking: after a crash, redelivered copies of these rows are
+                # recognised as written and acked at once.
+                self.wal.set_written_upto(end)
+                self._persisted = end
+            return self.consumer.written(end)
+
+    def _handle(self, req: dict[str, Any]) -> dict[str, Any]:
+        op = req.get("op")
+        if op == "written":
+            ckpt = req.get("checkpoint")
+            if ckpt is not None and ckpt != str(self.opts.checkpoint):
+                raise ValueError(
+                    f"ack_after_commit's checkpoint {ckpt!r} is not the source's "
+                    f"{str(self.opts.checkpoint)!r}"
+                )
+            out = self.written(int(req["end"]))
+            return {"ok": True, **out}
+        if op == "stats":
+            return {"ok": True, **self.consumer.stats()}
+        raise ValueError(f"unknown request {op!r}")
+
+    # -- shutdown ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.ipc.close()
+        self.consumer.stop()
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        # query.stop() terminates the runner: close the connection cleanly first.
+        try:
+            self.close()
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)

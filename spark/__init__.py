@@ -1,0 +1,1 @@
+"""Runnable Spark pipelines built on ackkit.spark (see spark/README.md)."""
