@@ -1,0 +1,160 @@
+"""Small helpers shared by the test kit: URL masking, ports, process scans."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import urllib.parse
+from collections.abc import Iterator
+
+__all__ = [
+    "free_port",
+    "is_local_host",
+    "iter_processes",
+    "kill_pid",
+    "mask_secrets",
+    "mask_url",
+    "pid_alive",
+    "tail",
+]
+
+_URL_SECRET = re.compile(r"(?P<head>\b[a-z][a-z0-9+.-]*://[^:/@\s]*:)(?P<secret>[^@\s/]*)@", re.I)
+
+
+def mask_url(url: str) -> str:
+    """Return ``url`` with the password replaced by ``***``.
+
+    ``amqp://guest:guest@host:5672/%2f`` -> ``amqp://guest:***@host:5672/%2f``.
+    URLs without a password come back unchanged.
+    """
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return mask_secrets(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if ":" in host:  # IPv6 literal
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    netloc = f"{user}:***@{host}" + (f":{port}" if port is not None else "")
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def mask_secrets(text: str) -> str:
+    """Mask the password of every ``scheme://user:password@`` URL inside ``text``."""
+    return _URL_SECRET.sub(lambda m: f"{m.group('head')}***@", text)
+
+
+def is_local_host(host: str | None) -> bool:
+    """True when ``host`` names this machine (loopback or one of its own names)."""
+    if not host:
+        return True
+    host = host.strip("[]").lower()
+    if host in {"localhost", "localhost.localdomain", "::1", "0.0.0.0", "::"}:
+        return True
+    if host.startswith("127."):
+        return True
+    names = {socket.gethostname().lower()}
+    with contextlib.suppress(OSError):
+        names.add(socket.getfqdn().lower())
+    return host in names
+
+
+def _port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(low: int = 20000, high: int = 30000, avoid: frozenset[int] = frozenset()) -> int:
+    """Pick a currently free TCP port on the loopback interface.
+
+    The range stays below the Linux ephemeral range (32768+) so client sockets do
+    not grab it between our check and the broker's bind.
+    """
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(low, high)
+        if port not in avoid and _port_is_free(port) and _port_is_free(port, "0.0.0.0"):
+            return port
+    raise OSError(errno.EADDRINUSE, f"no free TCP port found in {low}-{high}")
+
+
+def pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie still answers kill(0); treat it as dead.
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            fields = fh.read().rsplit(")", 1)[-1].split()
+        return not fields or fields[0] != "Z"
+    except OSError:
+        return True
+
+
+def kill_pid(pid: int, sig: int = signal.SIGKILL) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+
+
+def iter_processes() -> Iterator[tuple[int, str]]:
+    """Yield ``(pid, command line)`` for every process visible to us."""
+    if os.path.isdir("/proc"):
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    raw = fh.read()
+            except OSError:
+                continue
+            if raw:
+                yield int(entry), raw.replace(b"\0", b" ").decode("utf-8", "replace").strip()
+        return
+    try:
+        out = subprocess.run(
+            ["ps", "-axo", "pid=,args="],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return
+    for line in out.splitlines():
+        pid, _, args = line.strip().partition(" ")
+        if pid.isdigit():
+            yield int(pid), args.strip()
+
+
+def tail(path: str, lines: int = 40) -> str:
+    """Last ``lines`` lines of a text file ('' when it cannot be read)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 64 * 1024))
+            data = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:])
