@@ -1,0 +1,204 @@
+"""pytest plugin of the ackkit test kit.
+
+Loaded automatically through the ``pytest11`` entry point when ackkit is
+installed. With plugin autoloading disabled (``PYTEST_DISABLE_PLUGIN_AUTOLOAD``),
+enable it in a top-level conftest.py with::
+
+    pytest_plugins = ["ackkit.testing.plugin"]
+
+(do not do both: pytest refuses to register one module under two names).
+
+Fixtures:
+
+``rabbitmq``       session-scoped :class:`~ackkit.testing.BrokerHandle` (``provision_broker()``)
+``amqp_url``       its AMQP URL
+``queue_factory``  ``queue_factory(tag="", *, declare=False, ...) -> str``: unique queue
+                   names ``t.<test>.<rand>``; the queues, their ``<name>.*`` companions
+                   (``.dlq``, ``.retry.*``) and ``<name>*`` exchanges are deleted after the test
+``fresh_queue``    one such name (nothing declared)
+``own_rabbitmq``   a broker node of the kit's own that the test may stop, restart or kill;
+                   one per test module, running again at the start of every test. Skipped
+                   (with the reason) only when ``AMQP_URL`` / ``ACKKIT_TEST_BROKER=url``
+                   forces an external broker.
+
+Configuration is through environment variables only (see ``ackkit.testing``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from ._broker import ENV_MODE, ENV_URL, BrokerError, BrokerHandle, provision_broker
+from ._util import mask_url
+
+__all__ = [
+    "QueueFactory",
+    "amqp_url",
+    "fresh_queue",
+    "own_rabbitmq",
+    "queue_factory",
+    "rabbitmq",
+]
+
+log = logging.getLogger("ackkit.testing")
+
+MARKERS = {
+    "integration": "needs a real RabbitMQ broker",
+    "contract": "behaviour contract run on every runtime against a real broker",
+    "chaos": "fault injection on a broker node the suite owns",
+    "spark": "needs a local Spark (pyspark + Java)",
+    "bench": "benchmarks, never part of the normal test run",
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    registered = {
+        re.split(r"[:(]", line, maxsplit=1)[0].strip() for line in config.getini("markers")
+    }
+    for name, description in MARKERS.items():
+        if name not in registered:
+            config.addinivalue_line("markers", f"{name}: {description}")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    url = os.environ.get(ENV_URL, "").strip()
+    mode = os.environ.get(ENV_MODE, "").strip() or "auto"
+    where = f"{ENV_URL}={mask_url(url)}" if url else f"{ENV_URL} not set"
+    return f"ackkit test broker: mode={mode}, {where}"
+
+
+def _external_broker_forced() -> str | None:
+    mode = os.environ.get(ENV_MODE, "").strip().lower()
+    url = os.environ.get(ENV_URL, "").strip()
+    if mode == "url":
+        return f"{ENV_MODE}=url forces the external broker of {ENV_URL}"
+    if url and mode in ("", "auto"):
+        return f"{ENV_URL}={mask_url(url)} forces an external broker"
+    return None
+
+
+@pytest.fixture(scope="session")
+def rabbitmq() -> Iterator[BrokerHandle]:
+    """The session's broker (AMQP_URL, a Docker container or a throwaway node)."""
+    with provision_broker() as broker:
+        yield broker
+
+
+@pytest.fixture(scope="session")
+def amqp_url(rabbitmq: BrokerHandle) -> str:
+    return rabbitmq.url
+
+
+@pytest.fixture(scope="module")
+def _ackkit_own_node() -> Iterator[BrokerHandle]:
+    reason = _external_broker_forced()
+    if reason is not None:
+        pytest.skip(f"needs a broker node the test kit owns (to stop/restart/kill it); {reason}")
+    with provision_broker(exclusive=True) as broker:
+        yield broker
+
+
+@pytest.fixture
+def own_rabbitmq(_ackkit_own_node: BrokerHandle) -> BrokerHandle:
+    """A node of the kit's own that the test may stop/restart/kill; running at test start."""
+    _ackkit_own_node.start()
+    return _ackkit_own_node
+
+
+def _slug(text: str, limit: int = 60) -> str:
+    slug = re.sub(r"[^A-Za-z0-9_-]+", "_", text).strip("_")
+    return slug[:limit] or "test"
+
+
+class QueueFactory:
+    """Hands out unique queue names for one test and deletes them afterwards."""
+
+    def __init__(self, request: pytest.FixtureRequest) -> None:
+        self._request = request
+        self._test = _slug(request.node.name)
+        self._made: list[tuple[BrokerHandle, str]] = []
+
+    def __call__(
+        self,
+        tag: str = "",
+        *,
+        declare: bool = False,
+        durable: bool = True,
+        arguments: dict[str, Any] | None = None,
+        broker: BrokerHandle | None = None,
+    ) -> str:
+        """A new queue name ``t.<test>[.<tag>].<rand>``.
+
+        ``declare=True`` declares it as a classic queue (durable unless
+        ``durable=False``) with the extra ``arguments``. ``broker`` defaults to
+        the session's ``rabbitmq`` fixture.
+        """
+        if broker is None:
+            broker = self._request.getfixturevalue("rabbitmq")
+        parts = ["t", self._test, *([_slug(tag, 40)] if tag else []), secrets.token_hex(3)]
+        name = ".".join(parts)
+        self._made.append((broker, name))
+        if declare:
+            args = {"x-queue-type": "classic", **(arguments or {})}
+            conn = broker.connect()
+            try:
+                conn.channel().queue_declare(name, durable=durable, arguments=args)
+            finally:
+                conn.close()
+        return name
+
+    @property
+    def names(self) -> list[str]:
+        return [name for _, name in self._made]
+
+    def cleanup(self) -> None:
+        by_broker: dict[int, tuple[BrokerHandle, list[str]]] = {}
+        for broker, name in self._made:
+            by_broker.setdefault(id(broker), (broker, []))[1].append(name)
+        self._made.clear()
+        for broker, names in by_broker.values():
+            if broker.closed or (broker.own and not broker.is_running()):
+                continue
+            try:
+                _delete_with_companions(broker, names)
+            except Exception as exc:  # cleanup must not hide the test's own outcome
+                log.warning("could not delete test queues %s on %r: %s", names, broker, exc)
+
+
+def _related(name: str, candidates: list[str]) -> list[str]:
+    return [c for c in candidates if c == name or c.startswith(name + ".")]
+
+
+def _delete_with_companions(broker: BrokerHandle, names: list[str]) -> None:
+    try:
+        queues = broker.queue_names()
+        exchanges = broker.exchange_names()
+    except BrokerError:
+        # No listing possible (e.g. a remote AMQP_URL broker): delete the usual names.
+        queues, exchanges = [], []
+        for name in names:
+            queues += [name, f"{name}.dlq", f"{name}.retry"]
+            exchanges += [name, f"{name}.dlx", f"{name}.retry"]
+    doomed_q = sorted({q for n in names for q in _related(n, queues)})
+    doomed_x = sorted({x for n in names for x in _related(n, exchanges)})
+    broker.delete_many(doomed_q, doomed_x)
+
+
+@pytest.fixture
+def queue_factory(request: pytest.FixtureRequest) -> Iterator[QueueFactory]:
+    factory = QueueFactory(request)
+    yield factory
+    factory.cleanup()
+
+
+@pytest.fixture
+def fresh_queue(queue_factory: QueueFactory) -> str:
+    """A unique queue name for this test (not declared; deleted afterwards)."""
+    return queue_factory()
