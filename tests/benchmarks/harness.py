@@ -96,6 +96,7 @@ class RunResult:
     cpu_s: float | None = None
     cpu_us_per_msg: float | None = None
     reason: str | None = None
+    retried: bool = False
     log_tail: list[str] = field(default_factory=list)
 
 
@@ -312,6 +313,13 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
 def _version(dist: str) -> str | None:
     try:
         return metadata.version(dist)
@@ -334,6 +342,7 @@ def collect_meta(cfg: Config) -> dict[str, Any]:
         info = {"product": "", "version": f"unknown ({type(exc).__name__})"}
     return {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "loadavg_start": _loadavg(),
         "broker": info.get("version"),
         "broker_product": info.get("product"),
         "url": redact(cfg.url),
@@ -443,6 +452,12 @@ def run_benchmarks(cfg: Config, console: Console | None = None) -> dict[str, Any
     runs: dict[str, list[RunResult]] = {c.id: [] for c in selected}
     unavailable: set[str] = set()
     meta = collect_meta(cfg)
+    load = meta["loadavg_start"]
+    if load and load[0] > (os.cpu_count() or 1):
+        console.print(
+            f"[yellow]load average {load[0]:.1f} on {os.cpu_count()} CPUs: expect noisy "
+            "numbers (compare ratios within one run, not absolute rates)[/yellow]"
+        )
 
     progress = Progress(
         SpinnerColumn(),
@@ -471,15 +486,24 @@ def run_benchmarks(cfg: Config, console: Console | None = None) -> dict[str, Any
                         task, description=f"round {r}/{cfg.rounds} [bold]{c.id}[/bold]: {text}"
                     )
 
-                run = run_one(
-                    bench_case,
-                    cfg.url,
-                    cfg.messages,
-                    round_no,
-                    workdir,
-                    keep_queue=cfg.keep_queues,
-                    phase=phase,
-                )
+                def attempt(c: Case = bench_case, r: int = round_no) -> RunResult:
+                    return run_one(
+                        c,
+                        cfg.url,
+                        cfg.messages,
+                        r,
+                        workdir,
+                        keep_queue=cfg.keep_queues,
+                        phase=phase,
+                    )
+
+                run = attempt()
+                if run.status == "error" and (run.reason or "").startswith("harness:"):
+                    # Pre-fill / verification failed, not the case: e.g. someone else's
+                    # test cut our connection on a shared broker. One more try.
+                    progress.console.print(f"[yellow]{_run_line(run)}; retrying[/yellow]")
+                    run = attempt()
+                    run.retried = True
                 runs[bench_case.id].append(run)
                 if run.status == "n/a":
                     unavailable.add(bench_case.id)
@@ -488,6 +512,7 @@ def run_benchmarks(cfg: Config, console: Console | None = None) -> dict[str, Any
                     progress.console.print(Text("    " + line, style="dim"))
                 progress.advance(task)
 
+    meta["loadavg_end"] = _loadavg()
     cases = {c.id: summarize(c, runs[c.id]) for c in selected}
     report: dict[str, Any] = {
         "cases": cases,
@@ -515,8 +540,11 @@ def run_benchmarks(cfg: Config, console: Console | None = None) -> dict[str, Any
 # -- broker URL ------------------------------------------------------------------------
 
 
-def _provisioned_url(stack: contextlib.ExitStack) -> str | None:
-    """Ask ``ackkit.testing.provision_broker`` for a broker, if that exists."""
+def _provisioned_url(stack: contextlib.ExitStack, exclusive: bool = False) -> str | None:
+    """Ask ``ackkit.testing.provision_broker`` for a broker, if that exists.
+
+    The handle stays open (``stack``) until the benchmarks are done.
+    """
     try:
         testing = importlib.import_module("ackkit.testing")
     except Exception:
@@ -524,19 +552,38 @@ def _provisioned_url(stack: contextlib.ExitStack) -> str | None:
     provision = getattr(testing, "provision_broker", None)
     if provision is None:
         return None
-    handle: Any = provision()
+    handle: Any = provision(exclusive=True) if exclusive else provision()
+    candidates = [handle]
     if hasattr(handle, "__enter__") and hasattr(handle, "__exit__"):
-        handle = stack.enter_context(handle)
-    if isinstance(handle, str):
-        return handle
-    for attr in ("url", "amqp_url"):
-        value = getattr(handle, attr, None)
-        if value:
-            return str(value)
+        candidates.insert(0, stack.enter_context(handle))
+    for candidate in candidates:
+        if isinstance(candidate, str):
+            return candidate
+        for attr in ("url", "amqp_url"):
+            value = getattr(candidate, attr, None)
+            if value:
+                return str(value)
     return None
 
 
-def resolve_url(explicit: str | None, stack: contextlib.ExitStack, console: Console) -> str:
+def resolve_url(
+    explicit: str | None,
+    stack: contextlib.ExitStack,
+    console: Console,
+    own_broker: bool = False,
+) -> str | None:
+    """--url, else $AMQP_URL, else the local default, else a broker from the test kit."""
+    if own_broker:
+        try:
+            url = _provisioned_url(stack, exclusive=True)
+        except Exception as exc:
+            console.print(f"[red]could not start a broker node of our own: {exc}[/red]")
+            return None
+        if url is None:
+            console.print("[red]--own-broker needs ackkit.testing.provision_broker[/red]")
+        else:
+            console.print(f"using a broker node of our own: {redact(url)}")
+        return url
     if explicit:
         return explicit
     if os.environ.get("AMQP_URL"):
@@ -560,6 +607,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         description="RabbitMQ consume/ack throughput: raw clients, peers and ackkit.",
     )
     parser.add_argument("--url", help="AMQP URL (default: $AMQP_URL, else local guest)")
+    parser.add_argument(
+        "--own-broker",
+        action="store_true",
+        help="start a throwaway broker node (ackkit.testing) so other users of the shared "
+        "broker cannot disturb the runs",
+    )
     parser.add_argument("--cases", help="comma-separated case ids (default: all)")
     parser.add_argument("--messages", type=int, help=f"per run (default {DEFAULT_MESSAGES:,})")
     parser.add_argument("--rounds", type=int, help=f"interleaved rounds (default {DEFAULT_ROUNDS})")
@@ -596,7 +649,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         plot = args.plot or (args.json_path.with_suffix(".png") if args.json_path else None)
 
     with contextlib.ExitStack() as stack:
-        url = resolve_url(args.url, stack, console)
+        url = resolve_url(args.url, stack, console, own_broker=args.own_broker)
+        if url is None:
+            return 1
         if not broker.reachable(url):
             console.print(f"[red]no broker answers at {redact(url)}[/red]")
             return 1

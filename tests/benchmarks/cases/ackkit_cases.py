@@ -20,6 +20,12 @@ The ratios the harness reports (and their targets) are:
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ackkit import Delivery  # module level: handler annotations are resolved at registration
+
 from . import CaseUnavailable, case
 
 
@@ -52,33 +58,126 @@ def ackkit_async_manual(url: str, queue: str, n: int) -> None:
 
 
 # ackkit.deadletter: every message is poison and must end up in a dead-letter queue.
-# Compared with publish.confirm because dead-lettering is a (broker-side) republish.
-# When implementing, add hooks along these lines (names derived from `queue` so they
-# are unique per run):
-#
-#   def _dl_setup(url, queue, n):
-#       broker.declare_queue(url, queue + ".dlq")
-#       broker.prefill(url, queue, n, arguments={
-#           "x-dead-letter-exchange": "", "x-dead-letter-routing-key": queue + ".dlq"})
-#   def _dl_check(url, queue, n):
-#       return broker.check_drained(url, queue, n) or (
-#           None if broker.queue_state(url, queue + ".dlq").ready == n else "DLQ count")
-#   def _dl_cleanup(url, queue, n):
-#       broker.delete_queue(url, queue); broker.delete_queue(url, queue + ".dlq")
-#
-#   @case("ackkit.deadletter", setup=_dl_setup, check=_dl_check, cleanup=_dl_cleanup)
-@case("ackkit.deadletter", available=_not_written)
+# Compared with publish.confirm because ackkit's dead-lettering is a confirmed publish
+# (to <queue>.dlq, with the error headers and traceback) followed by the ack of the
+# original. The queue itself has no DLX: the DLQ copies are ackkit's, not the broker's.
+
+
+def _dl_setup(url: str, queue: str, n: int) -> None:
+    from ..broker import declare_queue, prefill
+
+    declare_queue(url, queue + ".dlq")
+    prefill(url, queue, n)
+
+
+def _dl_check(url: str, queue: str, n: int) -> str | None:
+    from ..broker import check_drained, queue_state
+
+    problem = check_drained(url, queue, n)
+    if problem:
+        return problem
+    dlq = queue_state(url, queue + ".dlq")
+    if dlq is None or dlq.ready != n:
+        return f"expected {n} messages in the DLQ, found {dlq.ready if dlq else 'no DLQ'}"
+    return None
+
+
+def _dl_cleanup(url: str, queue: str, n: int) -> None:
+    from ..broker import delete_queue
+
+    delete_queue(url, queue)
+    delete_queue(url, queue + ".dlq")
+
+
+class _Poison(Exception):
+    """What the poison handler raises."""
+
+
+def _run_app_until(app: Any, n: int, done: Callable[[dict[str, int]], int]) -> None:
+    """Run `app` until done(stats) reaches n, then stop it (acks flushed, confirms awaited)."""
+    from . import Watchdog
+
+    watchdog = Watchdog(n)
+    app.start()
+    try:
+        while True:
+            stats = next(iter(app.stats().values()), {})
+            count = done(stats)
+            if count >= n:
+                return
+            if watchdog.stalled(count):
+                raise watchdog.error(count)
+            time.sleep(0.005)
+    finally:
+        app.stop()
+
+
+@case(
+    "ackkit.deadletter",
+    setup=_dl_setup,
+    check=_dl_check,
+    cleanup=_dl_cleanup,
+    requires=("ackkit", "pika"),
+)
 def ackkit_deadletter(url: str, queue: str, n: int) -> None:
     """ackkit dead-lettering of n poison messages into a DLQ."""
-    _not_written()
+    from ackkit import App
+
+    app = App(url, connection_name="bench-deadletter")
+
+    @app.listener(queue, prefetch=1000, declare=False)
+    def poison(d: Delivery) -> None:
+        raise _Poison("poison message")
+
+    _run_app_until(app, n, lambda s: s.get("dead_lettered", 0))
 
 
-# ackkit.retry.broker: broker-side bounded retry (retry queue with TTL / DLX back to the
-# main queue). Needs setup/check/cleanup hooks like ackkit.deadletter.
-@case("ackkit.retry.broker", available=_not_written)
+# ackkit.retry.broker: broker-side bounded retry: each message fails once, is
+# republished (confirmed) to the <queue>.retry.<ms>ms TTL queue, dead-letters back to
+# the main queue and succeeds on attempt 2.
+
+_RETRY_MS = 50
+
+
+def _retry_cleanup(url: str, queue: str, n: int) -> None:
+    from ..broker import delete_queue
+
+    for name in (queue, queue + ".dlq", f"{queue}.retry.{_RETRY_MS}ms"):
+        delete_queue(url, name)
+
+
+def _retry_check(url: str, queue: str, n: int) -> str | None:
+    from ..broker import check_drained, queue_state
+
+    problem = check_drained(url, queue, n)
+    if problem:
+        return problem
+    for name in (queue + ".dlq", f"{queue}.retry.{_RETRY_MS}ms"):
+        state = queue_state(url, name)
+        if state is not None and state.ready:
+            return f"{state.ready} messages left in {name}"
+    return None
+
+
+@case(
+    "ackkit.retry.broker",
+    check=_retry_check,
+    cleanup=_retry_cleanup,
+    requires=("ackkit", "pika"),
+)
 def ackkit_retry_broker(url: str, queue: str, n: int) -> None:
     """ackkit broker-side retry: each message fails once, is retried, then acked."""
-    _not_written()
+    from ackkit import App, Retry, RetryStrategy
+
+    app = App(url, connection_name="bench-retry")
+    retry = Retry(max_attempts=2, initial_interval=_RETRY_MS / 1000, strategy=RetryStrategy.BROKER)
+
+    @app.listener(queue, prefetch=1000, retry=retry, declare=False)
+    def flaky(d: Delivery) -> None:
+        if d.attempt == 1:
+            raise _Poison("fails once")
+
+    _run_app_until(app, n, lambda s: s.get("acked", 0))
 
 
 # spark.ackkit: the Spark integration reading the queue; give it a larger timeout_s
