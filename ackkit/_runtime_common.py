@@ -8,7 +8,10 @@ hands to it and takes back from it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tenacity import wait_exponential, wait_random
@@ -119,3 +122,45 @@ def split_reinvoke(acts: list[Action]) -> tuple[list[Action], set[int], float]:
     rest = [a for a in acts if type(a) is not Reinvoke]
     reinv = [a for a in acts if type(a) is Reinvoke]
     return rest, {a.tag for a in reinv}, max(a.delay for a in reinv)
+
+
+class FailureLog:
+    """Warnings about failed handlers without a logging flood.
+
+    At most `burst` lines per listener in every `window` seconds; the failures
+    left out are counted and the next line says how many there were. A poison
+    flood of 10,000 messages then writes a few dozen lines instead of 10,000
+    (each failure still reaches the observers, the counters and, when dead-
+    lettered, the DLQ with its traceback).
+    """
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        burst: int = 10,
+        window: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.logger = logger
+        self.burst = burst
+        self.window = window
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._start = -window
+        self._logged = 0
+        self._skipped = 0
+
+    def failed(self, listener: str, what: object, exc: BaseException) -> None:
+        if not self.logger.isEnabledFor(logging.WARNING):
+            return
+        with self._lock:
+            now = self._clock()
+            if now - self._start >= self.window:
+                self._start, self._logged = now, 0
+            if self._logged >= self.burst:
+                self._skipped += 1
+                return
+            self._logged += 1
+            skipped, self._skipped = self._skipped, 0
+        more = f" ({skipped} more failures not logged)" if skipped else ""
+        self.logger.warning("%s: handler failed on %r: %s%s", listener, what, short(exc), more)

@@ -22,6 +22,7 @@ from .errors import (
 )
 from .events import Counters, Event, Observer, Stage
 from .policy import AckMode, ListenerPolicy, RetryStrategy, Unsettled
+from .tb import format_traceback
 from .window import IN_FLIGHT, TagWindow
 
 _BATCHED = (AckMode.AUTO, AckMode.DUPS_OK, AckMode.TRANSACTED)
@@ -237,7 +238,11 @@ class ListenerCore:
     def finish(
         self, t: Tracked, exc: BaseException | None = None, traceback: str | None = None
     ) -> list[Action]:
-        """The handler returned (exc None) or raised `exc`."""
+        """The handler returned (exc None) or raised `exc`.
+
+        `traceback` may be left None: a dead letter formats it from
+        `exc.__traceback__` (retries never need it).
+        """
         if self.mode is AckMode.NONE:
             # The broker already forgot the message; a copy in the DLQ is the only net left.
             if exc is None or self.policy.dead_letter_queue is None:
@@ -543,6 +548,8 @@ class ListenerCore:
         if exc is not None:
             hdrs[H.ERROR_TYPE] = _qualname(exc)
             hdrs[H.ERROR_MESSAGE] = _bounded(str(exc), 1000)
+        if tb is None and exc is not None and exc.__traceback__ is not None:
+            tb = format_traceback(exc)  # only dead letters need it; cached per failure
         if tb:
             hdrs[H.ERROR_TRACEBACK] = tb[-self.policy.max_traceback :]
         self._emit(Stage.DEAD_LETTERED, t, reason, count=False)

@@ -14,7 +14,6 @@ import logging
 import queue as _queue
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -33,9 +32,9 @@ from .._runtime_common import (
     TICK,
     BatchCall,
     ConnectFailed,
+    FailureLog,
     FatalConnectError,
     reconnect_wait,
-    short,
     split_reinvoke,
 )
 from .._spec import ListenerSpec
@@ -61,6 +60,7 @@ class Consumer:
         self.cancelled = threading.Event()
         self.binding = spec.binding
         self.no_ack = spec.policy.mode is AckMode.NONE
+        self.failures = FailureLog(log)
 
     # -- I/O thread ----------------------------------------------------------
 
@@ -213,20 +213,18 @@ class Consumer:
         args = self.binding.args
         while True:
             exc: BaseException | None = None
-            tb = None
             self.in_handler += 1
             try:
                 fn(*args(d))
             except Exception as e:
-                exc = e
-                tb = traceback.format_exc()
+                exc = e  # the core formats the traceback if it dead-letters
             finally:
                 self.in_handler -= 1
-            with self.lock:
-                acts = self.core.finish(t, exc, tb)
-                gen = self.core.generation
             if exc is not None:
-                log.warning("%s: handler failed on %r: %s", self.spec.name, d, short(exc))
+                self.failures.failed(self.spec.name, d, exc)  # before finish() moves attempt
+            with self.lock:
+                acts = self.core.finish(t, exc)
+                gen = self.core.generation
             if acts and type(acts[0]) is Reinvoke:
                 if self.rt.stop_event.wait(acts[0].delay):
                     self._release(t)
@@ -273,18 +271,17 @@ class Consumer:
         b = self.binding
         call = BatchCall(b, batch)  # bad payloads leave the batch with their reason
         exc: BaseException | None = None
-        tb = None
         done = len(call.good)
         if call.good:
             self.in_handler += 1
             try:
                 done = call.succeeded(b.fn(*call.call_args(b)))
             except Exception as e:
-                exc, tb, done = e, traceback.format_exc(), 0
+                exc, done = e, 0
             finally:
                 self.in_handler -= 1
         with self.lock:
-            acts = call.finish(self.core, done, exc, tb)
+            acts = call.finish(self.core, done, exc)
             gen = self.core.generation
         acts, again_tags, delay = split_reinvoke(acts)
         if acts:

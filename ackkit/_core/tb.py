@@ -1,0 +1,58 @@
+"""Traceback text for dead letters, formatted once per distinct failure.
+
+A poison flood fails thousands of deliveries at the same line with the same
+error; Python's traceback formatting (source lines, 3.11+ caret anchors parsed
+with ast) then costs more than the rest of dead-lettering. The text depends
+only on the frames' code locations and the exceptions' types and messages, so
+it is cached by exactly those.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from collections import OrderedDict
+
+_LOCK = threading.Lock()  # listeners of one process share the cache
+_CACHE: OrderedDict[tuple[object, ...], str] = OrderedDict()
+_CACHE_SIZE = 256
+_MAX_CHAIN = 16
+
+
+def _key(exc: BaseException) -> tuple[object, ...]:
+    parts: list[object] = []
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen and len(seen) < _MAX_CHAIN:
+        seen.add(id(e))
+        frames: list[object] = []
+        tb = e.__traceback__
+        while tb is not None:
+            co = tb.tb_frame.f_code
+            frames.append((co.co_filename, co.co_name, tb.tb_lineno, tb.tb_lasti))
+            tb = tb.tb_next
+        cause = e.__cause__
+        context = None if e.__suppress_context__ else e.__context__
+        parts.append((type(e), str(e), tuple(frames), cause is not None, context is not None))
+        e = cause if cause is not None else context
+    return tuple(parts)
+
+
+def format_traceback(exc: BaseException) -> str:
+    """The standard traceback text of `exc` (with its chain), cached per distinct failure."""
+    try:
+        key = _key(exc)
+        hash(key)
+    except Exception:  # an exception whose str() raises, or unhashable parts
+        return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    with _LOCK:
+        text = _CACHE.get(key)
+        if text is not None:
+            _CACHE.move_to_end(key)
+            return text
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    with _LOCK:
+        _CACHE[key] = text
+        if len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return text
