@@ -6,7 +6,7 @@ enable it in a top-level conftest.py with::
 
     pytest_plugins = ["ackkit.testing.plugin"]
 
-(do not do both: pytest refuses to register one module under two names).
+(harmless when the entry point already loaded it).
 
 Fixtures:
 
@@ -30,6 +30,7 @@ import logging
 import os
 import re
 import secrets
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -56,6 +57,21 @@ MARKERS = {
     "spark": "needs a local Spark (pyspark + Java)",
     "bench": "benchmarks, never part of the normal test run",
 }
+
+
+class _LoadedUnderAnotherName:
+    """Placeholder registered under this module's name once the module itself is
+    registered under another one (the entry point's "ackkit"), so that
+    ``pytest_plugins = ["ackkit.testing.plugin"]`` is then a no-op rather than
+    pytest's "Plugin already registered under a different name" error."""
+
+
+def pytest_plugin_registered(plugin: object, manager: pytest.PytestPluginManager) -> None:
+    if plugin is not sys.modules[__name__]:
+        return
+    for alias in (__name__, "ackkit"):
+        if manager.get_plugin(alias) is None and not manager.is_blocked(alias):
+            manager.register(_LoadedUnderAnotherName(), alias)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -93,6 +109,7 @@ def rabbitmq() -> Iterator[BrokerHandle]:
 
 @pytest.fixture(scope="session")
 def amqp_url(rabbitmq: BrokerHandle) -> str:
+    """AMQP URL of the session's broker (contains the password; log ``mask_url(url)``)."""
     return rabbitmq.url
 
 
@@ -193,6 +210,8 @@ def _delete_with_companions(broker: BrokerHandle, names: list[str]) -> None:
 
 @pytest.fixture
 def queue_factory(request: pytest.FixtureRequest) -> Iterator[QueueFactory]:
+    """``queue_factory(tag="", *, declare=False, durable=True, arguments=None, broker=None)``
+    returns unique queue names; they and their companions are deleted after the test."""
     factory = QueueFactory(request)
     yield factory
     factory.cleanup()
