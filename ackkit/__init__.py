@@ -20,6 +20,14 @@ from ._core.errors import (
 from ._core.events import Event, Stage
 from ._core.policy import AckMode, FlushPolicy, Retry, RetryStrategy, Unsettled
 from ._delivery import Delivery
+from ._dlq import (
+    DeadLetter,
+    DeadLetterQueue,
+    ReplayFilter,
+    ReplayReport,
+    inspect_dead_letters,
+    replay_dead_letters,
+)
 from ._handler import AckIndex
 from ._sync.app import App
 from ._sync.pull import PullConnection, connect
@@ -73,12 +81,16 @@ __all__ = [
     "AsyncDelivery",
     "AsyncPullConnection",
     "BadPayload",
+    "DeadLetter",
     "DeadLetterMessage",
+    "DeadLetterQueue",
     "Delivery",
     "Event",
     "FlushPolicy",
     "PullConnection",
     "RejectMessage",
+    "ReplayFilter",
+    "ReplayReport",
     "RequeueMessage",
     "Retry",
     "RetryLater",
@@ -90,5 +102,7 @@ __all__ = [
     "__version__",
     "aconnect",
     "connect",
+    "inspect_dead_letters",
     "mask_url",
+    "replay_dead_letters",
 ]

@@ -229,3 +229,24 @@ def test_replay_wait_time(rabbitmq: Any, fresh_queue: str) -> None:
     assert r.replayed == 200
     assert time.monotonic() - t0 < 5
     rabbitmq.wait_for(q, ready=200)
+
+
+def test_example_retry_dead_letter_replay(rabbitmq: Any) -> None:
+    """examples/retry_dead_letter.py runs in a few seconds and does what it prints."""
+    t0 = time.monotonic()
+    res = subprocess.run(
+        [sys.executable, "-m", "examples.retry_dead_letter", rabbitmq.url],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert time.monotonic() - t0 < 15
+    out = res.stdout
+    result = json.loads(out[out.index("\n{") + 1 :])
+    assert result["attempts"] == {"p1": [1, 2], "p2": [1, 2, 3, 1], "p3": [1]}
+    assert sorted(d["id"] for d in result["dead_lettered"]) == ["p2", "p3"]
+    assert result["replayed"] == 1 and result["paid"] == ["p1", "p2"]
+    assert result["left_in_dlq"] == ["p3"]
+    assert "attempts exhausted (3 of 3)" in out and "non-retryable InvalidPayment" in out
