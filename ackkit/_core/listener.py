@@ -131,6 +131,7 @@ class ListenerCore:
         self._window = TagWindow()
         self._tracked: dict[int, Tracked] = {}
         self._republishing: dict[int, Tracked] = {}
+        self._republish_acts: dict[int, Republish] = {}
         self._token = 0
         self._parked = 0
         self._last_flush = clock()
@@ -307,9 +308,15 @@ class ListenerCore:
             acts.extend(self._dead_letter(x, f"{kind} without requeue by handler", None, None))
         return acts
 
-    def republished(self, token: int, ok: bool) -> list[Action]:
-        """The broker confirmed (ok) or refused a Republish: settle the original."""
+    def republished(self, token: int, ok: bool, *, unroutable: bool = False) -> list[Action]:
+        """The broker confirmed (ok) or refused a Republish: settle the original.
+
+        `unroutable`: the copy came back with basic.return (no queue bound): if
+        the target is one of ackkit's own queues it is declared and the copy
+        published once more, instead of requeueing the original.
+        """
         t = self._republishing.pop(token, None)
+        act = self._republish_acts.pop(token, None)
         if t is None:
             return []
         if t.generation != self.generation and self.mode is AckMode.NONE:
@@ -317,6 +324,10 @@ class ListenerCore:
         if t.generation != self.generation or not self.open:
             self._emit(Stage.DROPPED_STALE, t, "channel closed before the republish confirm")
             return []
+        if not ok and unroutable and act is not None:
+            again = self._republish_declaring(t, act)
+            if again is not None:
+                return [again]
         if self.mode is AckMode.NONE:
             if not ok:
                 self._emit(Stage.REJECTED, t, "lost: no-ack delivery and the DLQ publish failed")
@@ -326,6 +337,33 @@ class ListenerCore:
             self._emit(Stage.REQUEUED, t, "republish not confirmed")
             return [Reject(t.tag, requeue=True)]
         return self._ack(t, count=False)
+
+    def _republish_declaring(self, t: Tracked, act: Republish) -> Republish | None:
+        """A refused copy to one of our own queues: publish it once more, declaring the
+        queue first. The usual cause is the queue having been deleted while we run
+        (every copy comes back unroutable); requeueing the original would then loop
+        through the handler as fast as the broker can redeliver."""
+        if act.declare is not None:
+            return None  # declared and still refused: requeue
+        spec = self._own_queue(act.routing_key)
+        if spec is None:
+            return None
+        self._token += 1
+        declare = (spec.name, spec.arguments)
+        again = dataclasses.replace(act, token=self._token, declare=declare, source=t.payload)
+        self._republishing[self._token] = t
+        self._republish_acts[self._token] = again
+        return again
+
+    def _own_queue(self, name: str) -> QueueSpec | None:
+        for spec in self.topology():
+            if spec.name == name:
+                return spec
+        prefix = self.policy.delay_queue(0)[: -len("0ms")]
+        ms = name[len(prefix) : -2]
+        if name.startswith(prefix) and name.endswith("ms") and ms.isdigit():
+            return self._delay_spec(int(ms))
+        return None
 
     def release(self, t: Tracked) -> list[Action]:
         """Return a prefetched delivery whose handler never started (shutdown)."""
@@ -520,6 +558,7 @@ class ListenerCore:
             act = Republish(
                 act.token, act.tag, "", act.routing_key, hdrs, "retry", declare, t.payload
             )
+            self._republish_acts[act.token] = act
         return [act]
 
     def _dead_letter(
@@ -561,7 +600,9 @@ class ListenerCore:
         self._republishing[self._token] = t
         if purpose == "dead-letter":
             self.counters.counts[Stage.DEAD_LETTERED] += 1
-        return Republish(self._token, t.tag, "", queue, hdrs, purpose=purpose, source=t.payload)
+        act = Republish(self._token, t.tag, "", queue, hdrs, purpose=purpose, source=t.payload)
+        self._republish_acts[self._token] = act
+        return act
 
     def reinvoked(self, t: Tracked) -> None:
         """An in-process retry is about to run the handler again (no-op hook for symmetry)."""

@@ -112,7 +112,10 @@ class PullConnection:
                 ch.basic_reject(a.tag, a.requeue)
             elif isinstance(a, Republish):
                 d: Delivery = a.source
-                ok = True
+                ok, unroutable = True, False
+                if a.declare is not None:
+                    name, args = a.declare
+                    ch.queue_declare(name, durable=True, arguments=args or None)
                 try:
                     ch.basic_publish(
                         a.exchange,
@@ -121,9 +124,11 @@ class PullConnection:
                         copy_properties(d.properties, a.set_headers),
                         mandatory=True,
                     )
-                except (pika.exceptions.UnroutableError, pika.exceptions.NackError):
+                except pika.exceptions.UnroutableError:
+                    ok, unroutable = False, True
+                except pika.exceptions.NackError:
                     ok = False
-                self._execute(core, core.republished(a.token, ok))
+                self._execute(core, core.republished(a.token, ok, unroutable=unroutable))
 
     def publish(
         self,

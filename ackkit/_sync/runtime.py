@@ -169,9 +169,9 @@ class Consumer:
             elif type(a) is TxSelect:
                 ch.tx_select()
 
-    def republished(self, gen: int, token: int, ok: bool) -> None:
+    def republished(self, gen: int, token: int, ok: bool, unroutable: bool = False) -> None:
         with self.lock:
-            acts = self.core.republished(token, ok)
+            acts = self.core.republished(token, ok, unroutable=unroutable)
         if acts:
             self.execute(self.core.generation, acts)
 
@@ -350,8 +350,9 @@ class Publisher:
             if rk == method.routing_key and seq not in self.returned:
                 self.returned.add(seq)
                 break
-        log.error(
-            "republish to %r returned by the broker: %s (the original is requeued)",
+        log.warning(
+            "republish to %r returned by the broker: %s (an ackkit queue is declared again "
+            "and the copy republished; otherwise the original is requeued)",
             method.routing_key,
             method.reply_text,
         )
@@ -365,7 +366,8 @@ class Publisher:
             if entry is None:
                 continue
             c, gen, token, _rk = entry
-            c.republished(gen, token, ok and s not in self.returned)
+            returned = s in self.returned
+            c.republished(gen, token, ok and not returned, unroutable=returned)
             self.returned.discard(s)
 
     def _on_closed(self, ch: Any, reason: BaseException) -> None:

@@ -476,3 +476,47 @@ def test_existing_delay_queue_with_another_ttl_is_a_clear_error(
 
     with pytest.raises(TopologyConflict, match=r"retry\.200ms"):
         app.start()
+
+
+# -- ackkit's own queues deleted while the app runs -------------------------------------
+
+
+@pytest.mark.parametrize("deleted", ["dlq", "delay"])
+def test_deleted_dlq_or_delay_queue_is_declared_again_not_looped(
+    rabbitmq: Any, fresh_queue: str, deleted: str
+) -> None:
+    """Someone deletes the DLQ (or a delay queue) of a running app. Every copy used to
+    come back unroutable and the original was requeued: a hot loop through the
+    handler (thousands of invocations a second)."""
+    q = fresh_queue
+    calls: list[int] = []
+    app = App(rabbitmq.url)
+
+    @app.listener(q, retry=Retry(max_attempts=2, initial_interval=0.2))
+    def h(d: Delivery) -> None:
+        calls.append(d.attempt)
+        raise Boom("always")
+
+    with app.running():
+        rabbitmq.delete(f"{q}.dlq" if deleted == "dlq" else f"{q}.retry.200ms")
+        publish(rabbitmq.url, q, GOOD)
+        rabbitmq.wait_for(f"{q}.dlq", ready=1, timeout=10)
+        rabbitmq.wait_for(q, ready=0, unacked=0)
+        time.sleep(0.3)
+    assert calls == [1, 2]
+    props, _ = _dlq_single(rabbitmq.url, f"{q}.dlq")
+    assert header_text(props.headers[H.REASON]) == "attempts exhausted (2 of 2)"
+
+
+def test_pull_mode_dead_letter_to_a_deleted_dlq(rabbitmq: Any, fresh_queue: str) -> None:
+    import ackkit
+
+    q = fresh_queue
+    publish(rabbitmq.url, q, GOOD, declare=True)
+    with ackkit.connect(rabbitmq.url) as c:
+        d = c.get(q)
+        assert d is not None
+        rabbitmq.delete(f"{q}.dlq")
+        d.reject()
+    rabbitmq.wait_for(f"{q}.dlq", ready=1)
+    rabbitmq.wait_for(q, ready=0, unacked=0)

@@ -215,3 +215,80 @@ def test_failure_log_is_throttled_and_counts_what_it_left_out(
     assert len(lines) == 4
     assert lines[0] == "l: handler failed on '<d>': ValueError: x"
     assert lines[3].endswith("(7 more failures not logged)")
+
+
+# -- a deleted DLQ / delay queue: declared again instead of a hot requeue loop ----------
+
+
+def test_unroutable_dead_letter_declares_the_dlq_and_publishes_again() -> None:
+    """The DLQ deleted while the app runs: every copy came back unroutable and the
+    original was requeued, so a poison message looped through the handler (~1,000
+    invocations a second on a local broker)."""
+    from ackkit._core.actions import Ack, Reject
+
+    c = core()
+    t = c.receive(1)
+    t.attach("d")
+    (first,) = c.finish(t, ValueError("x"))
+    assert isinstance(first, Republish) and first.declare is None
+    (again,) = c.republished(first.token, False, unroutable=True)
+    assert isinstance(again, Republish)
+    assert again.token != first.token and again.routing_key == "q.dlq"
+    assert again.declare == ("q.dlq", {})
+    assert again.set_headers == first.set_headers and again.source == "d"
+    assert c.republished(again.token, True) == []  # the ack is batched
+    assert c.drain() == [Ack(1)]
+
+    t = c.receive(2)
+    t.attach("d2")
+    (first,) = c.finish(t, ValueError("x"))
+    (again,) = c.republished(first.token, False, unroutable=True)
+    # Declared and still unroutable: give the original back, once.
+    assert c.republished(again.token, False, unroutable=True) == [Reject(2, requeue=True)]
+
+
+def test_unroutable_retry_declares_the_delay_queue_with_its_ttl() -> None:
+    c = core(retry=Retry(max_attempts=3, initial_interval=0.2))
+    t = c.receive(1)
+    t.attach("d")
+    (first,) = c.finish(t, ValueError("x"))
+    assert isinstance(first, Republish) and first.routing_key == "q.retry.200ms"
+    (again,) = c.republished(first.token, False, unroutable=True)
+    assert isinstance(again, Republish)
+    assert again.declare == (
+        "q.retry.200ms",
+        {"x-message-ttl": 200, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "q"},
+    )
+
+
+def test_retry_later_delay_queue_is_declared_again_too() -> None:
+    from ackkit import RetryLater
+    from ackkit._core.actions import Reject
+
+    c = core(retry=Retry(max_attempts=3, initial_interval=0.2))
+    t = c.receive(1)
+    t.attach("d")
+    (first,) = c.finish(t, RetryLater(delay=0.7))
+    assert isinstance(first, Republish) and first.declare is not None  # first use declares
+    # Declared with this very publish and still unroutable: requeue.
+    assert c.republished(first.token, False, unroutable=True) == [Reject(1, requeue=True)]
+    t = c.receive(2)
+    t.attach("d2")
+    (second,) = c.finish(t, RetryLater(delay=0.7))
+    assert isinstance(second, Republish) and second.declare is None
+    (again,) = c.republished(second.token, False, unroutable=True)
+    assert isinstance(again, Republish) and again.declare is not None
+    assert again.declare[0] == "q.retry.700ms"
+    assert again.declare[1]["x-message-ttl"] == 700
+
+
+def test_refused_but_routable_copy_still_requeues() -> None:
+    """A broker nack (e.g. a full DLQ with overflow reject-publish) is not fixed by
+    declaring: the original is requeued as before."""
+    from ackkit._core.actions import Reject
+
+    c = core()
+    t = c.receive(1)
+    t.attach("d")
+    (first,) = c.finish(t, ValueError("x"))
+    assert c.republished(first.token, False) == [Reject(1, requeue=True)]
