@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
@@ -37,6 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, cast
 
 import aio_pika
+import aiormq.exceptions
 from aiormq.abc import AbstractChannel, AbstractConnection, DeliveredMessage
 from tenacity import AsyncRetrying, retry_if_exception_type
 
@@ -141,7 +143,7 @@ class AsyncConsumer:
         self.lost(reason)
         conn = self.rt.amqp
         if not self.rt.stopping and conn is not None and not conn.is_closed:
-            if reason is not None:
+            if isinstance(reason, aiormq.exceptions.ChannelClosed):
                 log.error("%s: channel closed by the broker: %s", self.spec.name, short(reason))
             self.rt.spawn(self._reopen_later(conn))
 
@@ -262,10 +264,9 @@ class AsyncConsumer:
             except Exception as e:
                 exc = e
                 tb = traceback.format_exc()
+                log.warning("%s: handler failed on %r: %s", self.spec.name, d, short(e))
             acts = core.finish(t, exc, tb)
             gen = core.generation
-            if exc is not None:
-                log.warning("%s: handler failed on %r: %s", self.spec.name, d, short(exc))
             if acts and type(acts[0]) is Reinvoke:
                 if await self.rt.pause(acts[0].delay):
                     await self.release([d])
@@ -435,6 +436,7 @@ class AsyncPublisher:
         self.channel: AbstractChannel | None = None
         self.lock = asyncio.Lock()
         self.pending: set[asyncio.Task[None]] = set()
+        self.declaring: dict[str, asyncio.Future[None]] = {}
 
     def submit(self, c: AsyncConsumer, a: Republish) -> None:
         task = self.rt.loop.create_task(self._publish(c, a))
@@ -454,7 +456,14 @@ class AsyncPublisher:
 
     async def _publish(self, c: AsyncConsumer, a: Republish) -> None:
         try:
-            ok = await publish_copy(await self._channel(), a)
+            ch = await self._channel()
+            if a.declare is not None:
+                a = await self._declare(ch, a)
+            else:
+                pending = self.declaring.get(a.routing_key)
+                if pending is not None:  # its delay queue is being declared: publish after it
+                    await asyncio.shield(pending)
+            ok = await publish_copy(ch, a)
         except (TimeoutError, *CHANNEL_GONE) as exc:
             log.warning("republish to %r failed: %s", a.routing_key, short(exc))
             ok = False
@@ -462,6 +471,18 @@ class AsyncPublisher:
         acts = core.republished(a.token, ok)
         if acts:
             await c.execute(core.generation, acts)
+
+    async def _declare(self, ch: AbstractChannel, a: Republish) -> Republish:
+        """Declare the queue a Republish asks for; later publishes to it wait for this."""
+        assert a.declare is not None
+        name, args = a.declare
+        done = self.declaring[name] = self.rt.loop.create_future()
+        try:
+            await ch.queue_declare(name, durable=True, arguments=args)
+        finally:
+            done.set_result(None)
+            del self.declaring[name]
+        return dataclasses.replace(a, declare=None)
 
     async def wait(self, timeout: float) -> None:
         if self.pending:
@@ -601,7 +622,10 @@ class AsyncRuntime:
         while True:
             await asyncio.sleep(TICK)
             for c in self.consumers:
-                await c.tick()
+                try:
+                    await c.tick()
+                except Exception:  # pragma: no cover - keep flushing the other listeners
+                    log.exception("%s: flushing acks failed", c.spec.name)
 
     async def stop(self, timeout: float | None = None) -> None:
         """Graceful: cancel consumers, finish handlers, return unstarted, flush acks, close."""

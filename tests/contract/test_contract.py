@@ -245,6 +245,31 @@ def test_retry_later_with_broker_strategy_then_dead_letter(
     assert broker.counts(f"{q}.retry.50ms").total == 0
 
 
+def test_retry_later_with_its_own_delay_declares_the_delay_queue_once(
+    runtime: Runtime, broker: Broker, queue_factory: Any
+) -> None:
+    """Several deliveries ask for the same non-tier delay at once: the delay queue is
+    declared before any copy is published to it, so none comes back unroutable."""
+    q = queue_factory(declare=True)
+    attempts = Calls()
+
+    async def handle(order: Order, d: Delivery, io: IO) -> None:
+        attempts.add((order.id, d.attempt))
+        if d.attempt == 1:
+            raise RetryLater("custom delay", delay=0.12)
+
+    app = runtime.app()
+    runtime.listen(app, q, handle, Order, retry=Retry(max_attempts=2, initial_interval=0.05))
+    broker.publish(q, bodies(6))
+    with runtime.running(app):
+        eventually(lambda: len(attempts) == 12, what="6 deliveries, 2 attempts each")
+        broker.wait_for(q, ready=0, unacked=0)
+        st = runtime.stats(app)
+    assert sorted(attempts.items) == sorted((i, a) for i in range(6) for a in (1, 2))
+    assert st["requeued"] == 0 and st["dead_lettered"] == 0
+    assert broker.counts(f"{q}.retry.120ms").total == 0
+
+
 def test_in_process_retry_three_attempts(
     runtime: Runtime, broker: Broker, queue_factory: Any
 ) -> None:
