@@ -232,7 +232,11 @@ class ListenerCore:
                 # Redelivered after consumer loss with its attempts used up: a message
                 # that kills its consumer must not loop (Celery's reject_on_worker_lost).
                 t.verdict = self._dead_letter(
-                    t, f"attempts exhausted ({attempt - 1} of {mx}, last one lost)", None, None
+                    t,
+                    f"attempts exhausted ({attempt - 1} of {mx}, last one lost)",
+                    None,
+                    None,
+                    attempts=attempt - 1,  # this delivery never reaches the handler
                 )
         return t
 
@@ -562,7 +566,12 @@ class ListenerCore:
         return [act]
 
     def _dead_letter(
-        self, t: Tracked, reason: str, exc: BaseException | None, tb: str | None
+        self,
+        t: Tracked,
+        reason: str,
+        exc: BaseException | None,
+        tb: str | None,
+        attempts: int | None = None,
     ) -> list[Action]:
         dlq = self.policy.dead_letter_queue
         if dlq is None:
@@ -574,7 +583,7 @@ class ListenerCore:
         old = t.headers or {}
         hdrs: dict[str, Any] = {
             H.REASON: _bounded(reason, 1000),
-            H.ATTEMPTS: t.attempt,
+            H.ATTEMPTS: t.attempt if attempts is None else attempts,
             H.LISTENER: self.policy.name,
             H.ORIGINAL_QUEUE: self.policy.queue,
             H.ORIGINAL_EXCHANGE: old.get(H.ORIGINAL_EXCHANGE, t.exchange),

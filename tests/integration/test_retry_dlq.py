@@ -194,6 +194,33 @@ def test_sigkill_during_attempt_2_counts_the_lost_attempt(
     rabbitmq.wait_for(q, ready=0, unacked=0)
 
 
+def test_sigkill_during_the_last_attempt_dead_letters_without_a_sixth(
+    rabbitmq: Any, fresh_queue: str, tmp_path: Path
+) -> None:
+    """Killed inside attempt 5: the redelivery has no attempt left. It goes to the DLQ
+    without running the handler again (a message that kills its consumer cannot loop)."""
+    q = fresh_queue
+    log = tmp_path / "calls.jsonl"
+    w = Worker(rabbitmq.url, q, log, "--hold", "0.5").start()
+    try:
+        publish(rabbitmq.url, q, GOOD, message_id="m")
+        assert wait_until(lambda: len(w.invocations()) >= 5, timeout=15)
+        w.kill()
+        rabbitmq.wait_for(q, ready=1, unacked=0, consumers=0, timeout=5)
+        w2 = Worker(rabbitmq.url, q, log, "--hold", "0.5").start()
+        try:
+            rabbitmq.wait_for(f"{q}.dlq", ready=1, timeout=10)
+            rabbitmq.wait_for(q, ready=0, unacked=0)
+        finally:
+            w2.stop()
+    finally:
+        w.kill()
+    assert [c["attempt"] for c in w.invocations()] == [1, 2, 3, 4, 5]
+    props, _ = _dlq_single(rabbitmq.url, f"{q}.dlq")
+    assert header_text(props.headers[H.REASON]) == "attempts exhausted (5 of 5, last one lost)"
+    assert props.headers[H.ATTEMPTS] == 5  # the handler ran 5 times
+
+
 def test_two_consumers_share_the_five_attempts(rabbitmq: Any, fresh_queue: str) -> None:
     q = fresh_queue
     calls: list[tuple[str, str | None, int]] = []

@@ -292,3 +292,16 @@ def test_refused_but_routable_copy_still_requeues() -> None:
     t.attach("d")
     (first,) = c.finish(t, ValueError("x"))
     assert c.republished(first.token, False) == [Reject(1, requeue=True)]
+
+
+def test_redelivery_past_max_attempts_reports_the_attempts_made() -> None:
+    """Killed in attempt 5 of 5: the redelivery is attempt 6 and never reaches the
+    handler; the dead letter said ackkit-attempts 6 next to '5 of 5'."""
+    c = core(retry=Retry(max_attempts=5))
+    t = c.receive(1, redelivered=True, headers={H.ATTEMPT: 5})
+    assert t.attempt == 6 and t.verdict is not None
+    t.attach("d")
+    (act,) = t.verdict
+    assert isinstance(act, Republish)
+    assert act.set_headers[H.REASON] == "attempts exhausted (5 of 5, last one lost)"
+    assert act.set_headers[H.ATTEMPTS] == 5
