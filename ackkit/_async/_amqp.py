@@ -106,13 +106,17 @@ async def send_settles(ch: AbstractChannel, acts: Iterable[Action]) -> None:
             await ch.basic_reject(a.tag, requeue=a.requeue, wait=False)  # type: ignore[union-attr]
 
 
-async def publish_copy(ch: AbstractChannel, a: Republish, timeout: float = 30.0) -> bool:
-    """Publish the copy a Republish asks for on a confirm channel; True once confirmed."""
+async def publish_copy(
+    ch: AbstractChannel, a: Republish, timeout: float = 30.0
+) -> tuple[bool, bool]:
+    """Publish the copy a Republish asks for on a confirm channel (declaring its queue
+    first when asked). Returns (confirmed, unroutable): unroutable when it came back
+    with basic.return, for `ListenerCore.republished(token, ok, unroutable=...)`."""
     d: Delivery = a.source
     try:
         if a.declare is not None:
             name, args = a.declare
-            await ch.queue_declare(name, durable=True, arguments=args, timeout=timeout)
+            await ch.queue_declare(name, durable=True, arguments=args or None, timeout=timeout)
         conf = await ch.basic_publish(
             d.body,
             exchange=a.exchange,
@@ -122,16 +126,12 @@ async def publish_copy(ch: AbstractChannel, a: Republish, timeout: float = 30.0)
             timeout=timeout,
         )
     except aiormq.exceptions.PublishError as exc:
-        log.error(
-            "republish to %r returned by the broker: %s (the original is requeued)",
-            a.routing_key,
-            exc,
-        )
-        return False
+        log.warning("republish to %r returned by the broker: %s", a.routing_key, exc)
+        return False, True
     except (TimeoutError, *CHANNEL_GONE) as exc:
         log.warning("republish to %r failed: %s", a.routing_key, mask_text(repr(exc)))
-        return False
-    return isinstance(conf, spec.Basic.Ack)
+        return False, False
+    return isinstance(conf, spec.Basic.Ack), False
 
 
 async def declare_queues(

@@ -127,8 +127,9 @@ class AsyncPullConnection:
             if ch is not self._ch or ch.is_closed:
                 return  # tags of a closed channel are worthless: never sent elsewhere
             if isinstance(a, Republish):
-                ok = await publish_copy(ch, a)
-                await self._execute(core, ch, core.republished(a.token, ok))
+                ok, unroutable = await publish_copy(ch, a)
+                again = core.republished(a.token, ok, unroutable=unroutable)
+                await self._execute(core, ch, again)
             else:
                 await send_settles(ch, (a,))
 

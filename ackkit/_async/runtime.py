@@ -455,33 +455,41 @@ class AsyncPublisher:
             return ch
 
     async def _publish(self, c: AsyncConsumer, a: Republish) -> None:
+        ok = unroutable = False
         try:
             ch = await self._channel()
             if a.declare is not None:
                 a = await self._declare(ch, a)
             else:
                 pending = self.declaring.get(a.routing_key)
-                if pending is not None:  # its delay queue is being declared: publish after it
+                if pending is not None:  # its queue is being declared: publish after that
                     await asyncio.shield(pending)
-            ok = await publish_copy(ch, a)
+            ok, unroutable = await publish_copy(ch, a)
         except (TimeoutError, *CHANNEL_GONE) as exc:
             log.warning("republish to %r failed: %s", a.routing_key, short(exc))
-            ok = False
+        except Exception:  # the original must still be settled (requeued)
+            log.exception("republish to %r failed", a.routing_key)
         core = c.core
-        acts = core.republished(a.token, ok)
+        acts = core.republished(a.token, ok, unroutable=unroutable)
         if acts:
             await c.execute(core.generation, acts)
 
     async def _declare(self, ch: AbstractChannel, a: Republish) -> Republish:
-        """Declare the queue a Republish asks for; later publishes to it wait for this."""
+        """Declare the queue a Republish asks for, once at a time per queue; publishes
+        to it wait for that declare (frames of concurrent tasks are not ordered)."""
         assert a.declare is not None
         name, args = a.declare
+        pending = self.declaring.get(name)
+        if pending is not None:
+            await asyncio.shield(pending)
+            return dataclasses.replace(a, declare=None)
         done = self.declaring[name] = self.rt.loop.create_future()
         try:
-            await ch.queue_declare(name, durable=True, arguments=args)
+            await ch.queue_declare(name, durable=True, arguments=args or None)
         finally:
             done.set_result(None)
-            del self.declaring[name]
+            if self.declaring.get(name) is done:
+                del self.declaring[name]
         return dataclasses.replace(a, declare=None)
 
     async def wait(self, timeout: float) -> None:

@@ -133,6 +133,28 @@ def test_bad_payload_goes_to_the_dead_letter_queue(
     assert any("Order" in r for r in reasons)
 
 
+def test_a_deleted_dead_letter_queue_is_declared_again(
+    runtime: Runtime, broker: Broker, queue_factory: Any
+) -> None:
+    q = queue_factory(declare=True)
+    calls = Calls()
+
+    async def handle(order: Order, d: Delivery, io: IO) -> None:
+        calls.add(order.id)
+        raise ValueError("poison")
+
+    app = runtime.app()
+    runtime.listen(app, q, handle, Order)
+    with runtime.running(app):
+        broker.handle.delete(f"{q}.dlq")  # deleted while the app runs
+        broker.publish(q, bodies(2))
+        broker.wait_for(f"{q}.dlq", ready=2)
+        broker.wait_for(q, ready=0, unacked=0)
+        st = runtime.stats(app)
+    assert sorted(calls.items) == [0, 1]  # not looped through the handler
+    assert st["requeued"] == 0
+
+
 def test_manual_forgotten_ack_is_dead_lettered_not_stuck(
     runtime: Runtime, broker: Broker, queue_factory: Any
 ) -> None:
