@@ -338,6 +338,52 @@ def test_run_async_app_with_asyncio(tmp_path: Path) -> None:
     assert read_log(log) == [{"async": True}]
 
 
+ASYNC_APP_MODULE = """
+import os, json
+from ackkit import AsyncApp, Delivery
+
+app = AsyncApp(os.environ["T_URL"], shutdown_timeout=5)
+
+@app.listener(os.environ["T_QUEUE"], prefetch=5)
+async def handle(d: Delivery) -> None:
+    with open(os.environ["T_LOG"], "a") as f:
+        f.write(json.dumps({"pid": os.getpid(), "mid": d.message_id}) + "\\n")
+"""
+
+
+def test_run_a_real_async_app_until_sigterm(
+    rabbitmq: Any, fresh_queue: str, tmp_path: Path
+) -> None:
+    pytest.importorskip("aio_pika")
+    q = fresh_queue
+    (tmp_path / "aapp.py").write_text(ASYNC_APP_MODULE)
+    log = tmp_path / "log.jsonl"
+    publish(rabbitmq.url, q, b"", declare=True)
+    drain(rabbitmq.url, q)
+    env = {**os.environ, "T_URL": rabbitmq.url, "T_QUEUE": q, "T_LOG": str(log)}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ackkit.cli", "run", "aapp:app"],
+        cwd=tmp_path,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        rabbitmq.wait_for(q, consumers=1, timeout=30)
+        for i in range(5):
+            publish(rabbitmq.url, q, json.dumps({"i": i}), message_id=f"m{i}")
+        assert wait_until(lambda: len(read_log(log)) >= 5, timeout=15)
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    rabbitmq.wait_for(q, ready=0, unacked=0, consumers=0)
+
+
 def test_run_reports_a_bad_target(tmp_path: Path) -> None:
     r = CliRunner().invoke(build_cli(), ["run", "no_such_module_xyz:app"])
     assert r.exit_code == 1 and "cannot load" in r.output
