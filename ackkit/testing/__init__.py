@@ -1,4 +1,33 @@
-"""Test kit: a real RabbitMQ broker for ackkit's tests and for users' own suites."""
+"""Test kit: a real RabbitMQ broker for ackkit's tests and for users' own suites.
+
+    from ackkit.testing import provision_broker
+
+    with provision_broker() as broker:
+        broker.url                      # amqp://guest:guest@127.0.0.1:<port>/%2f
+        broker.counts("orders")         # QueueCounts(ready, unacked, total, consumers)
+        broker.wait_for("orders", ready=0, unacked=0)
+        broker.restart()                # only when broker.own
+
+Where the broker comes from (first that applies):
+
+1. ``AMQP_URL`` is set: that broker (``own=False``; counts through rabbitmqctl
+   when it runs on this machine, ``ACKKIT_TEST_NODE`` names its node otherwise).
+2. A Docker engine answers: a RabbitMQ container via testcontainers
+   (image ``ACKKIT_TEST_RABBITMQ_IMAGE``, default ``rabbitmq:3.13``).
+3. ``rabbitmq-server`` is installed: a throwaway node with its own data
+   directory, ports, node name and Erlang cookie, removed on exit.
+4. Otherwise :class:`BrokerUnavailable`, saying how to get a broker.
+
+Environment knobs: ``ACKKIT_TEST_BROKER=auto|url|docker|own`` forces a way;
+``ACKKIT_RABBITMQ_SERVER`` is the rabbitmq-server script to use;
+``ACKKIT_TEST_BOOT_TIMEOUT`` (seconds, default 60); ``ACKKIT_TEST_NODE_DIR``
+(parent of node data directories); ``ACKKIT_TEST_NODE_USER`` (user a node runs
+as when the tests run as root; default ``rabbitmq``).
+
+The pytest fixtures (``rabbitmq``, ``amqp_url``, ``queue_factory``,
+``fresh_queue``, ``own_rabbitmq``) live in :mod:`ackkit.testing.plugin`, which
+pytest loads automatically once ackkit is installed.
+"""
 
 from ._broker import (
     BrokerError,

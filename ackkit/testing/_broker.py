@@ -850,6 +850,26 @@ def _node_user() -> tuple[int, int] | None:
     return entry.pw_uid, entry.pw_gid
 
 
+def _owner_watchdog(owner: int) -> str:
+    """Erlang ``-eval`` that halts the node once the owning test process is gone.
+
+    atexit does not run when the test process is SIGKILLed; this stops such
+    orphans within about a second (the reaper in ``_reap_orphans`` covers the
+    rest). It looks at /proc/<pid> and only acts after having seen the owner
+    alive, so it stays inert where /proc is missing or hides other users' pids.
+    The launcher script word-splits these arguments: no whitespace allowed.
+    """
+    if not sys.platform.startswith("linux"):
+        return ""
+    expr = (
+        "spawn(fun()->W=fun(F,S)->timer:sleep(1000),"
+        f'A=(element(1,file:read_file_info("/proc/{owner}"))=:=ok),'
+        "(if(S)andalso(not(A))->erlang:halt(137);true->F(F,(S)or(A))end)end,"
+        "W(W,false)end)"
+    )
+    return f" -eval {expr}"
+
+
 _TAG_RE = re.compile(r"-ackkit_owner (\d+) -ackkit_base (\S+)")
 _DIR_RE = re.compile(r"^ackkit-node-(\d+)-")
 _reaped = False
@@ -984,6 +1004,7 @@ class _OwnNode(BrokerHandle):
             RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=(
                 "-kernel inet_dist_use_interface {127,0,0,1} "
                 f"-ackkit_owner {os.getpid()} -ackkit_base {self._base}"
+                + _owner_watchdog(os.getpid())
             ),
             ERL_CRASH_DUMP=self._path("log", "erl_crash.dump"),
         )
