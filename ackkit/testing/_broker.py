@@ -755,6 +755,8 @@ class _DockerBroker(BrokerHandle):
         self.ctl("stop_app")
 
     def start(self) -> None:
+        if self.ping():
+            return
         self.ctl("start_app")
         self.wait_until_up()
 
@@ -850,23 +852,39 @@ def _node_user() -> tuple[int, int] | None:
     return entry.pw_uid, entry.pw_gid
 
 
+def _proc_shows_all_pids() -> bool:
+    """True on Linux with /proc mounted without ``hidepid`` (any user sees every pid)."""
+    if not sys.platform.startswith("linux") or not os.path.isdir(f"/proc/{os.getpid()}"):
+        return False
+    try:
+        with open("/proc/mounts", encoding="utf-8") as fh:
+            for line in fh:
+                fields = line.split()
+                if len(fields) >= 4 and fields[1] == "/proc" and fields[2] == "proc":
+                    opts = dict(o.partition("=")[::2] for o in fields[3].split(","))
+                    return opts.get("hidepid", "0") in ("0", "off")
+    except OSError:
+        return False
+    return False
+
+
 def _owner_watchdog(owner: int) -> str:
     """Erlang ``-eval`` that halts the node once the owning test process is gone.
 
     atexit does not run when the test process is SIGKILLed; this stops such
-    orphans within about a second (the reaper in ``_reap_orphans`` covers the
-    rest). It looks at /proc/<pid> and only acts after having seen the owner
-    alive, so it stays inert where /proc is missing or hides other users' pids.
-    The launcher script word-splits these arguments: no whitespace allowed.
+    orphans within about a second (``_reap_orphans`` removes their directories
+    on the next run). It polls /proc/<owner>, so it is only used where /proc
+    shows every user's processes. The launcher script word-splits these
+    arguments: no whitespace allowed.
     """
-    if not sys.platform.startswith("linux"):
+    if not _proc_shows_all_pids():
         return ""
     expr = (
-        "spawn(fun()->W=fun(F,S)->timer:sleep(1000),"
-        f'A=(element(1,file:read_file_info("/proc/{owner}"))=:=ok),'
-        "(if(S)andalso(not(A))->erlang:halt(137);true->F(F,(S)or(A))end)end,"
-        "W(W,false)end)"
+        "spawn(fun()->W=fun(F)->(case(file:read_file_info("
+        f'"/proc/{owner}"))of{{ok,_}}->timer:sleep(1000),F(F);'
+        "_->erlang:halt(137)end)end,W(W)end)"
     )
+    assert not any(c.isspace() for c in expr)
     return f" -eval {expr}"
 
 

@@ -32,7 +32,7 @@ from ackkit.testing import (
     provision_broker,
 )
 from ackkit.testing import _broker as broker_mod
-from ackkit.testing._util import mask_secrets, pid_alive
+from ackkit.testing._util import iter_processes, mask_secrets, pid_alive
 from ackkit.testing.plugin import QueueFactory
 
 pytestmark = pytest.mark.integration
@@ -413,3 +413,40 @@ def test_reaper_kills_nodes_of_dead_runs(monkeypatch: pytest.MonkeyPatch) -> Non
         assert os.path.exists(mine)  # this run's directories are left alone
     finally:
         shutil.rmtree(parent, ignore_errors=True)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the watchdog uses /proc")
+def test_node_halts_when_its_test_process_is_killed(tmp_path: Any) -> None:
+    """atexit never runs for a SIGKILLed test run; the node must notice and go away."""
+    script = tmp_path / "owner.py"
+    script.write_text(
+        "import sys, time\n"
+        "from ackkit.testing import provision_broker\n"
+        "broker = provision_broker('own')\n"
+        "print(broker._base, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("AMQP_URL", "ACKKIT_TEST_BROKER")}
+    owner = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert owner.stdout is not None
+        base = owner.stdout.readline().strip()
+        assert base, "the owner process did not provision a node"
+        tag = f"-ackkit_base {base}"
+        beams = [pid for pid, cmd in iter_processes() if tag in cmd]
+        assert beams
+    finally:
+        owner.kill()
+        owner.wait()
+        if owner.stdout is not None:
+            owner.stdout.close()
+    deadline = time.monotonic() + 15
+    while any(pid_alive(pid) for pid in beams) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    alive = [pid for pid in beams if pid_alive(pid)]
+    for pid in alive:  # do not leave it behind when the assertion fails
+        os.kill(pid, 9)
+    assert not alive, "the node outlived its SIGKILLed owner by 15 s"
+    shutil.rmtree(base, ignore_errors=True)
