@@ -38,6 +38,13 @@ class AsyncApp(AppBase):
     and settle with `await delivery.ack()` (an AsyncDelivery). Plain `def`
     handlers run in a thread pool of `max_concurrency` threads per listener;
     their `delivery.ack()` blocks until the loop has carried the settle out.
+
+    With `max_concurrency` > 1 handlers finish out of order. Acks then go out as
+    one multiple-ack over the contiguous finished prefix of delivery tags, and
+    deliveries that finished behind a still-running one are acked one by one
+    when the pending acks are flushed (by count, every `FlushPolicy.interval`,
+    and at shutdown): a multiple-ack never covers a delivery whose handler has
+    not finished, and one slow handler does not hold back everyone else's acks.
     """
 
     def __init__(self, url: str = "amqp://guest:guest@127.0.0.1:5672/%2f", **kw: Any) -> None:

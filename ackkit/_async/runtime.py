@@ -229,7 +229,7 @@ class AsyncConsumer:
     async def _run(self, unit: Unit) -> None:
         """Run a handler for `unit`, then for backlog items while there are any."""
         self.running += 1
-        task = asyncio.current_task()
+        task = asyncio.current_task(self.rt.loop)
         if task is not None:
             self.tasks.add(task)
         try:
@@ -517,7 +517,7 @@ class AsyncRuntime:
         self._main: asyncio.Task[None] | None = None
         self._ticker: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[Any]] = set()
-        self._done = False
+        self._stop_task: asyncio.Task[None] | None = None
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
         task: asyncio.Task[Any] = self.loop.create_task(coro)
@@ -636,9 +636,14 @@ class AsyncRuntime:
                     log.exception("%s: flushing acks failed", c.spec.name)
 
     async def stop(self, timeout: float | None = None) -> None:
-        """Graceful: cancel consumers, finish handlers, return unstarted, flush acks, close."""
-        if self._done:
-            return
+        """Graceful: cancel consumers, finish handlers, return unstarted, flush acks, close.
+
+        Concurrent calls share one shutdown."""
+        if self._stop_task is None:
+            self._stop_task = self.loop.create_task(self._stop(timeout))
+        await asyncio.shield(self._stop_task)
+
+    async def _stop(self, timeout: float | None) -> None:
         timeout = self.app.shutdown_timeout if timeout is None else timeout
         self.stopping = True
         self._stop_requested.set()
@@ -673,7 +678,6 @@ class AsyncRuntime:
         for c in self.consumers:
             if c.pool is not None:
                 c.pool.shutdown(wait=False, cancel_futures=True)
-        self._done = True
 
     async def _finish_handlers(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
