@@ -40,7 +40,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import broker
-from .cases import BODY_SIZE, Case, CaseUnavailable, load_all
+from .cases import BODY_SIZE, LOAD_ERRORS, Case, CaseUnavailable, load_all
 from .worker import HANDSHAKE
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2f"
@@ -435,8 +435,12 @@ def _run_line(run: RunResult) -> str:
 # -- main loop -------------------------------------------------------------------------
 
 
-def select_cases(wanted: Sequence[str] | None) -> list[Case]:
+def select_cases(wanted: Sequence[str] | None, console: Console | None = None) -> list[Case]:
     registry = load_all()
+    for module, error in LOAD_ERRORS.items():
+        (console or Console(stderr=True)).print(
+            f"[red]case module {module} failed to import, its cases are missing: {error}[/red]"
+        )
     if not wanted:
         return list(registry.values())
     unknown = [c for c in wanted if c not in registry]
@@ -448,7 +452,7 @@ def select_cases(wanted: Sequence[str] | None) -> list[Case]:
 def run_benchmarks(cfg: Config, console: Console | None = None) -> dict[str, Any]:
     """Run the configured cases interleaved over rounds; return (and write) the report."""
     console = console or Console()
-    selected = select_cases(cfg.cases)
+    selected = select_cases(cfg.cases, console)
     runs: dict[str, list[RunResult]] = {c.id: [] for c in selected}
     unavailable: set[str] = set()
     meta = collect_meta(cfg)

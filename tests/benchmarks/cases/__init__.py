@@ -159,10 +159,22 @@ def _first_line(doc: str | None) -> str:
     return lines[0].strip() if lines else ""
 
 
+#: Case modules that failed to import (module name -> error), filled by :func:`load_all`.
+LOAD_ERRORS: dict[str, str] = {}
+
+
 def load_all() -> dict[str, Case]:
-    """Import every module of :data:`CASE_MODULES`; return the registry in order."""
+    """Import every module of :data:`CASE_MODULES`; return the registry in order.
+
+    A module that fails to import is recorded in :data:`LOAD_ERRORS` (the harness
+    prints it) instead of taking the other modules' cases down with it.
+    """
     for name in CASE_MODULES:
-        importlib.import_module(f"{__name__}.{name}")
+        module = f"{__name__}.{name}"
+        try:
+            importlib.import_module(module)
+        except Exception as exc:
+            LOAD_ERRORS[module] = f"{type(exc).__name__}: {exc}"
     return dict(_REGISTRY)
 
 
