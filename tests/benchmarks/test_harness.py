@@ -19,7 +19,12 @@ CASE_KEYS = {"median", "min", "max", "runs", "cpu_us_per_msg", "status"}
 
 
 @pytest.fixture
-def broker_url() -> str:
+def broker_url(request: pytest.FixtureRequest) -> str:
+    """The test kit's broker (ackkit.testing plugin) if loaded, else AMQP_URL / local."""
+    try:
+        return str(request.getfixturevalue("amqp_url"))
+    except pytest.FixtureLookupError:
+        pass
     if not reachable(URL):
         pytest.skip(f"no RabbitMQ at {URL}")
     return URL
