@@ -59,6 +59,14 @@ async def open_connection(
         raise FatalConnectError(
             f"connecting to {mask_url(url)} was refused: {mask_text(repr(exc))}"
         ) from None
+    except aiormq.exceptions.InvalidFrameError as exc:
+        text = str(exc)
+        if "Connection.OpenOk" in text and "Connection.Close" in text:
+            # connection.open refused (NOT_ALLOWED): no such vhost, or no access to it
+            raise FatalConnectError(
+                f"access denied on {mask_url(url)}: the broker refused the virtual host"
+            ) from None
+        raise ConnectFailed(mask_text(repr(exc))) from None
     except Exception as exc:  # OSError, AMQPConnectionError, TimeoutError, ...
         raise ConnectFailed(mask_text(repr(exc))) from None
     transport = conn.transport

@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import logging
 import random
+import re
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -17,6 +19,7 @@ from pydantic import BaseModel
 
 from ackkit import (
     AckIndex,
+    AckkitError,
     AckMode,
     AlreadySettled,
     Delivery,
@@ -485,3 +488,20 @@ def test_topology_conflict_is_reported(
     ):
         pass
     broker.wait_for(q, consumers=0)
+
+
+def test_refused_login_fails_start_at_once(runtime: Runtime, queue_factory: Any) -> None:
+    q = queue_factory()
+    bad = re.sub(r"^(amqps?://[^:@/]+):[^@/]*@", r"\1:not-the-password@", runtime.url)
+    assert bad != runtime.url
+    runtime.url = bad
+
+    async def handle(d: Delivery, _d: Delivery, io: IO) -> None:
+        return None
+
+    app = runtime.app(startup_timeout=20)
+    runtime.listen(app, q, handle)
+    t0 = time.monotonic()
+    with pytest.raises(AckkitError, match=r"(?i)refused|authentication"), runtime.running(app):
+        pass
+    assert time.monotonic() - t0 < 10  # not retried until the startup timeout
