@@ -401,6 +401,11 @@ def test_reaper_kills_nodes_of_dead_runs(monkeypatch: pytest.MonkeyPatch) -> Non
             ]
         )
         try:
+            # Popen can return before the kernel shows the new command line (vfork)
+            deadline = time.monotonic() + 10
+            while not any(pid == fake_node.pid and base in cmd for pid, cmd in iter_processes()):
+                assert time.monotonic() < deadline, "fake node never showed its command line"
+                time.sleep(0.01)
             monkeypatch.setattr(broker_mod, "_reaped", False)
             broker_mod._reap_orphans(parent)
             assert fake_node.wait(10) != 0
