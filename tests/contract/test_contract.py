@@ -22,7 +22,10 @@ from ackkit import (
     AckkitError,
     AckMode,
     AlreadySettled,
+    DeadLetterMessage,
     Delivery,
+    RejectMessage,
+    RequeueMessage,
     Retry,
     RetryLater,
     RetryStrategy,
@@ -241,6 +244,35 @@ def test_nack_multiple_without_requeue_every_fifth(
     dead = broker.take_all(f"{q}.dlq")
     assert sorted(json.loads(m.body)["id"] for m in dead) == list(range(10))
     assert {m.headers["ackkit-reason"] for m in dead} == {"nack without requeue by handler"}
+
+
+def test_signals_choose_the_outcome(runtime: Runtime, broker: Broker, queue_factory: Any) -> None:
+    """RequeueMessage puts it back (and counts an attempt); RejectMessage and
+    DeadLetterMessage dead-letter it with their reason."""
+    q = queue_factory(declare=True)
+    calls = Calls()
+
+    async def handle(order: Order, d: Delivery, io: IO) -> None:
+        calls.add((order.id, d.attempt))
+        if order.id == 0 and d.attempt == 1:
+            raise RequeueMessage("not ready")
+        if order.id == 1:
+            raise RejectMessage("refused by the handler")
+        if order.id == 2:
+            raise DeadLetterMessage("poison: sku unknown")
+
+    app = runtime.app()
+    runtime.listen(app, q, handle, Order)
+    broker.publish(q, bodies(3))
+    with runtime.running(app):
+        broker.wait_for(f"{q}.dlq", ready=2)
+        eventually(lambda: (0, 2) in calls.items, what="the requeued delivery's second attempt")
+        broker.wait_for(q, ready=0, unacked=0)
+    assert sorted(calls.items) == [(0, 1), (0, 2), (1, 1), (2, 1)]
+    dead = {json.loads(m.body)["id"]: m.headers for m in broker.take_all(f"{q}.dlq")}
+    assert dead[1]["ackkit-reason"] == "refused by the handler"
+    assert dead[2]["ackkit-reason"] == "poison: sku unknown"
+    assert dead[2]["ackkit-error-type"].endswith("DeadLetterMessage")
 
 
 # -- retry -----------------------------------------------------------------------------
