@@ -247,6 +247,13 @@ class AsyncConsumer:
                 self.tasks.discard(task)
 
     async def _handle(self, d: Delivery) -> None:
+        try:
+            await self._attempts(d)
+        except asyncio.CancelledError:  # shutdown or a lost channel: requeue, not a failure
+            await self.release([d])
+            raise
+
+    async def _attempts(self, d: Delivery) -> None:
         t = d.tracked
         b = self.binding
         core = self.core
@@ -258,9 +265,6 @@ class AsyncConsumer:
                     await b.fn(*b.args(d))
                 else:
                     await self.rt.loop.run_in_executor(self.pool, _call_sync, b.fn, b.args, d)
-            except asyncio.CancelledError:
-                await self.release([d])
-                raise
             except Exception as e:
                 exc = e
                 tb = traceback.format_exc()
@@ -277,6 +281,13 @@ class AsyncConsumer:
             return
 
     async def _handle_batch(self, batch: list[Delivery]) -> None:
+        try:
+            await self._batch_attempts(batch)
+        except asyncio.CancelledError:
+            await self.release(batch)
+            raise
+
+    async def _batch_attempts(self, batch: list[Delivery]) -> None:
         b = self.binding
         call = BatchCall(b, batch)
         exc: BaseException | None = None
@@ -290,9 +301,6 @@ class AsyncConsumer:
                     fn = functools.partial(b.fn, *call.call_args(b))
                     out = await self.rt.loop.run_in_executor(self.pool, fn)
                 done = call.succeeded(out)
-            except asyncio.CancelledError:
-                await self.release(batch)
-                raise
             except Exception as e:
                 exc, tb, done = e, traceback.format_exc(), 0
                 log.warning(
@@ -311,7 +319,7 @@ class AsyncConsumer:
             if await self.rt.pause(delay):
                 await self.release(again)
             else:
-                await self._handle_batch(again)
+                await self._batch_attempts(again)
 
     def _batch_add(self, d: Delivery) -> list[Delivery] | None:
         buf = self.batch_buf
@@ -331,7 +339,9 @@ class AsyncConsumer:
         buf, self.batch_buf = self.batch_buf, []
         if not buf:
             return
-        if self.running >= self.limit:
+        if self.rt.stopping:
+            self.rt.spawn(self.release(buf))
+        elif self.running >= self.limit:
             self.backlog.append(buf)
         else:
             self.rt.spawn(self._run(buf))
