@@ -457,3 +457,55 @@ def test_node_halts_when_its_test_process_is_killed(tmp_path: Any) -> None:
         os.kill(pid, 9)
     assert not alive, "the node outlived its SIGKILLed owner by 15 s"
     shutil.rmtree(base, ignore_errors=True)
+
+
+def test_docker_path_glue(monkeypatch: pytest.MonkeyPatch, rabbitmq: BrokerHandle) -> None:
+    """The Docker branch without a Docker engine: a stand-in container that
+    forwards to the session broker checks URL building, ctl via exec and close."""
+    calls: list[list[str]] = []
+
+    class FakeContainer:
+        port = 5672
+        username = "guest"
+        password = "guest"
+        vhost = "/"
+
+        def __init__(self, image: str) -> None:
+            self.image = image
+            self.stopped = False
+
+        def start(self) -> FakeContainer:
+            return self
+
+        def stop(self) -> None:
+            self.stopped = True
+
+        def get_container_host_ip(self) -> str:
+            return "127.0.0.1"
+
+        def get_exposed_port(self, port: int) -> int:
+            assert port == 5672
+            return rabbitmq.amqp_port
+
+        def exec(self, command: list[str]) -> tuple[int, bytes]:
+            calls.append(command)
+            return (0, b"ok\n") if command[-1] != "boom" else (70, b"Error: boom\n")
+
+    monkeypatch.delenv("AMQP_URL", raising=False)
+    monkeypatch.setenv("ACKKIT_TEST_RABBITMQ_IMAGE", "rabbitmq:test")
+    monkeypatch.setattr(broker_mod, "_docker_engine", lambda: (True, ""))
+    monkeypatch.setattr(broker_mod, "_rabbitmq_container_class", lambda: FakeContainer)
+    with provision_broker() as broker:
+        assert broker.kind == "docker" and broker.own
+        assert broker.url == f"amqp://guest:guest@127.0.0.1:{rabbitmq.amqp_port}/%2F"
+        assert broker.amqp_port == rabbitmq.amqp_port
+        container = broker._container  # type: ignore[attr-defined]
+        assert container.image == "rabbitmq:test"
+        assert broker.ctl("list_queues") == "ok\n"
+        assert calls[-1] == ["rabbitmqctl", "list_queues"]
+        with pytest.raises(BrokerError, match="boom"):
+            broker.ctl("boom")
+        broker.start()  # AMQP answers: nothing to do
+        assert calls[-1] == ["rabbitmqctl", "boom"]
+    assert container.stopped
+    assert rabbitmq.ping()
