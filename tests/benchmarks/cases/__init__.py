@@ -23,7 +23,10 @@ A case is a plain function registered under a stable id::
   after ``n_messages``: do not wait for the queue to go idle.
 * Never hang: use :class:`Watchdog` (``stalled()`` turns true when no progress was made
   for :data:`IDLE_TIMEOUT_S` or the overall deadline passed) and raise
-  :class:`CaseTimeout`. The harness also kills the worker after a hard deadline.
+  :class:`CaseTimeout`. Feed it a counter that moves on ANY progress (deliveries
+  handled, failed, retried...), not only final acks: a case whose first pass only
+  fails or retries must not look idle. The harness also kills the worker after a
+  hard deadline.
 * If the case cannot run here (library part not written yet, optional dependency
   missing, no Java for Spark...), raise :class:`CaseUnavailable`: the harness reports
   "n/a" and moves on. Raise it from an ``available`` hook to be skipped before the
