@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._core.events import Event, Observer
 from ._core.policy import (
+    DEFAULT_PREFETCH,
     DLQ_DEFAULT,
     NO_RETRY,
     AckMode,
@@ -19,7 +20,13 @@ from ._core.policy import (
     Unsettled,
 )
 from ._handler import DEFAULT_MAX_BODY, Binding, Decoder
+from ._logs import LifecycleLog
 from ._url import mask_url
+
+if TYPE_CHECKING:
+    from ._core.listener import ListenerCore
+    from ._delivery import Delivery
+    from ._runtime_common import HandlerDone, HandlerProbe
 
 log = logging.getLogger("ackkit")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -49,6 +56,43 @@ class ListenerSpec:
         return self.policy.queue
 
 
+Instrument = Callable[[ListenerSpec, "ListenerCore"], "HandlerProbe | None"]
+"""Called when a runtime has built a listener's core: the handler probe for it, or None."""
+
+
+class _FanOut:
+    """Calls every observer; `hot` when one of them wants RECEIVED and ACKED."""
+
+    __slots__ = ("hot", "observers")
+
+    def __init__(self, observers: Sequence[Observer]) -> None:
+        self.observers = tuple(observers)
+        self.hot = any(getattr(o, "hot", True) for o in self.observers)
+
+    def __call__(self, ev: Event) -> None:
+        for o in self.observers:
+            try:
+                o(ev)
+            except Exception:
+                log.exception("ackkit event observer failed")
+
+
+def _combine(probes: Sequence[HandlerProbe]) -> HandlerProbe:
+    if len(probes) == 1:
+        return probes[0]
+
+    def start(ds: Sequence[Delivery]) -> HandlerDone:
+        dones = [p(ds) for p in probes]
+
+        def done(exc: BaseException | None) -> None:
+            for d in reversed(dones):
+                d(exc)
+
+        return done
+
+    return start
+
+
 class AppBase:
     """Listener registry and settings shared by App (pika) and AsyncApp (aio-pika)."""
 
@@ -70,6 +114,9 @@ class AppBase:
         self.connection_name = connection_name
         self.specs: list[ListenerSpec] = []
         self._observers: list[Observer] = []
+        self._instruments: list[Instrument] = []
+        # listener name -> (spec, core) of the latest runtime; kept after it stops
+        self._cores: dict[str, tuple[ListenerSpec, ListenerCore]] = {}
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {mask_url(self.url)} listeners={len(self.specs)}>"
@@ -83,26 +130,29 @@ class AppBase:
         self._observers.append(fn)
         return fn
 
-    def _observer(self) -> Observer | None:
-        if not self._observers:
-            return None
-        obs = tuple(self._observers)
+    def _observer(self) -> Observer:
+        """The observer a runtime gives its listener cores: the registered ones, and the
+        log lines about dead letters, rejections, unsettled and stale deliveries."""
+        queues = {s.name: s.queue for s in self.specs}
+        return _FanOut([LifecycleLog(queues), *self._observers])
 
-        def fan_out(ev: Event) -> None:
-            for o in obs:
-                try:
-                    o(ev)
-                except Exception:
-                    log.exception("ackkit event observer failed")
+    def _add_instrument(self, fn: Instrument) -> None:
+        """Instrument the listeners of every runtime started from now on (metrics, tracing)."""
+        self._instruments.append(fn)
 
-        return fan_out
+    def _instrument(self, spec: ListenerSpec, core: ListenerCore) -> HandlerProbe | None:
+        """A runtime built `core` for `spec`: remember it (metrics read its counters when
+        scraped) and return the probe to call around its handler, None if there is none."""
+        self._cores[spec.name] = (spec, core)
+        probes = [p for f in self._instruments if (p := f(spec, core)) is not None]
+        return _combine(probes) if probes else None
 
     def listener(
         self,
         queue: str,
         *,
         ack_mode: AckMode = AckMode.AUTO,
-        prefetch: int = 250,
+        prefetch: int = DEFAULT_PREFETCH,
         retry: Retry | None = None,
         dead_letter: str | None = DLQ_DEFAULT,
         on_unsettled: Unsettled = Unsettled.DEAD_LETTER,
