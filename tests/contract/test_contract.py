@@ -472,7 +472,7 @@ def test_reconnect_after_the_broker_closes_connections(
     broker.publish(q, bodies(40))
     with runtime.running(app):
         eventually(lambda: len(seen) >= 10)
-        broker.handle.close_connections()
+        assert broker.close_connections_named(runtime.connection_name) >= 1
         broker.publish(q, bodies(10, start=40))
         eventually(lambda: len({*seen.items}) == 50, timeout=20, what="50 handled after reconnect")
         broker.wait_for(q, ready=0, unacked=0, consumers=1)
