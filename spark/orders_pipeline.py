@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -206,9 +206,13 @@ def start_query(
     output: str | os.PathLike[str],
     max_batch: int = 5000,
     dead_letter: bool = True,
+    writer: Callable[[Any, int], None] | None = None,
     **options: Any,
 ) -> tuple[Any, aks.AckAfterCommit]:
-    """Start the streaming query; returns it and its ack_after_commit wrapper (counters)."""
+    """Start the streaming query; returns it and its ack_after_commit wrapper (counters).
+
+    `writer(df, batch_id)` defaults to idempotent Parquet batches under `output`.
+    """
     df = aks.read_stream(
         spark,
         url=url,
@@ -220,14 +224,14 @@ def start_query(
         **options,
     )
     orders = df.select("seq", "message_id", "attempt", "redelivered", *Order.model_fields)
-    writer = aks.ack_after_commit(aks.parquet_batches(output), checkpoint=checkpoint)
+    acking = aks.ack_after_commit(writer or aks.parquet_batches(output), checkpoint=checkpoint)
     query = (
         orders.writeStream.queryName(f"orders-{queue}")
-        .foreachBatch(writer)
+        .foreachBatch(acking)
         .option("checkpointLocation", os.fspath(checkpoint))
         .start()
     )
-    return query, writer
+    return query, acking
 
 
 def wait_until_drained(

@@ -29,7 +29,7 @@ from pika.spec import Basic
 from pydantic import BaseModel, ValidationError
 
 from .._core.actions import Ack, Action, Nack, Reject, Republish
-from .._core.batches import BatchLedger, BatchPlan
+from .._core.batches import Admission, BatchLedger, BatchPlan
 from .._core.errors import AckkitError, BadPayload, TopologyConflict
 from .._core.listener import ListenerCore, Tracked
 from .._core.policy import NO_RETRY, AckMode, FlushPolicy, ListenerPolicy
@@ -105,21 +105,24 @@ class SourceConsumer:
         self.connections = 0
         self.received = 0
         self.invalid = 0
+        self.copies = 0
 
     # -- lifecycle (reader thread) ---------------------------------------------------
 
-    def start(self, timeout: float = 30.0) -> None:
+    def start(self) -> None:
+        """Start the I/O thread; it connects (and reconnects) on its own. Never blocks: a
+        restarted query must be able to ack its replayed batch while the broker is slow."""
         self._thread = threading.Thread(target=self._io_main, name="ackkit-spark-io", daemon=True)
         self._thread.start()
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait until consuming (for tests and diagnostics); raises a fatal error."""
         deadline = time.monotonic() + timeout
         while not self._ready.wait(0.05):
-            if self.fatal is not None:
-                raise self.fatal
+            self._raise_fatal()
             if time.monotonic() > deadline:
-                raise SourceFailed(
-                    f"no consumer on {self.opts.queue!r} at {mask_url(self.opts.url)} "
-                    f"within {timeout:.0f} s"
-                )
+                return False
+        return True
 
     def stop(self, timeout: float = 5.0) -> None:
         """Flush settled acks and close the connection (the broker requeues the rest)."""
@@ -166,6 +169,7 @@ class SourceConsumer:
                         "dead-letter such messages instead of failing the query)"
                     )
             plan = self.ledger.plan(start, [(it.tracked, it.key) for it in items])
+            self.copies += sum(a in (Admission.HELD, Admission.SETTLED) for a in plan.admissions)
             gen = self.core.generation
         if plan.actions:
             self._send(gen, plan.actions)
@@ -220,6 +224,7 @@ class SourceConsumer:
                 "connections": self.connections,
                 "ack_frames": counts["ack_frames"],
                 "pending_acks": self.core.pending_acks,
+                "copies": self.copies,
                 "republishing": self.core.republishing,
             }
 

@@ -17,6 +17,7 @@ import atexit
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -32,6 +33,7 @@ from ._schema import KEY_COLUMN, RowSchema, load_model
 from ._wal import WalError, WriteAheadLog
 
 log = logging.getLogger("ackkit.spark")
+RUNNER_SCRIPT = "python_streaming_source_runner.py"
 
 
 def _offset(queue: str, seq: int) -> dict[str, Any]:
@@ -40,6 +42,12 @@ def _offset(queue: str, seq: int) -> dict[str, Any]:
 
 def _schema(opts: SourceOptions) -> RowSchema:
     return RowSchema(load_model(opts.model) if opts.model else None)
+
+
+def _in_source_runner() -> bool:
+    """Whether this process is Spark's long-lived streaming source runner (not a planner
+    or an executor worker, which also construct readers)."""
+    return os.path.basename(sys.argv[0] if sys.argv else "") == RUNNER_SCRIPT
 
 
 class RabbitMQDataSource(DataSource):
@@ -64,6 +72,11 @@ class RabbitMQStreamReader(SimpleDataSourceStreamReader):
         self.opts = SourceOptions.parse(options)
         self._runner: _Runner | None = None
         self._rows: RowSchema | None = None
+        if _in_source_runner():
+            # Start now, not on the first read(): a restarted query first replays its
+            # unfinished batch (Spark reads it back without calling read()), and that
+            # batch's foreachBatch must reach this runner to ack the redelivered copies.
+            self._run()
 
     def __getstate__(self) -> dict[str, Any]:
         return {"options": self.options, "opts": self.opts, "_runner": None, "_rows": None}

@@ -1,0 +1,203 @@
+"""The Spark source's parts without Spark or a broker: options, schema, write-ahead log, IPC."""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import threading
+from pathlib import Path
+from typing import Literal
+
+import pyarrow as pa
+import pytest
+from pydantic import BaseModel
+
+pytest.importorskip("pyspark")
+
+from ackkit.spark import (
+    KeyFrom,
+    OnInvalid,
+    RowSchema,
+    SourceOptions,
+    WalError,
+    batch_offsets,
+    model_path,
+)
+from ackkit.spark._ipc import IpcServer, RunnerUnreachable, request
+from ackkit.spark._options import ipc_address
+from ackkit.spark._schema import KEY_COLUMN, RowMeta, load_model
+from ackkit.spark._wal import WriteAheadLog
+
+pytestmark = pytest.mark.spark
+
+
+class Color(str, enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+class Line(BaseModel):
+    sku: str
+    qty: int
+
+
+class Sample(BaseModel):
+    name: str
+    price: float
+    when: dt.datetime
+    color: Color
+    tier: Literal["a", "b"]
+    lines: list[Line]
+    tags: dict[str, int] = {}
+    note: str | None = None
+
+
+def meta(i: int) -> RowMeta:
+    return RowMeta(f"m{i}", b"{}", {"h": "v"}, "rk", "", False, 1, "application/json", None)
+
+
+def test_options_require_url_queue_checkpoint(tmp_path: Path):
+    with pytest.raises(ValueError, match="checkpoint"):
+        SourceOptions.parse({"url": "amqp://x", "queue": "q"})
+    with pytest.raises(ValueError, match="unknown"):
+        SourceOptions.parse({"url": "amqp://x", "queue": "q", "checkpoint": "/c", "batch": "9"})
+
+
+def test_batch_is_capped_by_prefetch_so_it_can_always_fill(tmp_path: Path):
+    o = SourceOptions.parse(
+        {
+            "url": "u",
+            "queue": "q",
+            "checkpoint": str(tmp_path),
+            "max_batch": "5000",
+            "prefetch": "300",
+        }
+    )
+    assert (o.max_batch, o.prefetch) == (300, 300)
+    o = SourceOptions.parse(
+        {"url": "u", "queue": "q", "checkpoint": str(tmp_path), "max_batch": "40000"}
+    )
+    assert o.prefetch == 65535 and o.max_batch == 40000
+    o = SourceOptions.parse(
+        {
+            "url": "u",
+            "queue": "q",
+            "checkpoint": f"file://{tmp_path}",
+            "on_invalid": "DEAD_LETTER",
+            "key": "body",
+        }
+    )
+    assert o.checkpoint == tmp_path.resolve()
+    assert (o.on_invalid, o.key) == (OnInvalid.DEAD_LETTER, KeyFrom.BODY)
+    with pytest.raises(ValueError, match="local"):
+        SourceOptions.parse({"url": "u", "queue": "q", "checkpoint": "s3://bucket/ck"})
+
+
+def test_model_fields_become_typed_columns():
+    rs = RowSchema(Sample)
+    types = {f.name: f.dataType.simpleString() for f in rs.spark.fields}
+    assert types["seq"] == "bigint"
+    assert types["headers"] == "map<string,string>"
+    assert types["price"] == "double"
+    assert types["when"] == "timestamp"
+    assert types["color"] == "string"
+    assert types["lines"] == "array<struct<sku:string,qty:bigint>>"
+    assert types["tags"] == "map<string,bigint>"
+    nullable = {f.name: f.nullable for f in rs.spark.fields}
+    assert nullable["note"] and nullable["tags"] and not nullable["name"]
+
+
+def test_rows_convert_to_the_exact_arrow_schema_spark_expects():
+    rs = RowSchema(Sample)
+    s = Sample(
+        name="x",
+        price=1.5,
+        when=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
+        color=Color.RED,
+        tier="a",
+        lines=[Line(sku="s", qty=2)],
+    )
+    wal = rs.batch(10, [meta(1), meta(2)], [s.model_dump(), s.model_dump()], ["m1", None])
+    assert wal.column("seq").to_pylist() == [11, 12]
+    assert wal.column(KEY_COLUMN).to_pylist() == ["m1", None]
+    rows = rs.rows(wal)
+    assert rows.schema.equals(rs.arrow)
+    assert rows.column("color").to_pylist() == ["red", "red"]
+    assert rows.column("lines").to_pylist()[0] == [{"sku": "s", "qty": 2}]
+
+
+def test_model_field_may_not_shadow_a_source_column():
+    class Bad(BaseModel):
+        body: str
+
+    with pytest.raises(ValueError, match="clashes"):
+        RowSchema(Bad)
+
+
+def test_model_path_round_trips():
+    from spark.orders_pipeline import Order
+
+    assert load_model(model_path(Order)) is Order
+    with pytest.raises(ValueError):
+        load_model("no_colon")
+
+
+def test_wal_write_read_prune(tmp_path: Path):
+    rs = RowSchema()
+    wal = WriteAheadLog(tmp_path / "wal")
+    wal.write(0, 2, rs.batch(0, [meta(1), meta(2)], [None, None], ["a", "b"]))
+    wal.write(2, 3, rs.batch(2, [meta(3)], [None], ["c"]))
+    assert wal.batches() == [(0, 2), (2, 3)]
+    assert wal.keys(0, 3, KEY_COLUMN) == ["a", "b", "c"]
+    assert [b.num_rows for b in wal.read(2, 3)] == [1]
+    with pytest.raises(WalError):
+        list(wal.read(1, 3))
+    with pytest.raises(WalError):
+        list(wal.read(3, 9))
+    assert wal.written_upto() == 0
+    wal.set_written_upto(3)
+    assert wal.written_upto() == 3
+    assert wal.prune(3, keep=1) == [(0, 2)]
+    assert wal.batches() == [(2, 3)]
+    assert not [p for p in (tmp_path / "wal").iterdir() if p.name.startswith(".tmp")]
+
+
+def test_batch_offsets_reads_spark_offset_log(tmp_path: Path):
+    (tmp_path / "offsets").mkdir()
+    (tmp_path / "offsets" / "7").write_text(
+        'v1\n{"batchWatermarkMs":0,"conf":{}}\n{"ackkit": "orders", "seq": 1200}\n-\n'
+        '{"logOffset": 3}\n'
+    )
+    assert batch_offsets(tmp_path, 7) == [("orders", 1200)]
+    from ackkit.spark import AckFailed
+
+    with pytest.raises(AckFailed, match="checkpointLocation"):
+        batch_offsets(tmp_path, 8)
+
+
+def test_ipc_round_trip_and_unreachable_runner(tmp_path: Path):
+    addr = ipc_address(tmp_path, "q-ipc-test")
+    server = IpcServer(addr, lambda req: {"ok": True, "echo": req["n"] * 2})
+    server.start()
+    try:
+        results = []
+        threads = [
+            threading.Thread(target=lambda i=i: results.append(request(addr, {"n": i}, 5.0)))
+            for i in range(5)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(r["echo"] for r in results) == [0, 2, 4, 6, 8]
+    finally:
+        server.close()
+    with pytest.raises(RunnerUnreachable):
+        request(addr, {"n": 1}, 0.3)
+
+
+def test_arrow_batch_of_no_model_rows_has_null_parsed_columns():
+    rs = RowSchema()
+    b = rs.rows(rs.batch(0, [meta(1)], [None], [None]))
+    assert b.num_rows == 1
+    assert b.schema.field("seq").type == pa.int64()
