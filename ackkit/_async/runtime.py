@@ -52,6 +52,7 @@ from .._runtime_common import (
     TICK,
     BatchCall,
     ConnectFailed,
+    FailureLog,
     FatalConnectError,
     reconnect_wait,
     short,
@@ -109,6 +110,8 @@ class AsyncConsumer:
         self.batch_timer: asyncio.TimerHandle | None = None
         self.pool: ThreadPoolExecutor | None = None
         self._opening = False
+        self.failures = FailureLog(log)
+        self.probe = rt.app._instrument(spec, self.core)  # metrics, tracing: None when off
         if not self.is_async:
             self.pool = ThreadPoolExecutor(
                 max_workers=spec.concurrency, thread_name_prefix=f"ackkit-{spec.name}"
@@ -197,7 +200,9 @@ class AsyncConsumer:
         exchange = dv.exchange or ""
         rk = dv.routing_key or ""
         redelivered = bool(dv.redelivered)
-        t = core.receive(dv.delivery_tag, redelivered, props.headers, exchange, rk)
+        t = core.receive(
+            dv.delivery_tag, redelivered, props.headers, exchange, rk, props.message_id
+        )
         d = self.delivery_cls(
             msg.body,
             props,
@@ -260,6 +265,7 @@ class AsyncConsumer:
         while True:
             exc: BaseException | None = None
             tb = None
+            done = self.probe((d,)) if self.probe is not None else None
             try:
                 if self.is_async:
                     await b.fn(*b.args(d))
@@ -268,7 +274,13 @@ class AsyncConsumer:
             except Exception as e:
                 exc = e
                 tb = traceback.format_exc()
-                log.warning("%s: handler failed on %r: %s", self.spec.name, d, short(e))
+                self.failures.failed(self.spec.name, d, e)
+            except BaseException as e:  # cancelled: released below, not a failure
+                if done is not None:
+                    done(e)
+                raise
+            if done is not None:
+                done(exc)
             acts = core.finish(t, exc, tb)
             gen = core.generation
             if acts and type(acts[0]) is Reinvoke:
@@ -294,6 +306,7 @@ class AsyncConsumer:
         tb = None
         done = len(call.good)
         if call.good:
+            probed = self.probe(call.good) if self.probe is not None else None
             try:
                 if self.is_async:
                     out = await b.fn(*call.call_args(b))
@@ -309,6 +322,12 @@ class AsyncConsumer:
                     len(call.good),
                     short(e),
                 )
+            except BaseException as e:
+                if probed is not None:
+                    probed(e)
+                raise
+            if probed is not None:
+                probed(exc)
         acts = call.finish(self.core, done, exc, tb)
         gen = self.core.generation
         acts, again_tags, delay = split_reinvoke(acts)
@@ -567,10 +586,6 @@ class AsyncRuntime:
             raise ConnectFailed(
                 f"no connection to {self.app.safe_url} within {self.app.startup_timeout} s"
             )
-
-    @property
-    def finished(self) -> bool:
-        return self._main is not None and self._main.done()
 
     async def _run_forever(self) -> None:
         try:
