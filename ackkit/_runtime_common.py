@@ -9,7 +9,6 @@ hands to it and takes back from it.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -22,6 +21,7 @@ from ._core.errors import AckkitError, RetryLater
 from ._core.listener import ListenerCore
 from ._delivery import Delivery
 from ._handler import AckIndex, Binding
+from ._logs import Throttle, delivery_extra
 from ._url import mask_text
 
 TICK = 0.05
@@ -127,11 +127,12 @@ def split_reinvoke(acts: list[Action]) -> tuple[list[Action], set[int], float]:
 class FailureLog:
     """Warnings about failed handlers without a logging flood.
 
-    At most `burst` lines per listener in every `window` seconds; the failures
-    left out are counted and the next line says how many there were. A poison
-    flood of 10,000 messages then writes a few dozen lines instead of 10,000
-    (each failure still reaches the observers, the counters and, when dead-
-    lettered, the DLQ with its traceback).
+    At most `burst` lines in every `window` seconds; the failures left out are
+    counted and the next line says how many there were. A poison flood of
+    10,000 messages then writes a few dozen lines instead of 10,000 (each
+    failure still reaches the observers, the counters and, when dead-lettered,
+    the DLQ with its traceback). A line about a Delivery carries its context as
+    `extra=` (listener, queue, message_id, attempt, outcome="failed", error_type).
     """
 
     def __init__(
@@ -142,25 +143,35 @@ class FailureLog:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.logger = logger
-        self.burst = burst
-        self.window = window
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._start = -window
-        self._logged = 0
-        self._skipped = 0
+        self._throttle = Throttle(burst, window, clock)
 
     def failed(self, listener: str, what: object, exc: BaseException) -> None:
         if not self.logger.isEnabledFor(logging.WARNING):
             return
-        with self._lock:
-            now = self._clock()
-            if now - self._start >= self.window:
-                self._start, self._logged = now, 0
-            if self._logged >= self.burst:
-                self._skipped += 1
-                return
-            self._logged += 1
-            skipped, self._skipped = self._skipped, 0
+        skipped = self._throttle.admit()
+        if skipped is None:
+            return
         more = f" ({skipped} more failures not logged)" if skipped else ""
-        self.logger.warning("%s: handler failed on %r: %s%s", listener, what, short(exc), more)
+        extra = delivery_extra(
+            listener,
+            getattr(what, "queue", ""),
+            getattr(what, "message_id", None),
+            getattr(what, "attempt", 0),
+            "failed",
+            error_type=type(exc).__name__,
+        )
+        self.logger.warning(
+            "%s: handler failed on %r: %s%s", listener, what, short(exc), more, extra=extra
+        )
+
+
+# -- instrumentation hooks (metrics, tracing) ---------------------------------
+
+HandlerDone = Callable[[BaseException | None], None]
+"""Called when a handler invocation has ended: None when it returned, else what it raised."""
+
+HandlerProbe = Callable[[Sequence[Delivery]], HandlerDone]
+"""Called just before a handler runs for these deliveries (one, or a batch), on the
+thread or task that runs it; the HandlerDone it returns is called there when the
+handler has returned or raised. Runtimes call a listener's probe only when it has
+one (`AppBase._instrument`), so an uninstrumented app pays nothing."""

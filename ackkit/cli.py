@@ -4,7 +4,7 @@
     ackkit dlq replay QUEUE [--to Q] [--error-type T] [--reason-contains S]
                             [--message-id ID ...] [--limit N] [--json]
     ackkit queues [QUEUE ...] [--json] [--source auto|management|rabbitmqctl|amqp]
-    ackkit run module:app [--workers N]
+    ackkit run module:app [--workers N] [--metrics-port P [--metrics-addr A]]
 
 The broker URL comes from --url or AMQP_URL; passwords are masked in all output.
 typer and rich come with the `cli` extra: pip install 'ackkit[cli]'.
@@ -70,12 +70,26 @@ def run_app(app: Any) -> None:
         app.run()
 
 
-def run_workers(target: str, workers: int, url: str | None) -> int:
-    """Run `target` in `workers` processes; SIGINT/SIGTERM stop them all gracefully."""
+def run_workers(
+    target: str,
+    workers: int,
+    url: str | None,
+    metrics_port: int | None = None,
+    metrics_addr: str = "0.0.0.0",
+) -> int:
+    """Run `target` in `workers` processes; SIGINT/SIGTERM stop them all gracefully.
+
+    With `metrics_port`, worker i serves its metrics on `metrics_port + i`."""
     cmd = [sys.executable, "-m", "ackkit.cli", "run", target, "--workers", "1"]
     if url:
         cmd += ["--url", url]
-    procs = [subprocess.Popen(cmd, start_new_session=True) for _ in range(workers)]
+
+    def worker_cmd(i: int) -> list[str]:
+        if metrics_port is None:
+            return cmd
+        return [*cmd, "--metrics-port", str(metrics_port + i), "--metrics-addr", metrics_addr]
+
+    procs = [subprocess.Popen(worker_cmd(i), start_new_session=True) for i in range(workers)]
     stopping = False
 
     def stop(signum: int, _frame: Any) -> None:
@@ -265,10 +279,19 @@ def build_cli() -> typer.Typer:
         url: str | None = typer.Option(
             None, "--url", help="Override the App's URL (AMQP_URL is left to the app)."
         ),
+        metrics_port: int | None = typer.Option(
+            None,
+            "--metrics-port",
+            min=0,
+            help="Serve Prometheus metrics on this port (worker i of --workers: port + i).",
+        ),
+        metrics_addr: str = typer.Option(
+            "0.0.0.0", "--metrics-addr", help="Address the metrics server listens on."
+        ),
     ) -> None:
         """Run an App until SIGINT/SIGTERM, then shut down gracefully (flush acks, requeue)."""
         if workers > 1:
-            raise typer.Exit(run_workers(target, workers, url))
+            raise typer.Exit(run_workers(target, workers, url, metrics_port, metrics_addr))
         try:
             app = load_app(target)
         except Exception as exc:
@@ -276,6 +299,17 @@ def build_cli() -> typer.Typer:
         if url:
             app.url = url
         shown = mask_url(str(getattr(app, "url", "")))
+        if metrics_port is not None:
+            try:
+                from .metrics import PrometheusMetrics
+
+                PrometheusMetrics(app).serve(metrics_port, metrics_addr)
+            except (ImportError, OSError) as exc:
+                raise fail(f"--metrics-port {metrics_port}: {exc}", url or "") from None
+            err.print(
+                f"ackkit: metrics on http://{metrics_addr}:{metrics_port}/metrics",
+                highlight=False,
+            )
         err.print(f"ackkit: running {target} ({shown}), pid {os.getpid()}", highlight=False)
         try:
             run_app(app)

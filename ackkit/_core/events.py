@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -41,20 +42,38 @@ class Event:
     tag: int
     attempt: int
     reason: str = ""
+    message_id: str | None = None
 
 
 Observer = Callable[[Event], None]
+"""Called with every Event. An observer with a false `hot` attribute is not called for
+RECEIVED and ACKED (one of each per healthy message): watching failures then costs a
+healthy message nothing."""
+
+HOT_STAGES = frozenset({Stage.RECEIVED, Stage.ACKED})
+
+FRAME_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
+"""Upper bounds of the ack frame size histogram (deliveries settled by one basic.ack)."""
 
 
 class Counters:
     """Per-listener counts of lifecycle stages, plus ack frames sent and their size."""
 
-    __slots__ = ("ack_frames", "acked_by_frames", "counts")
+    __slots__ = ("ack_frames", "acked_by_frames", "counts", "frame_sizes")
 
     def __init__(self) -> None:
         self.counts: dict[Stage, int] = dict.fromkeys(Stage, 0)
         self.ack_frames = 0
         self.acked_by_frames = 0
+        # frame_sizes[i]: ack frames of at most FRAME_BUCKETS[i] deliveries (and more than
+        # the bound before); the last slot counts the larger ones.
+        self.frame_sizes = [0] * (len(FRAME_BUCKETS) + 1)
+
+    def ack_frame(self, n: int) -> None:
+        """One basic.ack frame was decided, settling `n` deliveries."""
+        self.ack_frames += 1
+        self.acked_by_frames += n
+        self.frame_sizes[bisect_left(FRAME_BUCKETS, n)] += 1
 
     def snapshot(self) -> dict[str, int]:
         out = {s.value: n for s, n in self.counts.items()}

@@ -20,7 +20,7 @@ from .errors import (
     RetryLater,
     SettleNotAllowed,
 )
-from .events import Counters, Event, Observer, Stage
+from .events import HOT_STAGES, Counters, Event, Observer, Stage
 from .policy import AckMode, ListenerPolicy, RetryStrategy, Unsettled
 from .tb import format_traceback
 from .window import IN_FLIGHT, TagWindow
@@ -34,10 +34,12 @@ class Tracked:
 
     __slots__ = (
         "attempt",
+        "carry",
         "exchange",
         "first_failure",
         "generation",
         "headers",
+        "message_id",
         "parked",
         "payload",
         "routing_key",
@@ -54,6 +56,7 @@ class Tracked:
         headers: Mapping[str, Any] | None,
         exchange: str,
         routing_key: str,
+        message_id: str | None = None,
     ) -> None:
         self.tag = tag
         self.generation = generation
@@ -61,6 +64,10 @@ class Tracked:
         self.headers = headers
         self.exchange = exchange
         self.routing_key = routing_key
+        self.message_id = message_id
+        # Headers set on every copy republished for this delivery (retry, dead letter):
+        # e.g. the trace context of the span that handled it.
+        self.carry: Mapping[str, Any] | None = None
         self.settled = False
         self.parked = False
         self.payload: Any = None  # the runtime's own object for this delivery (opaque here)
@@ -125,6 +132,9 @@ class ListenerCore:
         self._clock = clock
         self._wallclock = wallclock
         self.observer = observer
+        # RECEIVED and ACKED happen once per healthy message: emitted only to observers
+        # that want them (see Observer).
+        self._hot = observer is not None and getattr(observer, "hot", True)
         self.counters = Counters()
         self.generation = 0
         self.open = False
@@ -206,6 +216,7 @@ class ListenerCore:
         headers: Mapping[str, Any] | None = None,
         exchange: str = "",
         routing_key: str = "",
+        message_id: str | None = None,
     ) -> Tracked:
         """Track a delivery. If `verdict` is set on the result, do not run the handler:
         carry out the verdict's actions instead."""
@@ -214,10 +225,10 @@ class ListenerCore:
             bad: str | None = None
         except H.BadAttemptHeader as exc:
             attempt, bad = 1, str(exc)
-        t = Tracked(tag, self.generation, attempt, headers, exchange, routing_key)
+        t = Tracked(tag, self.generation, attempt, headers, exchange, routing_key, message_id)
         c = self.counters.counts
         c[Stage.RECEIVED] += 1
-        if self.observer:
+        if self._hot:
             self._emit(Stage.RECEIVED, t, "", count=False)
         if self.mode is AckMode.NONE:
             t.settled = True
@@ -416,8 +427,9 @@ class ListenerCore:
     def _emit(self, stage: Stage, t: Tracked, reason: str, count: bool = True) -> None:
         if count:
             self.counters.counts[stage] += 1
-        if self.observer:
-            self.observer(Event(stage, self.policy.name, t.tag, t.attempt, reason))
+        if self.observer and (self._hot or stage not in HOT_STAGES):
+            ev = Event(stage, self.policy.name, t.tag, t.attempt, reason, t.message_id)
+            self.observer(ev)
 
     def _take(self, t: Tracked) -> Tracked:
         t.settled = True
@@ -439,7 +451,7 @@ class ListenerCore:
         self._take(t)
         if count:
             self.counters.counts[Stage.ACKED] += 1
-            if self.observer:
+            if self._hot:
                 self._emit(Stage.ACKED, t, "", count=False)
         w = self._window
         w.mark_ack(t.tag)
@@ -460,13 +472,11 @@ class ListenerCore:
         acts: list[Action] = []
         if n:
             acts.append(Ack(top, multiple=n > 1))
-            self.counters.ack_frames += 1
-            self.counters.acked_by_frames += n
+            self.counters.ack_frame(n)
         if w.pending and (force or w.pending >= self._flush.max_pending):
             for s in w.take_stragglers():
                 acts.append(Ack(s))
-                self.counters.ack_frames += 1
-                self.counters.acked_by_frames += 1
+                self.counters.ack_frame(1)
         if acts and self.mode is AckMode.TRANSACTED:
             acts.append(TxCommit())
         return acts
@@ -559,9 +569,7 @@ class ListenerCore:
         if extra is not None:
             self._declared.add(extra.name)
             declare = (extra.name, extra.arguments)
-            act = Republish(
-                act.token, act.tag, "", act.routing_key, hdrs, "retry", declare, t.payload
-            )
+            act = dataclasses.replace(act, declare=declare)
             self._republish_acts[act.token] = act
         return [act]
 
@@ -604,6 +612,8 @@ class ListenerCore:
         return [self._republish(t, dlq, hdrs, "dead-letter")]
 
     def _republish(self, t: Tracked, queue: str, hdrs: dict[str, Any], purpose: str) -> Republish:
+        if t.carry:
+            hdrs = {**t.carry, **hdrs}
         self._take(t)
         self._token += 1
         self._republishing[self._token] = t

@@ -61,6 +61,7 @@ class Consumer:
         self.binding = spec.binding
         self.no_ack = spec.policy.mode is AckMode.NONE
         self.failures = FailureLog(log)
+        self.probe = rt.app._instrument(spec, self.core)  # metrics, tracing: None when off
 
     # -- I/O thread ----------------------------------------------------------
 
@@ -120,6 +121,7 @@ class Consumer:
                 props.headers,
                 method.exchange,
                 method.routing_key,
+                props.message_id,
             )
         d = Delivery(
             body,
@@ -213,6 +215,7 @@ class Consumer:
         args = self.binding.args
         while True:
             exc: BaseException | None = None
+            done = self.probe((d,)) if self.probe is not None else None
             self.in_handler += 1
             try:
                 fn(*args(d))
@@ -220,6 +223,8 @@ class Consumer:
                 exc = e  # the core formats the traceback if it dead-letters
             finally:
                 self.in_handler -= 1
+            if done is not None:
+                done(exc)
             if exc is not None:
                 self.failures.failed(self.spec.name, d, exc)  # before finish() moves attempt
             with self.lock:
@@ -273,6 +278,7 @@ class Consumer:
         exc: BaseException | None = None
         done = len(call.good)
         if call.good:
+            probed = self.probe(call.good) if self.probe is not None else None
             self.in_handler += 1
             try:
                 done = call.succeeded(b.fn(*call.call_args(b)))
@@ -280,6 +286,8 @@ class Consumer:
                 exc, done = e, 0
             finally:
                 self.in_handler -= 1
+            if probed is not None:
+                probed(exc)
         with self.lock:
             acts = call.finish(self.core, done, exc)
             gen = self.core.generation

@@ -1,0 +1,134 @@
+"""ackkit's log lines about deliveries: structured context, bounded volume, no credentials.
+
+Every line about one delivery (a failed handler, a dead letter, a settle dropped
+for a closed channel, a handler that returned without settling, a rejection)
+carries the same fields as `extra=` on its LogRecord, for JSON formatters and
+log pipelines: `listener`, `queue`, `message_id`, `attempt`, `outcome`, plus
+`reason` and `delivery_tag` where there is one. Text that may quote a broker URL
+goes through `mask_text`. A flood (10,000 poison messages) writes a few lines a
+second per kind, and the next line says how many were left out.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ._core.events import Event, Stage
+from ._url import mask_text
+
+log = logging.getLogger("ackkit")
+
+
+def delivery_extra(
+    listener: str,
+    queue: str,
+    message_id: str | None,
+    attempt: int,
+    outcome: str,
+    **more: Any,
+) -> dict[str, Any]:
+    """The `extra=` of a log line about one delivery."""
+    return {
+        "listener": listener,
+        "queue": queue,
+        "message_id": message_id,
+        "attempt": attempt,
+        "outcome": outcome,
+        **more,
+    }
+
+
+class Throttle:
+    """At most `burst` lines in every `window` seconds; counts the ones left out."""
+
+    def __init__(
+        self, burst: int = 10, window: float = 1.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.burst = burst
+        self.window = window
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._start = -window
+        self._logged = 0
+        self._skipped = 0
+
+    def admit(self) -> int | None:
+        """None: leave this line out. Else how many lines were left out before it."""
+        with self._lock:
+            now = self._clock()
+            if now - self._start >= self.window:
+                self._start, self._logged = now, 0
+            if self._logged >= self.burst:
+                self._skipped += 1
+                return None
+            self._logged += 1
+            skipped, self._skipped = self._skipped, 0
+            return skipped
+
+
+# stage -> (level, outcome, what the line says happened)
+_LINES: dict[Stage, tuple[int, str, str]] = {
+    Stage.DEAD_LETTERED: (logging.WARNING, "dead_lettered", "dead-lettered"),
+    Stage.REJECTED: (
+        logging.WARNING,
+        "rejected",
+        "rejected without requeue (to the queue's dead-letter exchange, or dropped if it has none)",
+    ),
+    Stage.UNSETTLED: (logging.WARNING, "unsettled", "not settled by the handler"),
+    Stage.DROPPED_STALE: (
+        logging.INFO,
+        "stale_dropped",
+        "settle dropped, its channel is closed (the broker requeued the message)",
+    ),
+}
+
+
+class LifecycleLog:
+    """An observer writing one line per dead letter, rejection, unsettled or stale delivery.
+
+    `hot = False`: the core does not call it for RECEIVED and ACKED, so it costs
+    a healthy message nothing.
+    """
+
+    hot = False
+
+    def __init__(self, queues: Mapping[str, str], logger: logging.Logger = log) -> None:
+        self.queues = dict(queues)  # listener name -> queue
+        self.logger = logger
+        self._throttles = {stage: Throttle() for stage in _LINES}
+
+    def __call__(self, ev: Event) -> None:
+        line = _LINES.get(ev.stage)
+        if line is None:
+            return
+        level, outcome, what = line
+        if not self.logger.isEnabledFor(level):
+            return
+        skipped = self._throttles[ev.stage].admit()
+        if skipped is None:
+            return
+        reason = mask_text(ev.reason)
+        more = f" ({skipped} more not logged)" if skipped else ""
+        self.logger.log(
+            level,
+            "%s: message %s (attempt %d) %s: %s%s",
+            ev.listener,
+            ev.message_id or f"tag {ev.tag}",
+            ev.attempt,
+            what,
+            reason or "-",
+            more,
+            extra=delivery_extra(
+                ev.listener,
+                self.queues.get(ev.listener, ""),
+                ev.message_id,
+                ev.attempt,
+                outcome,
+                reason=reason,
+                delivery_tag=ev.tag,
+            ),
+        )
