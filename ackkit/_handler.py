@@ -66,8 +66,12 @@ class Binding:
         params = list(inspect.signature(fn).parameters.values())
         try:
             hints = typing.get_type_hints(fn)
-        except Exception:  # unresolvable forward refs: fall back to raw annotations
-            hints = {p.name: p.annotation for p in params}
+        except Exception as exc:  # an annotation names something not importable here
+            raise TypeError(
+                f"handler {self.name}: cannot resolve its annotations ({exc}). With "
+                "'from __future__ import annotations' every type a handler names must be "
+                "importable at module level, not only inside a function."
+            ) from None
         self.batch = False
         self.kind = "none"
         self.model: Any = None

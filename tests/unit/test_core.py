@@ -285,3 +285,15 @@ def test_retry_policy_validation():
 
 def test_consuming_a_dlq_has_no_dlq_of_its_own():
     assert ListenerPolicy(name="x", queue="orders.dlq").dead_letter_queue is None
+
+
+def test_unresolvable_handler_annotation_is_a_clear_error():
+    from ackkit import App
+
+    app = App()
+    ns: dict = {}
+    exec(  # a handler whose annotation names a type only imported elsewhere
+        "from __future__ import annotations\ndef h(d: NotImportedHere) -> None: ...", ns
+    )
+    with pytest.raises(TypeError, match="cannot resolve its annotations"):
+        app.listener("q")(ns["h"])
