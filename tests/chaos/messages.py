@@ -1,0 +1,105 @@
+"""What the chaos producer publishes: a deterministic mix of good, poison, slow and bad messages.
+
+Every message has a unique message_id of the form ``<q>-<n>-<kind>`` (q is ``c`` for
+the classic queue, ``q`` for the quorum queue), so the analysis knows what each
+record and each dead letter is without a side table.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_BODY = 16 * 1024
+"""The consumers' max_body_size; oversized bodies exceed it."""
+
+# kind -> substring the ackkit-reason header of its dead letter must contain
+EXPECTED_REASON = {
+    "poison": "attempts exhausted",
+    "slow": "attempts exhausted",
+    "invalid_json": "bad payload: ",
+    "wrong_schema": "bad payload: does not match",
+    "invalid_utf8": "bad payload: ",
+    "empty": "bad payload: empty body",
+    "oversized": "exceeds max_body_size",
+    "bad_header": "invalid ackkit-attempt header",
+    "content_type": "is not JSON",
+}
+BAD_KINDS = (
+    "invalid_json",
+    "wrong_schema",
+    "invalid_utf8",
+    "empty",
+    "oversized",
+    "bad_header",
+    "content_type",
+)
+HANDLED_KINDS = ("good", "poison", "slow")
+"""Kinds whose body decodes, so the handler runs (and records) for them."""
+
+GARBAGE_ATTEMPTS: tuple[Any, ...] = ("abc", -1, 10**12, 0, "2.5", " ", True)
+
+
+@dataclass(frozen=True)
+class Message:
+    message_id: str
+    queue: str
+    kind: str
+    body: bytes
+    headers: dict[str, Any] = field(default_factory=dict)
+    content_type: str = "application/json"
+
+
+def kind_of(message_id: str) -> str:
+    return message_id.rsplit("-", 1)[1]
+
+
+def plan(
+    total: int,
+    queues: tuple[str, str],
+    *,
+    poison: float = 0.10,
+    bad: float = 0.035,
+    slow: int = 2,
+    seed: int = 7,
+) -> list[Message]:
+    """`total` messages over the two queues (alternating), in a shuffled order of kinds."""
+    rnd = random.Random(seed)
+    n_poison = round(total * poison)
+    n_bad = round(total * bad)
+    kinds = ["poison"] * n_poison + ["slow"] * slow
+    kinds += [BAD_KINDS[i % len(BAD_KINDS)] for i in range(n_bad)]
+    kinds += ["good"] * (total - len(kinds))
+    rnd.shuffle(kinds)
+    out = []
+    for n, kind in enumerate(kinds):
+        queue = queues[n % 2]
+        mid = f"{'c' if n % 2 == 0 else 'q'}-{n:06d}-{kind}"
+        out.append(_message(rnd, mid, queue, kind, n))
+    return out
+
+
+def _message(rnd: random.Random, mid: str, queue: str, kind: str, n: int) -> Message:
+    pad = "x" * rnd.randint(0, 200)
+    good = {"id": n, "kind": "good", "pad": pad}
+    if kind in HANDLED_KINDS:
+        return Message(mid, queue, kind, json.dumps({**good, "kind": kind}).encode())
+    if kind == "invalid_json":
+        return Message(mid, queue, kind, json.dumps(good).encode()[:-3])
+    if kind == "wrong_schema":
+        return Message(mid, queue, kind, json.dumps({"id": "n/a", "kind": 42}).encode())
+    if kind == "invalid_utf8":
+        return Message(mid, queue, kind, b'{"id": %d, "kind": "go\xff\xfeod"}' % n)
+    if kind == "empty":
+        return Message(mid, queue, kind, b"")
+    if kind == "oversized":
+        body = json.dumps({**good, "pad": "y" * (MAX_BODY + 1024)}).encode()
+        return Message(mid, queue, kind, body)
+    if kind == "bad_header":
+        attempt = GARBAGE_ATTEMPTS[n % len(GARBAGE_ATTEMPTS)]
+        return Message(mid, queue, kind, json.dumps(good).encode(), {"ackkit-attempt": attempt})
+    if kind == "content_type":
+        return Message(mid, queue, kind, json.dumps(good).encode(), content_type="text/plain")
+    raise ValueError(kind)
