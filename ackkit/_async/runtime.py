@@ -110,6 +110,9 @@ class AsyncConsumer:
         self.batch_timer: asyncio.TimerHandle | None = None
         self.pool: ThreadPoolExecutor | None = None
         self._opening = False
+        # Settle frames leave in the order the core decided them (asyncio.Lock is FIFO and
+        # every caller enters execute() right after deciding, without awaiting in between).
+        self.settling = asyncio.Lock()
         self.failures = FailureLog(log)
         self.probe = rt.app._instrument(spec, self.core)  # metrics, tracing: None when off
         if not self.is_async:
@@ -390,7 +393,16 @@ class AsyncConsumer:
     # -- settling ------------------------------------------------------------------
 
     async def execute(self, gen: int, acts: list[Action]) -> None:
-        """Carry out actions on the channel of generation `gen`, or drop them."""
+        """Carry out actions on the channel of generation `gen`, or drop them.
+
+        One at a time, in decision order: a straggler's single ack overtaken (while it
+        waits for room in the connection's write queue) by a later multiple-ack that
+        covers it is an unknown delivery tag, and the broker closes the channel.
+        """
+        async with self.settling:
+            await self._execute(gen, acts)
+
+    async def _execute(self, gen: int, acts: list[Action]) -> None:
         core = self.core
         ch = self.channel
         for a in acts:
@@ -493,7 +505,8 @@ class AsyncPublisher:
                 pending = self.declaring.get(a.routing_key)
                 if pending is not None:  # its queue is being declared: publish after that
                     await asyncio.shield(pending)
-            ok, unroutable = await publish_copy(ch, a)
+            if c.core.publishable(a.token):  # else its channel closed while we waited
+                ok, unroutable = await publish_copy(ch, a)
         except (TimeoutError, *CHANNEL_GONE) as exc:
             log.warning("republish to %r failed: %s", a.routing_key, short(exc))
         except Exception:  # the original must still be settled (requeued)

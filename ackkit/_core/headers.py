@@ -46,6 +46,11 @@ def _as_int(value: Any) -> int | None:
     return None
 
 
+def counts_deliveries(headers: Mapping[str, Any] | None) -> bool:
+    """True when the broker counts this copy's deliveries (a quorum queue's x-delivery-count)."""
+    return headers is not None and X_DELIVERY_COUNT in headers
+
+
 def attempt_of(headers: Mapping[str, Any] | None, redelivered: bool) -> int:
     """The 1-based attempt number of a delivery.
 

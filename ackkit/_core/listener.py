@@ -249,6 +249,8 @@ class ListenerCore:
                     None,
                     attempts=attempt - 1,  # this delivery never reaches the handler
                 )
+            elif mx > 1 and redelivered and not H.counts_deliveries(headers):
+                t.verdict = [self._restamp(t)]
         return t
 
     def finish(
@@ -323,6 +325,21 @@ class ListenerCore:
             acts.extend(self._dead_letter(x, f"{kind} without requeue by handler", None, None))
         return acts
 
+    def publishable(self, token: int) -> bool:
+        """May the copy a Republish asks for still be published (just before sending it)?
+
+        Not when the original's channel has closed since the action was decided: the
+        broker has requeued the original, which will be delivered and decided again,
+        so a copy published now would be a duplicate (a second retry lineage, a second
+        dead letter). Report such a token with `republished(token, ok=False)`.
+        """
+        t = self._republishing.get(token)
+        if t is None:
+            return False
+        if self.mode is AckMode.NONE:
+            return True  # the broker forgot the original on send: the copy is all there is
+        return t.generation == self.generation and self.open
+
     def republished(self, token: int, ok: bool, *, unroutable: bool = False) -> list[Action]:
         """The broker confirmed (ok) or refused a Republish: settle the original.
 
@@ -351,7 +368,26 @@ class ListenerCore:
             self._window.mark_gone(t.tag)
             self._emit(Stage.REQUEUED, t, "republish not confirmed")
             return [Reject(t.tag, requeue=True)]
-        return self._ack(t, count=False)
+        if self.mode is AckMode.TRANSACTED:
+            return self._ack(t, count=False)
+        return self._ack_now(t)
+
+    def _ack_now(self, t: Tracked) -> list[Action]:
+        """Ack `t` at once, not with the next batch: its copy is confirmed, and until
+        this ack reaches the broker a lost connection leaves both (a duplicate)."""
+        self._take(t)
+        w = self._window
+        w.mark_ack(t.tag)
+        top, n = w.take_prefix()
+        acts: list[Action] = []
+        if n:
+            acts.append(Ack(top, multiple=n > 1))
+            self.counters.ack_frame(n)
+        if top < t.tag:  # an earlier delivery is still in flight: this one alone
+            w.mark_gone(t.tag)
+            acts.append(Ack(t.tag))
+            self.counters.ack_frame(1)
+        return acts
 
     def _republish_declaring(self, t: Tracked, act: Republish) -> Republish | None:
         """A refused copy to one of our own queues: publish it once more, declaring the
@@ -610,6 +646,23 @@ class ListenerCore:
             hdrs[H.ERROR_TRACEBACK] = tb[-self.policy.max_traceback :]
         self._emit(Stage.DEAD_LETTERED, t, reason, count=False)
         return [self._republish(t, dlq, hdrs, "dead-letter")]
+
+    def _restamp(self, t: Tracked) -> Republish:
+        """A redelivery from a queue that does not count deliveries goes back to its
+        queue as a copy carrying its attempt number (then the original is acked).
+
+        A classic queue's redelivered flag says "delivered before", not how often:
+        without this, a message that kills its consumer (or holds it past the
+        broker's consumer_timeout) every time would come back as attempt 2 forever.
+        The copy starts at this attempt, so every further loss counts once more and
+        the message reaches max_attempts and the DLQ instead of looping.
+        """
+        self._emit(Stage.REQUEUED, t, f"redelivered: attempt {t.attempt} stamped on a copy")
+        hdrs: dict[str, Any] = {H.ATTEMPT: t.attempt, H.X_DELIVERY_COUNT: None}
+        if not (t.headers and H.ORIGINAL_EXCHANGE in t.headers):
+            hdrs[H.ORIGINAL_EXCHANGE] = t.exchange
+            hdrs[H.ORIGINAL_ROUTING_KEY] = t.routing_key
+        return self._republish(t, self.policy.queue, hdrs, "restamp")
 
     def _republish(self, t: Tracked, queue: str, hdrs: dict[str, Any], purpose: str) -> Republish:
         if t.carry:

@@ -14,6 +14,7 @@ import logging
 import queue as _queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -61,6 +62,9 @@ class Consumer:
         self.binding = spec.binding
         self.no_ack = spec.policy.mode is AckMode.NONE
         self.failures = FailureLog(log)
+        # Decided actions wait here for the I/O thread, in decision order (see send()).
+        self.outbox: deque[tuple[int, list[Action]]] = deque()
+        self._flushing = False
         self.probe = rt.app._instrument(spec, self.core)  # metrics, tracing: None when off
 
     # -- I/O thread ----------------------------------------------------------
@@ -135,7 +139,9 @@ class Consumer:
             decoder=self.binding.decoder,
         )
         if t.verdict is not None:
-            self.execute(t.generation, t.verdict)
+            with self.lock:
+                self.outbox.append((t.generation, t.verdict))
+            self.flush()
             return
         self.inbox.put(d)
 
@@ -144,52 +150,88 @@ class Consumer:
             return
         with self.lock:
             acts = self.core.tick()
-            gen = self.core.generation
-        if acts:
-            self.execute(gen, acts)
+            if acts:
+                self.outbox.append((self.core.generation, acts))
+        self.flush()
+
+    def flush(self) -> None:
+        """Carry out the queued actions, oldest first (I/O thread only)."""
+        if self._flushing:
+            return  # called from inside execute(): the running loop picks them up
+        self._flushing = True
+        try:
+            while True:
+                with self.lock:
+                    if not self.outbox:
+                        return
+                    gen, acts = self.outbox.popleft()
+                self.execute(gen, acts)
+        finally:
+            self._flushing = False
 
     def execute(self, gen: int, acts: list[Action]) -> None:
         """Carry out actions on the channel of generation `gen` (I/O thread only)."""
         ch = self.channel
-        if ch is None or not ch.is_open or gen != self.core.generation or not self.core.open:
+        conn = self.rt.connection
+        if (
+            ch is None
+            or not ch.is_open
+            or conn is None
+            or not conn.is_open  # going down: its channels close next, their tags are stale
+            or gen != self.core.generation
+            or not self.core.open
+        ):
             if any(not isinstance(a, Republish) for a in acts):
                 log.info(
                     "%s: dropped %d settle actions for a closed channel", self.spec.name, len(acts)
                 )
             return
-        for a in acts:
-            if type(a) is Ack:
-                ch.basic_ack(a.tag, a.multiple)
-            elif type(a) is Reject:
-                ch.basic_reject(a.tag, a.requeue)
-            elif type(a) is Nack:
-                ch.basic_nack(a.tag, a.multiple, a.requeue)
-            elif type(a) is Republish:
-                self.rt.publisher.publish(self, gen, a)
-            elif type(a) is TxCommit:
-                ch.tx_commit()
-            elif type(a) is TxSelect:
-                ch.tx_select()
+        try:
+            for a in acts:
+                if type(a) is Ack:
+                    ch.basic_ack(a.tag, a.multiple)
+                elif type(a) is Reject:
+                    ch.basic_reject(a.tag, a.requeue)
+                elif type(a) is Nack:
+                    ch.basic_nack(a.tag, a.multiple, a.requeue)
+                elif type(a) is Republish:
+                    self.rt.publisher.publish(self, gen, a)
+                elif type(a) is TxCommit:
+                    ch.tx_commit()
+                elif type(a) is TxSelect:
+                    ch.tx_select()
+        except (pika.exceptions.ChannelWrongStateError, pika.exceptions.ConnectionWrongStateError):
+            # Closed under us: the broker requeues what was not settled; the close
+            # callback that follows marks the generation stale.
+            log.info("%s: channel closed while settling", self.spec.name)
 
     def republished(self, gen: int, token: int, ok: bool, unroutable: bool = False) -> None:
         with self.lock:
             acts = self.core.republished(token, ok, unroutable=unroutable)
-        if acts:
-            self.execute(self.core.generation, acts)
+            if acts:
+                self.outbox.append((self.core.generation, acts))
+        self.flush()
 
     # -- worker threads --------------------------------------------------------
 
     def send(self, gen: int, acts: list[Action]) -> None:
-        """From any thread: hand actions to the I/O thread."""
-        self.rt.call_soon(lambda: self.execute(gen, acts))
+        """From a worker thread, holding `self.lock` right after the core decided `acts`:
+        queue them for the I/O thread.
+
+        Frames must reach the channel in the order the core decided them: a straggler's
+        single ack overtaken by a later multiple-ack that covers it would be an unknown
+        delivery tag to the broker (it closes the channel), and a requeue overtaken by
+        such an ack would ack a message that was meant to go back to the queue.
+        """
+        self.outbox.append((gen, acts))
+        self.rt.call_soon(self.flush)
 
     def settle(self, delivery: Delivery, kind: str, requeue: bool, multiple: bool) -> None:
         """Delivery.ack()/nack()/reject() from a handler (Settler protocol)."""
         with self.lock:
             acts = self.core.settle(delivery.tracked, kind, requeue=requeue, multiple=multiple)
-            gen = self.core.generation
-        if acts:
-            self.send(gen, acts)
+            if acts:
+                self.send(self.core.generation, acts)
 
     def start_workers(self) -> None:
         target = self._batch_worker if self.spec.batch_size else self._worker
@@ -229,22 +271,21 @@ class Consumer:
                 self.failures.failed(self.spec.name, d, exc)  # before finish() moves attempt
             with self.lock:
                 acts = self.core.finish(t, exc)
-                gen = self.core.generation
-            if acts and type(acts[0]) is Reinvoke:
-                if self.rt.stop_event.wait(acts[0].delay):
+                again = acts[0] if acts and type(acts[0]) is Reinvoke else None
+                if acts and again is None:
+                    self.send(self.core.generation, acts)
+            if again is not None:
+                if self.rt.stop_event.wait(again.delay):
                     self._release(t)
                     return
                 continue
-            if acts:
-                self.send(gen, acts)
             return
 
     def _release(self, t: Tracked) -> None:
         with self.lock:
             acts = self.core.release(t)
-            gen = self.core.generation
-        if acts:
-            self.send(gen, acts)
+            if acts:
+                self.send(self.core.generation, acts)
 
     def _batch_worker(self) -> None:
         size = self.spec.batch_size or 1
@@ -289,11 +330,9 @@ class Consumer:
             if probed is not None:
                 probed(exc)
         with self.lock:
-            acts = call.finish(self.core, done, exc)
-            gen = self.core.generation
-        acts, again_tags, delay = split_reinvoke(acts)
-        if acts:
-            self.send(gen, acts)
+            acts, again_tags, delay = split_reinvoke(call.finish(self.core, done, exc))
+            if acts:
+                self.send(self.core.generation, acts)
         if again_tags:
             again = [d for d in call.good if d.tracked.tag in again_tags]
             if self.rt.stop_event.wait(delay):
@@ -334,6 +373,11 @@ class Publisher:
             self.publish(c, gen, a)
 
     def publish(self, c: Consumer, gen: int, a: Republish) -> None:
+        with c.lock:
+            current = c.core.publishable(a.token)
+        if not current:  # the original's channel closed since: the broker requeued it
+            c.republished(gen, a.token, False)
+            return
         ch = self.channel
         if ch is None or not ch.is_open:
             self.waiting.append((c, gen, a))
@@ -380,6 +424,12 @@ class Publisher:
 
     def _on_closed(self, ch: Any, reason: BaseException) -> None:
         self.channel = None
+        conn = self.rt.connection
+        if conn is None or not conn.is_open:
+            # The whole connection is going down (pika closes its channels in number
+            # order, this one first): the consumers' channels are gone as well, so
+            # their deliveries are stale before the unconfirmed copies are reported.
+            self.rt.channels_lost(reason)
         pending, self.pending = self.pending, {}
         self.returned.clear()
         for c, gen, token, _rk in pending.values():
@@ -574,11 +624,15 @@ class Runtime:
         self._close_reason = mask_text(repr(err))
         conn.ioloop.stop()
 
-    def _on_close(self, conn: Any, reason: BaseException) -> None:
-        self._close_reason = mask_text(repr(reason))
+    def channels_lost(self, reason: BaseException) -> None:
+        """Every consumer channel is gone (the connection closed)."""
         for c in self.consumers:
             if c.channel is not None:
                 c._on_channel_closed(c.channel, reason)
+
+    def _on_close(self, conn: Any, reason: BaseException) -> None:
+        self._close_reason = mask_text(repr(reason))
+        self.channels_lost(reason)
         if self.publisher.channel is not None:
             self.publisher._on_closed(self.publisher.channel, reason)
         conn.ioloop.stop()
@@ -602,14 +656,13 @@ class Runtime:
         for d in self.unstarted:
             c = next(c for c in self.consumers if d._settler is c)
             with c.lock:
-                acts = c.core.release(d.tracked)
-            c.execute(d.tracked.generation, acts)
+                c.outbox.append((d.tracked.generation, c.core.release(d.tracked)))
+            c.flush()
         self.unstarted.clear()
         for c in self.consumers:
             with c.lock:
-                acts = c.core.drain()
-                gen = c.core.generation
-            c.execute(gen, acts)
+                c.outbox.append((c.core.generation, c.core.drain()))
+            c.flush()
         self._await_confirms(flushed, time.monotonic() + 5.0)
 
     def _await_confirms(self, flushed: threading.Event, deadline: float) -> None:
@@ -619,9 +672,8 @@ class Runtime:
             return
         for c in self.consumers:
             with c.lock:
-                acts = c.core.drain()
-                gen = c.core.generation
-            c.execute(gen, acts)
+                c.outbox.append((c.core.generation, c.core.drain()))
+            c.flush()
         if conn.is_open:
             conn.close()
         flushed.set()
