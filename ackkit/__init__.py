@@ -31,6 +31,7 @@ from ._dlq import (
 from ._handler import AckIndex
 from ._sync.app import App
 from ._sync.pull import PullConnection, connect
+from ._tls import TLS
 from ._url import mask_url
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_ASYNC))
 
 
-__all__ = [
+__all__ = [  # noqa: RUF022 - plain sorted() order, see tests/unit/test_public_api.py
     "AckIndex",
     "AckMode",
     "AckkitError",
@@ -97,6 +98,7 @@ __all__ = [
     "RetryStrategy",
     "SettleNotAllowed",
     "Stage",
+    "TLS",
     "TopologyConflict",
     "Unsettled",
     "__version__",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -21,6 +22,7 @@ from ._core.policy import (
 )
 from ._handler import DEFAULT_MAX_BODY, Binding, Decoder
 from ._logs import LifecycleLog
+from ._tls import TLS, client_tls
 from ._url import mask_url
 
 if TYPE_CHECKING:
@@ -105,8 +107,12 @@ class AppBase:
         reconnect_max_interval: float = 15.0,
         startup_timeout: float = 60.0,
         connection_name: str = "ackkit",
+        tls: TLS | ssl.SSLContext | None = None,
     ) -> None:
         self.url = url
+        # amqps:// URLs: (context, server name); the files load here, so a bad path or
+        # an amqp:// URL with tls= fails at construction, not at the first connect.
+        self.tls = client_tls(url, tls)
         self.heartbeat = heartbeat
         self.shutdown_timeout = shutdown_timeout
         self.reconnect_max_interval = reconnect_max_interval

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import ssl
 from collections.abc import Iterable
 from typing import Any
 
@@ -25,6 +26,7 @@ from .._core.errors import TopologyConflict
 from .._core.listener import QueueSpec
 from .._delivery import Delivery
 from .._runtime_common import ConnectFailed, FatalConnectError, merge_headers
+from .._tls import client_tls, handshake_hint, tls_failure
 from .._url import mask_text, mask_url
 
 log = logging.getLogger("ackkit")
@@ -45,15 +47,26 @@ CHANNEL_GONE = (
 
 
 async def open_connection(
-    url: str, *, heartbeat: int | None, name: str, timeout: float
+    url: str,
+    *,
+    heartbeat: int | None,
+    name: str,
+    timeout: float,
+    tls: tuple[ssl.SSLContext, str | None] | None = None,
 ) -> tuple[aio_pika.abc.AbstractConnection, AbstractConnection]:
-    """An aio-pika connection and its aiormq connection; ConnectFailed / FatalConnectError."""
+    """An aio-pika connection and its aiormq connection; ConnectFailed / FatalConnectError.
+
+    amqps:// URLs use `tls` (from `client_tls`), else the system's trust store."""
     u = URL(url)
     if heartbeat is not None and "heartbeat" not in u.query:
         u = u.update_query(heartbeat=heartbeat)
+    tls = tls or client_tls(url, None)
     try:
         conn = await aio_pika.connect(
-            u, timeout=timeout, client_properties={"connection_name": name}
+            u,
+            timeout=timeout,
+            client_properties={"connection_name": name},
+            ssl_context=tls[0] if tls else None,
         )
     except FATAL_CONNECT as exc:
         raise FatalConnectError(
@@ -68,7 +81,10 @@ async def open_connection(
             ) from None
         raise ConnectFailed(mask_text(repr(exc))) from None
     except Exception as exc:  # OSError, AMQPConnectionError, TimeoutError, ...
-        raise ConnectFailed(mask_text(repr(exc))) from None
+        bad_tls = tls_failure(exc, url)
+        if bad_tls is not None:  # retrying cannot fix a certificate
+            raise FatalConnectError(bad_tls) from None
+        raise ConnectFailed(mask_text(repr(exc)) + handshake_hint(exc, url)) from None
     transport = conn.transport
     if transport is None:  # pragma: no cover - closed between connect and here
         raise ConnectFailed("connection closed while opening")

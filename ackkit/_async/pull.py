@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -15,6 +16,7 @@ from .._core.actions import Action, Republish
 from .._core.listener import ListenerCore
 from .._core.policy import DLQ_DEFAULT, AckMode, FlushPolicy, ListenerPolicy
 from .._delivery import Delivery
+from .._tls import TLS, client_tls
 from .._url import mask_url
 from ._amqp import ChannelNumbers, declare_queues, open_connection, publish_copy, send_settles
 from .delivery import AsyncDelivery
@@ -30,8 +32,11 @@ class AsyncPullConnection:
     successor.
     """
 
-    def __init__(self, url: str, *, heartbeat: int = 30) -> None:
+    def __init__(
+        self, url: str, *, heartbeat: int = 30, tls: TLS | ssl.SSLContext | None = None
+    ) -> None:
         self.url = url
+        self._tls = client_tls(url, tls)
         self.heartbeat = heartbeat
         self._conn: aio_pika.abc.AbstractConnection | None = None
         self._amqp: AbstractConnection | None = None
@@ -50,7 +55,7 @@ class AsyncPullConnection:
     async def _channel(self) -> AbstractChannel:
         if self._amqp is None or self._amqp.is_closed:
             self._conn, self._amqp = await open_connection(
-                self.url, heartbeat=self.heartbeat, name="ackkit-pull", timeout=10.0
+                self.url, heartbeat=self.heartbeat, name="ackkit-pull", timeout=10.0, tls=self._tls
             )
             self._numbers = ChannelNumbers()
             self._ch = None

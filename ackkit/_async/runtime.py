@@ -632,7 +632,7 @@ class AsyncRuntime:
         """One connection's life. Raises ConnectFailed if it never served."""
         app = self.app
         conn, amqp = await open_connection(
-            app.url, heartbeat=app.heartbeat, name=app.connection_name, timeout=10.0
+            app.url, heartbeat=app.heartbeat, name=app.connection_name, timeout=10.0, tls=app.tls
         )
         self.connection, self.amqp, self.numbers = conn, amqp, ChannelNumbers()
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -11,6 +12,7 @@ import pika.exceptions
 from .._core.errors import TopologyConflict
 from .._core.listener import QueueSpec
 from .._runtime_common import merge_headers
+from .._tls import client_tls
 
 PROPERTY_FIELDS = (
     "content_type",
@@ -29,8 +31,19 @@ PROPERTY_FIELDS = (
 )
 
 
-def parameters(url: str, *, heartbeat: int | None = None, name: str = "ackkit") -> Any:
+def parameters(
+    url: str,
+    *,
+    heartbeat: int | None = None,
+    name: str = "ackkit",
+    tls: tuple[ssl.SSLContext, str | None] | None = None,
+) -> Any:
+    """pika parameters for `url`; amqps:// with `tls` (from `client_tls`) or, when it is
+    None, certificates verified against the system's trust store."""
     params = pika.URLParameters(url)
+    tls = tls or client_tls(url, None)
+    if tls is not None:
+        params.ssl_options = pika.SSLOptions(tls[0], tls[1])
     if heartbeat is not None:
         params.heartbeat = heartbeat
     props = dict(params.client_properties or {})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -14,6 +15,8 @@ from .._core.actions import Ack, Action, Nack, Reject, Republish
 from .._core.listener import ListenerCore
 from .._core.policy import DLQ_DEFAULT, AckMode, FlushPolicy, ListenerPolicy
 from .._delivery import Delivery
+from .._runtime_common import FatalConnectError
+from .._tls import TLS, client_tls, tls_failure
 from .._url import mask_url
 from ._pika import copy_properties, declare_queues, parameters
 
@@ -21,10 +24,14 @@ from ._pika import copy_properties, declare_queues, parameters
 class PullConnection:
     """A blocking connection for basic.get and publishing (tests, scripts, tools)."""
 
-    def __init__(self, url: str, *, heartbeat: int = 30) -> None:
+    def __init__(
+        self, url: str, *, heartbeat: int = 30, tls: TLS | ssl.SSLContext | None = None
+    ) -> None:
         self.url = url
-        self._params = parameters(url, heartbeat=heartbeat, name="ackkit-pull")
-        self._conn: Any = pika.BlockingConnection(self._params)
+        self._params = parameters(
+            url, heartbeat=heartbeat, name="ackkit-pull", tls=client_tls(url, tls)
+        )
+        self._conn: Any = self._connect()
         self._ch: Any = None
         self._cores: dict[str, ListenerCore] = {}
         self._lock = threading.RLock()
@@ -32,10 +39,19 @@ class PullConnection:
     def __repr__(self) -> str:
         return f"<PullConnection {mask_url(self.url)}>"
 
+    def _connect(self) -> Any:
+        try:
+            return pika.BlockingConnection(self._params)
+        except (pika.exceptions.AMQPConnectionError, ssl.SSLError) as exc:
+            bad_tls = tls_failure(exc, self.url)
+            if bad_tls is not None:
+                raise FatalConnectError(bad_tls) from None
+            raise
+
     @property
     def channel(self) -> Any:
         if self._conn is None or not self._conn.is_open:
-            self._conn = pika.BlockingConnection(self._params)
+            self._conn = self._connect()
             self._ch = None
         if self._ch is None or not self._ch.is_open:
             self._ch = self._conn.channel()

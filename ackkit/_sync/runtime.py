@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import queue as _queue
+import ssl
 import threading
 import time
 from collections import deque
@@ -39,6 +40,7 @@ from .._runtime_common import (
     split_reinvoke,
 )
 from .._spec import ListenerSpec
+from .._tls import handshake_hint, tls_failure
 from .._url import mask_text
 from ._pika import copy_properties, declare_queues, parameters
 
@@ -560,7 +562,10 @@ class Runtime:
     def _serve(self) -> None:
         """One connection's life. Raises ConnectFailed if it never opened."""
         params = parameters(
-            self.app.url, heartbeat=self.app.heartbeat, name=self.app.connection_name
+            self.app.url,
+            heartbeat=self.app.heartbeat,
+            name=self.app.connection_name,
+            tls=self.app.tls,
         )
         self._topology(params)
         self._opened = False
@@ -594,8 +599,11 @@ class Runtime:
             ) from None
         except pika.exceptions.ProbableAccessDeniedError as exc:
             raise FatalConnectError(f"access denied on {self.app.safe_url}: {exc}") from None
-        except pika.exceptions.AMQPConnectionError as exc:
-            raise ConnectFailed(mask_text(repr(exc))) from None
+        except (pika.exceptions.AMQPConnectionError, ssl.SSLError) as exc:
+            bad_tls = tls_failure(exc, self.app.url)
+            if bad_tls is not None:
+                raise FatalConnectError(bad_tls) from None
+            raise ConnectFailed(mask_text(repr(exc)) + handshake_hint(exc, self.app.url)) from None
         try:
             own = [q for c in self.consumers for q in c.core.topology()]
             user = [
