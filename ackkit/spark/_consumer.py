@@ -97,7 +97,6 @@ class SourceConsumer:
         self._pub_pending: dict[int, int] = {}  # publish seq -> core token
         self._pub_returned: set[int] = set()
         self._pub_waiting: list[Republish] = []
-        self._confirms: list[threading.Event] = []
         self._waiting = 0
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -137,8 +136,12 @@ class SourceConsumer:
 
     # -- batches (reader thread) ------------------------------------------------------
 
-    def take(self, start: int) -> tuple[list[Item], BatchPlan]:
-        """Wait for deliveries, then form batch (start, ...] from up to max_batch of them."""
+    def take(self, start: int, seal: Callable[[list[Item], BatchPlan], None]) -> BatchPlan:
+        """Wait for deliveries, then form batch (start, ...] from up to max_batch of them.
+
+        `seal(rows, plan)` makes the batch durable (the write-ahead log). It runs under the
+        consumer's lock, so the I/O thread pauses at its next delivery: Spark waits for
+        this step, and it should not share the GIL with a thread parsing frames."""
         o = self.opts
         with self.cond:
             deadline = time.monotonic() + o.max_wait
@@ -148,7 +151,7 @@ class SourceConsumer:
                     self._raise_fatal()
                     left = deadline - time.monotonic()
                     if left <= 0 or self.stopping:
-                        return [], BatchPlan(start, start, [], [])
+                        return BatchPlan(start, start, [], [])
                     self.cond.wait(left)
                 # Messages flow: keep filling while they do, up to max_batch.
                 cap = time.monotonic() + max(o.max_wait, 5 * o.linger)
@@ -171,9 +174,11 @@ class SourceConsumer:
             plan = self.ledger.plan(start, [(it.tracked, it.key) for it in items])
             self.copies += sum(a in (Admission.HELD, Admission.SETTLED) for a in plan.admissions)
             gen = self.core.generation
+            if plan.rows:
+                seal([items[i] for i in plan.rows], plan)
         if plan.actions:
             self._send(gen, plan.actions)
-        return [items[i] for i in plan.rows], plan
+        return plan
 
     def _raise_fatal(self) -> None:
         if self.fatal is not None:
@@ -190,23 +195,32 @@ class SourceConsumer:
     # -- written (IPC thread, or the reader's commit) -----------------------------
 
     def written(self, end: int, timeout: float = 30.0) -> dict[str, int]:
-        """Ack every delivery of batches up to `end` (and their held copies); return once
-        the broker has processed the acks (a basic.qos round trip on the same channel)."""
+        """Ack every delivery of batches up to `end` (and their held copies).
+
+        Returns once the I/O thread has written the ack frames to the socket (not after a
+        broker round trip, which would wait behind the deliveries the ack lets in: a frame
+        lost with the connection means a redelivery, and the ledger acks a redelivered copy
+        of a written batch at once)."""
         with self.lock:
             w = self.ledger.written(end)
             gen = self.core.generation
-        confirmed = True
+        sent = True
         if w.actions:
             done = threading.Event()
-            if not self._call(lambda: self._execute_confirmed(gen, w.actions, done)):
-                done.set()
-            confirmed = done.wait(timeout)
+
+            def run() -> None:
+                try:
+                    self._execute(gen, w.actions)
+                finally:
+                    done.set()
+
+            sent = self._call(run) and done.wait(timeout)
         return {
             "acked": w.acked,
             "held": w.held,
             "stale": w.stale,
             "frames": sum(1 for a in w.actions if isinstance(a, Ack)),
-            "confirmed": int(confirmed),
+            "sent": int(sent),
         }
 
     def stats(self) -> dict[str, int]:
@@ -285,7 +299,6 @@ class SourceConsumer:
             conn.ioloop.start()
         finally:
             self._closed.set()
-            self._release_confirms()
             with contextlib.suppress(Exception):
                 conn.ioloop.close()
         return self._opened
@@ -358,7 +371,6 @@ class SourceConsumer:
         with self.lock:
             dropped = self.ledger.channel_closed() + len(self.buffer)
             self.buffer.clear()
-        self._release_confirms()
         if dropped:
             log.info("ackkit.spark: channel closed, %d unacked deliveries requeued", dropped)
         code = getattr(reason, "reply_code", 0)
@@ -371,11 +383,6 @@ class SourceConsumer:
     def _reopen(self, conn: Any) -> None:
         if conn.is_open and not self.stopping and self.channel is None:
             conn.channel(on_open_callback=self._on_channel_open)
-
-    def _release_confirms(self) -> None:
-        waiting, self._confirms = self._confirms, []
-        for ev in waiting:
-            ev.set()
 
     def _on_message(self, ch: Any, method: Any, props: Any, body: bytes) -> None:
         if ch is not self.channel:
@@ -448,22 +455,6 @@ class SourceConsumer:
                 ch.basic_nack(a.tag, a.multiple, a.requeue)
             elif type(a) is Republish:
                 self._publish(a)
-
-    def _execute_confirmed(self, gen: int, acts: list[Action], done: threading.Event) -> None:
-        self._execute(gen, acts)
-        ch = self.channel
-        if ch is None or not ch.is_open or gen != self.core.generation:
-            done.set()
-            return
-        self._confirms.append(done)
-
-        def ok(_frame: Any) -> None:
-            if done in self._confirms:
-                self._confirms.remove(done)
-            done.set()
-
-        # Frames on a channel are processed in order: Qos-Ok means the acks were too.
-        ch.basic_qos(prefetch_count=self.opts.prefetch, callback=ok)
 
     def _tick(self) -> None:
         conn = self.connection

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -75,6 +76,8 @@ class AckAfterCommit:
         self.acked = 0
         self.held = 0
         self.last_batch: int | None = None
+        self.history: collections.deque[tuple[int, str, int, int]] = collections.deque(maxlen=1000)
+        """(batch_id, queue, end offset, deliveries acked) of the latest batches."""
 
     def __call__(self, df: Any, batch_id: int) -> None:
         crash_point("before_write", batch_id)
@@ -97,9 +100,12 @@ class AckAfterCommit:
                 ) from None
             if not reply.get("ok"):
                 raise AckFailed(f"batch {batch_id}: the source could not ack: {reply.get('error')}")
-            if not reply.get("confirmed", 1):
-                log.warning("ackkit.spark: batch %d acked without a broker round trip", batch_id)
+            if not reply.get("sent", 1):
+                # The connection is down: the broker requeues these, and the source acks
+                # the redelivered copies as soon as they come (their batch is written).
+                log.warning("ackkit.spark: batch %d: acks not sent (connection lost)", batch_id)
             self.acked += int(reply.get("acked", 0))
+            self.history.append((batch_id, queue, end, int(reply.get("acked", 0))))
             self.held += int(reply.get("held", 0))
         self.batches += 1
         self.last_batch = batch_id

@@ -25,7 +25,8 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 
-from ._consumer import SourceConsumer
+from .._core.batches import BatchPlan
+from ._consumer import Item, SourceConsumer
 from ._faults import crash_point
 from ._ipc import IpcServer
 from ._options import SourceOptions
@@ -119,6 +120,8 @@ class _Runner:
         for s, e in self.wal.batches():
             self.consumer.restore(e, self.wal.keys(s, e, KEY_COLUMN))
         self._written_lock = threading.Lock()
+        # The first Arrow conversion imports pandas (~1 s): not inside the first batch.
+        threading.Thread(target=self.rows.batch, args=(0, [], [], []), daemon=True).start()
         self.ipc = IpcServer(opts.address, self._handle)
         self.ipc.start()
         try:
@@ -149,19 +152,24 @@ class _Runner:
                 f"Spark asks for offsets after {start}, but the write-ahead log already holds "
                 f"{ahead[0]} and later: the checkpoint's offsets and the log disagree"
             )
-        items, plan = self.consumer.take(start)
-        if not items:
+        sealed: list[pa.RecordBatch] = []
+
+        def seal(items: list[Item], plan: BatchPlan) -> None:
+            batch = self.rows.batch(
+                start,
+                [it.meta for it in items],
+                [it.parsed for it in items],
+                [it.key for it in items],
+            )
+            self.wal.write(start, plan.end, batch)
+            sealed.append(self.rows.rows(batch))
+
+        plan = self.consumer.take(start, seal)
+        if not sealed:
             return iter([]), _offset(q, start)
-        batch = self.rows.batch(
-            start,
-            [it.meta for it in items],
-            [it.parsed for it in items],
-            [it.key for it in items],
-        )
-        self.wal.write(start, plan.end, batch)
         self._handed_out += 1
         crash_point("wal_written", self._handed_out, group=True)
-        return iter([self.rows.rows(batch)]), _offset(q, plan.end)
+        return iter(sealed), _offset(q, plan.end)
 
     def commit(self, end: int) -> None:
         # Spark logs a batch as committed only after its sink returned, so the output up
