@@ -276,6 +276,7 @@ def test_ackkit_run_serves_metrics(rabbitmq: Any, fresh_queue: str, tmp_path: Pa
 
     try:
         assert wait_until(lambda: acked() is not None, timeout=30), "no metrics endpoint"
+        rabbitmq.wait_for(q, consumers=1, timeout=30)  # declared and consuming
         with ackkit.connect(rabbitmq.url) as c:
             for i in range(30):
                 c.publish(q, b"x", message_id=f"m{i}")
