@@ -95,6 +95,11 @@ def _combine(probes: Sequence[HandlerProbe]) -> HandlerProbe:
     return start
 
 
+def _queue_type(arguments: dict[str, Any] | None) -> str | None:
+    value = (arguments or {}).get("x-queue-type")
+    return None if value is None else str(value)
+
+
 class AppBase:
     """Listener registry and settings shared by App (pika) and AsyncApp (aio-pika)."""
 
@@ -206,6 +211,7 @@ class AppBase:
                 dead_letter=dead_letter,
                 on_unsettled=on_unsettled,
                 flush=flush,
+                queue_type=_queue_type(queue_arguments),
             )
             binding = Binding(fn, Decoder(max_body_size, check_content_type), lname)
             if batch_size is None and binding.batch:

@@ -162,15 +162,20 @@ class ListenerCore:
         return specs
 
     def _delay_spec(self, ms: int) -> QueueSpec:
-        return QueueSpec(
-            self.policy.delay_queue(ms),
-            {
-                "x-message-ttl": ms,
-                "x-dead-letter-exchange": "",
-                "x-dead-letter-routing-key": self.policy.queue,
-            },
-            "retry-delay",
-        )
+        args: dict[str, Any] = {
+            "x-message-ttl": ms,
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": self.policy.queue,
+        }
+        if self.policy.queue_type == "quorum":
+            # A classic queue dead-letters at-most-once: copies waiting in it when the
+            # broker restarted never made it back into a quorum queue (the chaos run
+            # lost 90 poison messages that way). A quorum queue with this strategy
+            # keeps each copy until the origin queue has it (RabbitMQ 3.10+).
+            args["x-queue-type"] = "quorum"
+            args["x-dead-letter-strategy"] = "at-least-once"
+            args["x-overflow"] = "reject-publish"  # at-least-once needs it
+        return QueueSpec(self.policy.delay_queue(ms), args, "retry-delay")
 
     def extra_delay_queue(self, delay: float) -> QueueSpec | None:
         """The delay queue a RetryLater(delay=...) needs, if it is not one of the tiers."""

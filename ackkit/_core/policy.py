@@ -179,6 +179,9 @@ class ListenerPolicy:
     flush: FlushPolicy | None = None
     retry_exchange: str = ""
     max_traceback: int = 4000
+    queue_type: str | None = None
+    """The origin queue's x-queue-type, when known: with "quorum" its retry delay
+    queues are quorum queues too, which dead-letter back at-least-once."""
     extra: dict[str, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -507,3 +507,30 @@ def test_threads_deciding_concurrently_still_send_in_decision_order() -> None:
         c.outbox.append((c.core.generation, c.core.drain()))
     c.flush()
     assert broker.outstanding == set()
+
+
+# -- retry copies of a quorum queue survive a broker restart -----------------------------
+
+
+def test_a_quorum_origin_gets_quorum_delay_queues_that_dead_letter_at_least_once() -> None:
+    """A classic delay queue dead-letters at-most-once: the copies waiting in it when the
+    broker restarted never reached the quorum origin queue again (lost, chaos run)."""
+    app = App("amqp://guest:guest@localhost:1/%2f")
+
+    @app.listener("q", retry=RETRY3, queue_arguments={"x-queue-type": "quorum"})
+    def handle(d: Delivery) -> None: ...
+
+    policy = app.specs[0].policy
+    assert policy.queue_type == "quorum"
+    delays = [s for s in ListenerCore(policy).topology() if s.purpose == "retry-delay"]
+    assert delays
+    for spec in delays:
+        assert spec.arguments["x-queue-type"] == "quorum"
+        assert spec.arguments["x-dead-letter-strategy"] == "at-least-once"
+        assert spec.arguments["x-overflow"] == "reject-publish"
+        assert spec.arguments["x-dead-letter-routing-key"] == "q"
+    c = ListenerCore(policy)
+    assert c.extra_delay_queue(7.5) is not None
+    assert c.extra_delay_queue(7.5).arguments["x-queue-type"] == "quorum"  # type: ignore[union-attr]
+    classic = [s for s in core(retry=RETRY3).topology() if s.purpose == "retry-delay"]
+    assert all("x-queue-type" not in s.arguments for s in classic)  # unchanged
