@@ -17,7 +17,9 @@ Definitions (per message_id):
   both handled OK and dead-lettered, or re-run.
 * dead_letter_mismatch: a poison, slow or bad message with no dead-letter copy, a
   copy whose ackkit-reason is not the expected one, or more copies than faults
-  during its life explain.
+  during its life explain. "attempts exhausted (n of m, last one lost)" is the
+  expected reason of any message redelivered past max_attempts by losses: ackkit
+  checks the attempts before it looks at the body.
 * over_attempts: messages whose handler ran more than max_attempts times once
   the explained re-runs are set aside, or ran with an attempt number above it.
 """
@@ -30,6 +32,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .messages import EXPECTED_REASON, kind_of
+
+LOST_LAST = "last one lost)"
 
 
 @dataclass
@@ -153,9 +157,13 @@ def analyse(
             continue
         fig[kind if kind in ("poison", "slow") else "bad"] += 1
         want = EXPECTED_REASON[kind]
+        if any(LOST_LAST in reason and want not in reason for reason, _ in s.dead):
+            # Redelivered past max_attempts before its body was looked at: the attempt
+            # limit is checked first (decoding may be what kills a consumer).
+            fig["dead_lettered_after_losses"] += 1
         if (
             not copies
-            or any(want not in reason for reason, _ in s.dead)
+            or any(want not in reason and LOST_LAST not in reason for reason, _ in s.dead)
             or copies - 1 > life_faults
         ):
             fig["dead_letter_mismatch"] += 1

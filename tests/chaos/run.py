@@ -158,16 +158,36 @@ def publish(url: str, msgs: list[Message]) -> None:
     asyncio.run(_publish(url, msgs))
 
 
+def ready_now(url: str, queues: list[str]) -> dict[str, int]:
+    """Ready counts the queues themselves report (passive declares): a quorum queue's
+    counts in the broker's metrics lag behind, by seconds after a restart."""
+    out: dict[str, int] = {}
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        ch = conn.channel()
+        for q in queues:
+            out[q] = int(ch.queue_declare(q, passive=True).method.message_count)
+    finally:
+        conn.close()
+    return out
+
+
 def backlog(broker: BrokerHandle) -> tuple[int, int] | None:
     """(messages in the origin queues, in the retry delay queues), or None if unknown."""
     try:
         counts = broker.counts_all()
+        if CLASSIC not in counts or QUORUM not in counts:
+            return None
+        names = [n for n in counts if n in (CLASSIC, QUORUM) or ".retry." in n]
+        ready = ready_now(broker.url, names)
     except Exception:
         return None
-    if CLASSIC not in counts or QUORUM not in counts:
-        return None
-    origin = counts[CLASSIC].total + counts[QUORUM].total
-    delay = sum(c.total for n, c in counts.items() if ".retry." in n)
+
+    def total(n: str) -> int:
+        return max(counts[n].total, ready[n] + counts[n].unacked)
+
+    origin = total(CLASSIC) + total(QUORUM)
+    delay = sum(total(n) for n in names if ".retry." in n)
     return origin, delay
 
 
@@ -411,8 +431,10 @@ def _run(s: Settings, broker: BrokerHandle, work: Path, log: Log) -> Result:
     if forced:
         notes.append(f"{forced} consumer(s) ignored SIGTERM for 30 s and were killed")
     counts = broker.counts_all()
-    queue_left = sum(counts[q].ready + counts[q].unacked for q in (CLASSIC, QUORUM))
-    delay_left = sum(c.total for n, c in counts.items() if ".retry." in n)
+    delays = [n for n in counts if ".retry." in n]
+    ready = ready_now(broker.url, [CLASSIC, QUORUM, *delays])
+    queue_left = sum(max(counts[q].ready, ready[q]) + counts[q].unacked for q in (CLASSIC, QUORUM))
+    delay_left = sum(max(counts[n].total, ready[n]) for n in delays)
     dlq = read_dlq(broker.url, f"{CLASSIC}.dlq") + read_dlq(broker.url, f"{QUORUM}.dlq")
     (work / "dlq.json").write_text(json.dumps(dlq))
     figures = _figures(s, msgs, work, faults, dlq, broker)
@@ -519,6 +541,7 @@ def _figures(
         "queue_left": 0,
         "good_dead_lettered": fig.get("good_dead_lettered", 0),
         "good_dead_lettered_unexpected": fig.get("good_dead_lettered_unexpected", 0),
+        "dead_lettered_after_losses": fig.get("dead_lettered_after_losses", 0),
         "dlq_duplicates": fig.get("dlq_duplicates", 0),
         "handler_runs": fig.get("runs", 0),
         "reruns": fig.get("reruns", 0),
