@@ -421,6 +421,20 @@ class ListenerCore:
             return self._delay_spec(int(ms))
         return None
 
+    def startable(self, t: Tracked) -> bool:
+        """May a handler start on `t` now (called just before)? Not when its channel closed
+        since it was delivered: the broker has requeued it, so running the handler would
+        only duplicate the work its redelivery will do (and delay that redelivery)."""
+        if self.mode is AckMode.NONE:
+            return True  # the broker forgot it on send: this is the only chance
+        if t.settled:
+            return False
+        if t.generation != self.generation or not self.open:
+            t.settled = True
+            self._emit(Stage.DROPPED_STALE, t, "channel closed before the handler started")
+            return False
+        return True
+
     def release(self, t: Tracked) -> list[Action]:
         """Return a prefetched delivery whose handler never started (shutdown)."""
         if t.settled or t.generation != self.generation or not self.open:

@@ -251,7 +251,10 @@ class Consumer:
             if self.rt.stopping:
                 self.rt.unstarted.append(d)
                 continue
-            self._handle(d)
+            with self.lock:
+                start = self.core.startable(d.tracked)
+            if start:  # else its channel closed while it waited here: requeued already
+                self._handle(d)
 
     def _handle(self, d: Delivery) -> None:
         t = d.tracked
@@ -313,7 +316,10 @@ class Consumer:
             if self.rt.stopping:
                 self.rt.unstarted.extend(batch)
                 continue
-            self._handle_batch(batch)
+            with self.lock:
+                batch = [d for d in batch if self.core.startable(d.tracked)]
+            if batch:
+                self._handle_batch(batch)
 
     def _handle_batch(self, batch: list[Delivery]) -> None:
         b = self.binding

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ackkit import AckMode, App, AsyncApp, Delivery, FlushPolicy, Retry
+from ackkit import AckMode, App, AsyncApp, Delivery, FlushPolicy, Retry, Stage
 from ackkit._core import headers as H
 from ackkit._core.actions import Ack, Action, Nack, Reject, Republish
 from ackkit._core.listener import ListenerCore
@@ -534,3 +534,53 @@ def test_a_quorum_origin_gets_quorum_delay_queues_that_dead_letter_at_least_once
     assert c.extra_delay_queue(7.5).arguments["x-queue-type"] == "quorum"  # type: ignore[union-attr]
     classic = [s for s in core(retry=RETRY3).topology() if s.purpose == "retry-delay"]
     assert all("x-queue-type" not in s.arguments for s in classic)  # unchanged
+
+
+# -- a delivery whose channel closed while it waited is not handled ----------------------
+
+
+def test_a_delivery_of_a_closed_channel_does_not_start() -> None:
+    """The broker requeued it with its channel: running the handler now only duplicated
+    the work its redelivery does (the pika runtime ran its whole inbox after every cut)."""
+    c = core(retry=RETRY3)
+    t = c.receive(1)
+    assert c.startable(t)
+    c.channel_closed()
+    c.channel_opened()
+    assert not c.startable(t) and t.settled
+    assert c.counters.counts[Stage.DROPPED_STALE] == 1
+    n = core(mode=AckMode.NONE)
+    u = n.receive(1)
+    n.channel_closed()
+    assert n.startable(u)  # no-ack: the broker forgot it, this is the only chance
+
+
+def test_sync_worker_skips_deliveries_of_a_closed_channel() -> None:
+    from ackkit._sync.runtime import Consumer
+
+    app = App("amqp://guest:guest@localhost:1/%2f")
+    ran: list[int] = []
+
+    @app.listener("q")
+    def handle(d: Delivery) -> None:
+        ran.append(d.delivery_tag)
+
+    rt = SimpleNamespace(
+        app=app,
+        connection=SimpleNamespace(is_open=True),
+        stopping=False,
+        call_soon=lambda fn: None,
+    )
+    c = Consumer(rt, app.specs[0], None)  # type: ignore[arg-type]
+    ch = FakeChannel(Broker(range(1, 3)))
+    c.channel = ch
+    c.core.channel_opened()
+    for tag in (1, 2):
+        method = SimpleNamespace(delivery_tag=tag, redelivered=False, exchange="", routing_key="q")
+        c._on_message(ch, method, SimpleNamespace(headers=None, message_id=None), b"{}")
+    c.core.channel_closed()  # both still in the inbox
+    c.core.channel_opened()
+    c.inbox.put(None)
+    c._worker()
+    assert ran == []
+    assert c.core.counters.counts[Stage.DROPPED_STALE] == 2
