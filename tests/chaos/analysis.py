@@ -16,10 +16,12 @@ Definitions (per message_id):
 * duplicates: messages handled OK more than once, dead-lettered more than once,
   both handled OK and dead-lettered, or re-run.
 * dead_letter_mismatch: a poison, slow or bad message with no dead-letter copy, a
-  copy whose ackkit-reason is not the expected one, or more copies than faults
-  during its life explain. "attempts exhausted (n of m, last one lost)" is the
-  expected reason of any message redelivered past max_attempts by losses: ackkit
-  checks the attempts before it looks at the body.
+  copy whose ackkit-reason is not the expected one, or more than one copy with no
+  fault during its life (one fault can add more than one: every copy of the
+  message that had its settle in flight on the lost channel goes on as a lineage).
+  "attempts exhausted (n of m, last one lost)" is the expected reason of any
+  message redelivered past max_attempts by losses: ackkit checks the attempts
+  before it looks at the body.
 * over_attempts: messages whose handler ran more than max_attempts times once
   the explained re-runs are set aside, or ran with an attempt number above it.
 """
@@ -164,7 +166,7 @@ def analyse(
         if (
             not copies
             or any(want not in reason and LOST_LAST not in reason for reason, _ in s.dead)
-            or copies - 1 > life_faults
+            or (copies > 1 and not life_faults)
         ):
             fig["dead_letter_mismatch"] += 1
         if copies > 1 or reruns:

@@ -519,6 +519,7 @@ def _figures(
                     t = float(line.split()[0])
                     faults.append(Fault(t - s.consumer_timeout_ms / 1000, t, "timeout"))
     broker_log = broker.log_text() or ""
+    (work / "broker.log").write_text(broker_log)
     # Each closure shows in the broker log and in the consumer's log: count it once.
     stale = max(stale_consumers, len(STALE_TAG.findall(broker_log)))
     fig = analyse([m.message_id for m in msgs], stories, faults, RETRY.max_attempts)

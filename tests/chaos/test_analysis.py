@@ -68,3 +68,5 @@ def test_dead_letter_twins_need_a_fault_in_between() -> None:
     assert analyse(["c-000001-empty"], s, [], 3)["dead_letter_mismatch"] == 1
     f = analyse(["c-000001-empty"], s, [Fault(2.0, 2.1, "kill")], 3)
     assert f.get("dead_letter_mismatch", 0) == 0 and f["dlq_duplicates"] == 1
+    far = [Fault(20.0, 20.1, "kill")]  # long after: no excuse
+    assert analyse(["c-000001-empty"], s, far, 3)["dead_letter_mismatch"] == 1
