@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -60,7 +61,29 @@ def prefill(url: str, queue: str, n: int, *, with_ids: bool = True) -> None:
         conn.close()
 
 
-def run_case(
+def run_case(url: str, queue: str, n: int) -> None:
+    """The benchmark harness's case: drain n pre-filled messages (default batch size).
+
+    Call `warm()` before timing (e.g. when the case module is imported): it starts the
+    SparkSession and runs a small query, which takes longer than draining 100,000
+    messages.
+    """
+    drain(url, queue, n)
+
+
+def warm(url: str = DEFAULT_URL) -> None:
+    """Start the SparkSession and warm the JVM with a 5,000-message query."""
+    queue = f"ackkit.bench.warm.{os.getpid()}"
+    prefill(url, queue, 5000)
+    try:
+        drain(url, queue, 5000, max_batch=5000)
+    finally:
+        conn = pika.BlockingConnection(pika.URLParameters(url))
+        conn.channel().queue_delete(queue)
+        conn.close()
+
+
+def drain(
     url: str,
     queue: str,
     n: int,
@@ -68,6 +91,7 @@ def run_case(
     max_batch: int = DEFAULT_BATCH,
     workdir: str | os.PathLike[str] | None = None,
     timeout: float = 600.0,
+    **options: Any,
 ) -> dict[str, Any]:
     """Drain `n` pre-filled messages of `queue` to Parquet with ack after commit.
 
@@ -77,7 +101,9 @@ def run_case(
     spark = session()
     base = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="ackkit-bench-"))
     ckpt, out = base / "ck", base / "out"
-    df = aks.read_stream(spark, url=url, queue=queue, checkpoint=ckpt, max_batch=max_batch)
+    df = aks.read_stream(
+        spark, url=url, queue=queue, checkpoint=ckpt, max_batch=max_batch, **options
+    )
     writer = aks.ack_after_commit(aks.parquet_batches(out), checkpoint=ckpt)
     t0 = time.monotonic()
     query = (
@@ -125,35 +151,47 @@ def raw_pika(url: str, queue: str, n: int, *, prefetch: int = 1000, ack_every: i
         conn.close()
 
 
-def curve(url: str, n: int, batches: list[int]) -> dict[str, Any]:
+def curve(url: str, n: int, batches: list[int], rounds: int = 1) -> dict[str, Any]:
+    """Raw pika, then each batch size, `rounds` times interleaved (the machine's noise
+    hits every case alike); each case reports its median."""
     queue = f"ackkit.bench.spark.{os.getpid()}"
-    results: dict[str, Any] = {"messages": n, "cases": []}
-    # Warm the JVM (code generation, Parquet writer) outside the measurements.
-    prefill(url, queue, 5000)
-    session()
-    run_case(url, queue, 5000, max_batch=5000)
-    prefill(url, queue, n)
-    secs = raw_pika(url, queue, n)
-    results["raw_pika"] = {"seconds": round(secs, 2), "msgs_per_s": round(n / secs)}
-    print(f"raw pika (prefetch 1000, ack every 100): {n / secs:>8,.0f} msg/s", flush=True)
-    for b in batches:
+    warm(url)  # JVM start-up, code generation, the Parquet writer: not measured
+    raw: list[float] = []
+    spark_runs: dict[int, list[dict[str, Any]]] = {b: [] for b in batches}
+    for r in range(rounds):
         prefill(url, queue, n)
-        r = run_case(url, queue, n, max_batch=b)
-        rate = n / r["seconds"]
-        ratio = rate / results["raw_pika"]["msgs_per_s"]
+        raw.append(n / raw_pika(url, queue, n))
+        print(f"round {r + 1}: raw pika {raw[-1]:,.0f} msg/s", flush=True)
+        for b in batches:
+            prefill(url, queue, n)
+            res = drain(url, queue, n, max_batch=b)
+            spark_runs[b].append(res)
+            print(
+                f"round {r + 1}: spark max_batch={b}: {n / res['seconds']:,.0f} msg/s", flush=True
+            )
+    raw_rate = statistics.median(raw)
+    results: dict[str, Any] = {
+        "messages": n,
+        "rounds": rounds,
+        "raw_pika": {"msgs_per_s": round(raw_rate), "runs": [round(x) for x in raw]},
+        "cases": [],
+    }
+    print(f"\n{'case':<24}{'msg/s':>10}{'vs raw':>8}{'batches':>9}")
+    print(f"{'raw pika (ack every 100)':<24}{raw_rate:>10,.0f}{1:>8.2f}{'-':>9}")
+    for b, runs in spark_runs.items():
+        rate = statistics.median(n / x["seconds"] for x in runs)
         results["cases"].append(
             {
                 "max_batch": b,
-                "seconds": round(r["seconds"], 2),
-                "batches": r["batches"],
                 "msgs_per_s": round(rate),
-                "vs_raw": round(ratio, 2),
+                "vs_raw": round(rate / raw_rate, 2),
+                "batches": runs[0]["batches"],
+                "runs": [round(n / x["seconds"]) for x in runs],
             }
         )
         print(
-            f"spark max_batch={b:>6}: {rate:>8,.0f} msg/s  ({r['batches']} batches, "
-            f"{ratio:.2f}x raw)",
-            flush=True,
+            f"{f'spark max_batch={b}':<24}{rate:>10,.0f}{rate / raw_rate:>8.2f}"
+            f"{runs[0]['batches']:>9}"
         )
     conn = pika.BlockingConnection(pika.URLParameters(url))
     conn.channel().queue_delete(queue)
@@ -166,9 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--url", default=os.environ.get("AMQP_URL", DEFAULT_URL))
     p.add_argument("--messages", type=int, default=100_000)
     p.add_argument("--batches", default="1000,5000,20000")
+    p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
-    res = curve(args.url, args.messages, [int(x) for x in args.batches.split(",")])
+    batches = [int(x) for x in args.batches.split(",")]
+    res = curve(args.url, args.messages, batches, args.rounds)
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2))
     if _session is not None:

@@ -67,11 +67,12 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from pydantic import BaseModel
 
+from ._checkpoint import AckFailed, batch_offsets
 from ._consumer import SourceFailed
 from ._ipc import request
 from ._options import KeyFrom, OnInvalid, SourceOptions, ipc_address, local_path
 from ._schema import RowSchema, model_path
-from ._sink import AckAfterCommit, AckFailed, ack_after_commit, batch_offsets, parquet_batches
+from ._sink import AckAfterCommit, ack_after_commit, parquet_batches
 from ._source import RabbitMQDataSource, RabbitMQStreamReader
 from ._wal import WalError
 

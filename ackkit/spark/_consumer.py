@@ -315,7 +315,9 @@ class SourceConsumer:
             user: list[tuple[str, dict[str, Any]]] = (
                 [(self.opts.queue, {})] if self.opts.declare else []
             )
-            own = self.core.topology() if self.opts.on_invalid is OnInvalid.DEAD_LETTER else []
+            # The dead-letter queue exists even with on_invalid=fail: the core also
+            # dead-letters a delivery with a forged attempt header.
+            own = self.core.topology()
             declare_queues(conn, own, user)
             if not self.opts.declare:
                 ch = conn.channel()
@@ -428,7 +430,7 @@ class SourceConsumer:
                     bool(method.redelivered),
                     t.attempt,
                     props.content_type,
-                    _dt.datetime.fromtimestamp(ts, _dt.timezone.utc) if ts else None,
+                    int(ts.timestamp()) if isinstance(ts, _dt.datetime) else ts,
                 )
                 self.buffer.append(Item(t, key, meta, parsed, error))
                 if self._waiting and (

@@ -68,7 +68,8 @@ class RowMeta:
     redelivered: bool
     attempt: int
     content_type: str | None
-    timestamp: _dt.datetime | None
+    timestamp: int | None
+    """The AMQP timestamp property: seconds since the epoch."""
 
 
 def load_model(path: str) -> type[BaseModel]:
@@ -233,6 +234,11 @@ class RowSchema:
                 self.model_fields.append(f.name)
                 self._convs.append(_converter(model.model_fields[f.name].annotation))
         self.spark = StructType(fields)
+        self._timestamp_fields = {
+            f.name
+            for f in fields
+            if f.name in self.model_fields and isinstance(f.dataType, TimestampType)
+        }
         self.arrow = to_arrow_schema(self.spark, timezone="UTC")
         self.wal_arrow = self.arrow.append(pa.field(KEY_COLUMN, pa.string()))
 
@@ -258,13 +264,16 @@ class RowSchema:
             [m.redelivered for m in metas],
             [m.attempt for m in metas],
             [m.content_type for m in metas],
-            [m.timestamp for m in metas],
+            _timestamps([None if m.timestamp is None else m.timestamp * 1_000_000 for m in metas]),
         ]
         for name, conv in zip(self.model_fields, self._convs, strict=True):
             values = [None if p is None else p.get(name) for p in parsed]
             if conv is not None:
                 values = [conv(v) for v in values]
-            cols.append(values)
+            if name in self._timestamp_fields:
+                cols.append(_timestamps([_micros(v) for v in values]))
+            else:
+                cols.append(values)
         cols.append(list(keys))
         arrays = [
             c if isinstance(c, pa.Array) else pa.array(c, type=f.type)
@@ -277,6 +286,26 @@ class RowSchema:
         return pa.RecordBatch.from_arrays(
             [wal_batch.column(i) for i in range(len(self.arrow))], schema=self.arrow
         )
+
+
+_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+_MICRO = _dt.timedelta(microseconds=1)
+_TS = pa.timestamp("us", tz="UTC")
+
+
+def _micros(v: _dt.datetime | None) -> int | None:
+    """Microseconds since the epoch; a naive datetime is taken as UTC (as Arrow does)."""
+    if v is None:
+        return None
+    if v.tzinfo is None:
+        v = v.replace(tzinfo=_dt.timezone.utc)
+    return (v - _EPOCH) // _MICRO
+
+
+def _timestamps(micros: list[int | None]) -> pa.Array:
+    # Built from integers: converting datetime objects makes pyarrow import pandas
+    # (most of a second in a fresh process) and is slower.
+    return pa.array(micros, pa.int64()).view(_TS)
 
 
 def header_text(value: Any) -> str:

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import os
 import shutil
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from .._core.errors import AckkitError
+from ._checkpoint import AckFailed, batch_offsets
 from ._faults import crash_point
 from ._ipc import RunnerUnreachable, request
 from ._options import ipc_address, local_path
@@ -20,40 +18,6 @@ from ._options import ipc_address, local_path
 log = logging.getLogger("ackkit.spark")
 
 Writer = Callable[[Any, int], None]
-
-
-class AckFailed(AckkitError):
-    """The batch was written but the source runner could not ack it. The query fails; on
-    restart Spark replays the batch (the writer must be idempotent per batch id) and the
-    redelivered messages are acked then."""
-
-
-def batch_offsets(checkpoint: Path, batch_id: int) -> list[tuple[str, int]]:
-    """(queue, end offset) of every rabbitmq source in `<checkpoint>/offsets/<batch_id>`.
-
-    Spark writes that file before it runs the batch: a version line, a metadata line,
-    then one line per source (JSON, or "-" when the source has no offset yet).
-    """
-    path = checkpoint / "offsets" / str(batch_id)
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
-        raise AckFailed(
-            f"{path} does not exist: ack_after_commit(checkpoint=...) must be the query's "
-            "checkpointLocation (and the rabbitmq source's 'checkpoint' option)"
-        ) from None
-    out = []
-    for line in lines[2:]:
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            off = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(off, dict) and "ackkit" in off and "seq" in off:
-            out.append((str(off["ackkit"]), int(off["seq"])))
-    return out
 
 
 class AckAfterCommit:

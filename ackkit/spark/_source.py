@@ -26,6 +26,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 
 from .._core.batches import BatchPlan
+from ._checkpoint import committed_end
 from ._consumer import Item, SourceConsumer
 from ._faults import crash_point
 from ._ipc import IpcServer
@@ -115,13 +116,14 @@ class _Runner:
         self.rows = _schema(opts)
         self.wal = WriteAheadLog(opts.wal_dir, fsync=opts.fsync)
         self.wal.create()
-        self._persisted = self.wal.written_upto()
+        # Spark's commit log says a batch's sink returned: written, even if this log missed
+        # it (a sink without ack_after_commit, acked only through commit()).
+        self._persisted = max(self.wal.written_upto(), committed_end(opts.checkpoint, opts.queue))
         self.consumer = SourceConsumer(opts, self.rows.model, written_upto=self._persisted)
         for s, e in self.wal.batches():
             self.consumer.restore(e, self.wal.keys(s, e, KEY_COLUMN))
         self._written_lock = threading.Lock()
-        # The first Arrow conversion imports pandas (~1 s): not inside the first batch.
-        threading.Thread(target=self.rows.batch, args=(0, [], [], []), daemon=True).start()
+
         self.ipc = IpcServer(opts.address, self._handle)
         self.ipc.start()
         try:
@@ -129,6 +131,9 @@ class _Runner:
         except BaseException:
             self.ipc.close()
             raise
+        # pyarrow imports pandas on its first conversion (most of a second): now, while
+        # the consumer connects, not inside the first batch.
+        self.rows.batch(0, [], [], [])
         self._closed = False
         self._handed_out = 0
         atexit.register(self.close)

@@ -201,3 +201,20 @@ def test_arrow_batch_of_no_model_rows_has_null_parsed_columns():
     b = rs.rows(rs.batch(0, [meta(1)], [None], [None]))
     assert b.num_rows == 1
     assert b.schema.field("seq").type == pa.int64()
+
+
+def test_committed_end_is_the_newest_committed_batch_of_the_queue(tmp_path: Path):
+    from ackkit.spark._checkpoint import committed_end
+
+    assert committed_end(tmp_path, "orders") == 0
+    (tmp_path / "offsets").mkdir()
+    (tmp_path / "commits").mkdir()
+    for i, seq in enumerate((100, 250, 400)):
+        (tmp_path / "offsets" / str(i)).write_text(
+            f'v1\n{{}}\n{{"ackkit": "orders", "seq": {seq}}}\n{{"ackkit": "other", "seq": 7}}\n'
+        )
+    (tmp_path / "commits" / "0").write_text("v1\n{}\n")
+    (tmp_path / "commits" / "1").write_text("v1\n{}\n")  # batch 2 is planned, not committed
+    assert committed_end(tmp_path, "orders") == 250
+    assert committed_end(tmp_path, "other") == 7
+    assert committed_end(tmp_path, "missing") == 0

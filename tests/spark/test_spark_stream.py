@@ -112,7 +112,7 @@ def test_idle_query_acks_its_last_batch_and_keeps_its_connection(
 ):
     q = queue_factory("idle")
     publish_orders(amqp_url, q, 10)
-    run = Run(spark, amqp_url, q, tmp_path, max_batch=500, heartbeat=2)
+    run = Run(spark, amqp_url, q, tmp_path, max_batch=500, heartbeat=1)
     try:
         run.drain()
         # A batch far below max_batch and prefetch, then nothing: acked within a bound.
@@ -127,7 +127,7 @@ def test_idle_query_acks_its_last_batch_and_keeps_its_connection(
             what="the last batch to be acked while no new data comes",
         )
         assert took < 30
-        time.sleep(7)  # idle for > 3 heartbeat intervals: the I/O thread keeps it alive
+        time.sleep(4.5)  # idle for > 4 heartbeat intervals: the I/O thread keeps it alive
         publish_orders(amqp_url, q, 50, start=50)
         run.drain()
         assert run.stats()["connections"] == 1
@@ -141,8 +141,8 @@ def test_reconnect_never_acks_a_stale_tag_and_loses_or_repeats_nothing(
     spark, amqp_url, rabbitmq, queue_factory, tmp_path
 ):
     q = queue_factory("reconnect")
-    good, _ = publish_orders(amqp_url, q, 1500)
-    run = Run(spark, amqp_url, q, tmp_path, max_batch=150)
+    good, _ = publish_orders(amqp_url, q, 600)
+    run = Run(spark, amqp_url, q, tmp_path, max_batch=100)
     try:
         wait_for(lambda: run.writer.batches >= 2, 120, "two batches")
         assert close_source_connection(rabbitmq, q) == 1

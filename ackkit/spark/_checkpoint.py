@@ -1,0 +1,62 @@
+"""Reading Spark's own checkpoint: which offsets a batch covers, what Spark committed."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from .._core.errors import AckkitError
+
+
+class AckFailed(AckkitError):
+    """The batch was written but the source runner could not ack it. The query fails; on
+    restart Spark replays the batch (the writer must be idempotent per batch id) and the
+    redelivered messages are acked then."""
+
+
+def batch_offsets(checkpoint: Path, batch_id: int) -> list[tuple[str, int]]:
+    """(queue, end offset) of every rabbitmq source in `<checkpoint>/offsets/<batch_id>`.
+
+    Spark writes that file before it runs the batch: a version line, a metadata line,
+    then one line per source (JSON, or "-" when the source has no offset yet).
+    """
+    path = checkpoint / "offsets" / str(batch_id)
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        raise AckFailed(
+            f"{path} does not exist: ack_after_commit(checkpoint=...) must be the query's "
+            "checkpointLocation (and the rabbitmq source's 'checkpoint' option)"
+        ) from None
+    out = []
+    for line in lines[2:]:
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            off = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(off, dict) and "ackkit" in off and "seq" in off:
+            out.append((str(off["ackkit"]), int(off["seq"])))
+    return out
+
+
+def committed_end(checkpoint: Path, queue: str) -> int:
+    """The end offset of `queue`'s source in the newest batch Spark committed (0 if none).
+
+    Spark writes `<checkpoint>/commits/<id>` once batch `id`'s sink has returned.
+    """
+    try:
+        ids = [int(n) for n in os.listdir(checkpoint / "commits") if n.isdigit()]
+    except FileNotFoundError:
+        return 0
+    for batch_id in sorted(ids, reverse=True):
+        try:
+            ends = [e for q, e in batch_offsets(checkpoint, batch_id) if q == queue]
+        except AckFailed:
+            continue
+        if ends:
+            return max(ends)
+    return 0
