@@ -11,7 +11,7 @@
              .start())
 
 Source options (`spark.readStream.format("rabbitmq").option(...)`): `url`, `queue`,
-`checkpoint` (required; the query's checkpointLocation), `max_batch` (10000),
+`checkpoint` (required; the query's checkpointLocation), `max_batch` (20000),
 `prefetch` (2 x max_batch, at most 65535; max_batch is capped to it), `model`
 ("package.module:Class" of a pydantic model; its fields become columns),
 `on_invalid` ("fail" | "dead_letter"), `dead_letter_queue` ("{queue}.dlq"), `key`
@@ -24,32 +24,42 @@ Rows: `seq` (the message's offset in this stream, stable across replays),
 
 Guarantee (exactly-once effect)
 -------------------------------
-With `ack_after_commit` around a writer that is idempotent per batch_id (such as
-`parquet_batches`), and the queue consumed only by this query: after any number of
-driver crashes (SIGKILL at any point: before the write, during it, after it and
-before the ack, after the ack and before Spark's commit log) and restarts on the same
-checkpoint, every message that was published to the queue and carries a distinct
-message_id is in the output exactly once, or (when it fails the model and
-on_invalid=dead_letter) in the dead-letter queue at least once and not in the
-output; and it is acked only after the batch holding it was written. How:
+Assume: the query writes through `ack_after_commit(writer, ...)`, the writer is
+idempotent per batch_id (writing batch N twice leaves the output as if written once;
+`parquet_batches` is), the queue is consumed only by this query (the source consumes
+exclusively), every message has a distinct message_id, and the query is restarted on
+the same checkpoint after a failure. Then, whatever process dies at whatever point
+(SIGKILL of the driver before, during or after the write, after the ack and before
+Spark's commit log; the source runner after logging a batch; a lost connection), once
+the restarted query has drained the queue:
 
-* The source writes each batch to a write-ahead log in the checkpoint (fsynced)
-  before Spark learns its offsets; a replayed batch is read back from that log, so
-  it has the same batch_id and the same rows, and the idempotent writer makes the
-  second write a no-op.
-* Acks happen in the foreachBatch wrapper, after the writer returned, never in
-  `commit()` (which Spark calls only when planning the next batch): the last batch
-  is acked without waiting for new data and no batch size can stall the acks.
-* A message redelivered after a crash or a reconnect whose message_id is in a batch
-  already handed out is not handed out again: it is acked with that batch (at once,
-  if the batch is written). Ids are remembered for every batch not yet written and
-  for the last `retain_batches` written ones.
+* every message is in the output exactly once, or, when it fails the model and
+  on_invalid=dead_letter, in the dead-letter queue (at least once; with an
+  `ackkit-reason` header) and not in the output;
+* no message was acked before the batch holding it had been written;
+* the queue has nothing ready and nothing unacked.
+
+How:
+
+* The source writes each batch (rows and their keys) to a write-ahead log inside the
+  checkpoint, fsynced, before Spark learns its offsets. A batch Spark replays is read
+  back from that log (same batch_id, same rows: the idempotent writer makes it a
+  no-op); one the source logged but Spark did not is offered again as it was.
+* Acks happen in the foreachBatch wrapper after the writer returned (the source runner
+  sends them on the channel the deliveries came on, one multiple-ack per batch), never
+  in `commit()`, which Spark calls only when planning the next batch: the last batch is
+  acked without waiting for new data, and no batch size can stall the acks.
+* A redelivered message (after a crash or a reconnect) whose message_id is in a batch
+  already handed out is not handed out again: it is acked with that batch, or at once
+  if that batch is written ("written" is persisted before the acks are sent). Ids are
+  remembered for every batch not yet written and for the last `retain_batches` written
+  ones; a delivery tag of a closed channel is never acked.
 
 Messages without a message_id cannot be recognised when redelivered: they are
-delivered at least once (after a crash between handing a batch out and acking it,
-they can be in the output twice). Use `key="body"` when bodies are unique, or give
-every message an id. A producer that publishes the same message_id twice has the
-second copy suppressed while the first is remembered.
+delivered at least once (a crash between handing a batch out and acking it can put
+them in the output twice). Give every message an id, or use `key="body"` when bodies
+are unique. A producer that publishes one message_id twice has the second copy
+suppressed (acked, not written) while the first is remembered.
 """
 
 from __future__ import annotations

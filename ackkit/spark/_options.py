@@ -81,7 +81,7 @@ class SourceOptions:
     url: str
     queue: str
     checkpoint: Path
-    max_batch: int = 10_000
+    max_batch: int = 20_000
     """Most messages in one micro-batch."""
     prefetch: int = 20_000
     """Unacked deliveries the broker may push (basic.qos); at least max_batch."""
@@ -135,7 +135,7 @@ class SourceOptions:
         unknown = sorted(set(opts) - known)
         if unknown:
             raise ValueError(f"unknown rabbitmq source option(s): {', '.join(unknown)}")
-        max_batch = int(opts.get("max_batch", 10_000))
+        max_batch = int(opts.get("max_batch", 20_000))
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         if "prefetch" in opts:
