@@ -192,6 +192,36 @@ def test_on_invalid_fail_stops_the_query_and_acks_nothing_of_the_batch(
     assert run.ids() == []
 
 
+def test_a_failing_writer_acks_nothing_and_a_restart_writes_everything_once(
+    spark, amqp_url, rabbitmq, queue_factory, tmp_path
+):
+    q = queue_factory("writer_fails")
+    good, _ = publish_orders(amqp_url, q, 300)
+    plain = aks.parquet_batches(tmp_path / "out")
+
+    def flaky(df: Any, batch_id: int) -> None:
+        if batch_id == 1:
+            raise RuntimeError("disk full (test)")
+        plain(df, batch_id)
+
+    run = Run(spark, amqp_url, q, tmp_path, max_batch=100, writer=flaky)
+    try:
+        with pytest.raises(Exception, match="disk full"):
+            run.query.awaitTermination(120)
+    finally:
+        run.stop()
+    assert run.writer.batches == 1 and run.writer.acked == len(run.ids()) == 100
+    # Batch 1 was not acked: with the runner gone, it is back in the queue.
+    counts = wait_for_counts(rabbitmq, q, lambda c: c.consumers == 0 and c.unacked == 0)
+    assert counts.ready == 200
+    run2 = Run(spark, amqp_url, q, tmp_path, max_batch=100)
+    try:
+        run2.drain()
+    finally:
+        run2.stop()
+    assert sorted(run2.ids()) == sorted(good)
+
+
 def wait_for_counts(broker: Any, queue: str, ok: Any, timeout: float = 30.0) -> Any:
     last = None
 
