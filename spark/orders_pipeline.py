@@ -310,7 +310,7 @@ def run_demo(
     Returns {"published", "valid", "malformed", "rows_written", "distinct_ids", "acked",
     "dead_lettered", "batches", "seconds", "queues": {name: {"ready", "unacked"}}}.
     """
-    queue = queue or f"ackkit.demo.orders.{os.getpid()}"
+    queue = queue or "ackkit.demo.orders"  # emptied first: a rerun starts afresh
     dlq = f"{queue}.dlq"
     own_dir = workdir is None
     base = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="ackkit-demo-"))
