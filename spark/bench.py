@@ -61,6 +61,16 @@ def prefill(url: str, queue: str, n: int, *, with_ids: bool = True) -> None:
         conn.close()
 
 
+def delete_queue(url: str, queue: str) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        ch = conn.channel()
+        ch.queue_delete(queue)
+        ch.queue_delete(f"{queue}.dlq")
+    finally:
+        conn.close()
+
+
 def run_case(url: str, queue: str, n: int) -> None:
     """The benchmark harness's case: drain n pre-filled messages (default batch size).
 
@@ -78,9 +88,7 @@ def warm(url: str = DEFAULT_URL) -> None:
     try:
         drain(url, queue, 5000, max_batch=5000)
     finally:
-        conn = pika.BlockingConnection(pika.URLParameters(url))
-        conn.channel().queue_delete(queue)
-        conn.close()
+        delete_queue(url, queue)
 
 
 def drain(
@@ -193,9 +201,7 @@ def curve(url: str, n: int, batches: list[int], rounds: int = 1) -> dict[str, An
             f"{f'spark max_batch={b}':<24}{rate:>10,.0f}{rate / raw_rate:>8.2f}"
             f"{runs[0]['batches']:>9}"
         )
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    conn.channel().queue_delete(queue)
-    conn.close()
+    delete_queue(url, queue)
     return results
 
 

@@ -97,6 +97,8 @@ class SourceConsumer:
         self._pub_pending: dict[int, int] = {}  # publish seq -> core token
         self._pub_returned: set[int] = set()
         self._pub_waiting: list[Republish] = []
+        self._declared: set[str] = set()
+        self._declaring: list[Republish] = []
         self._waiting = 0
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -315,9 +317,10 @@ class SourceConsumer:
             user: list[tuple[str, dict[str, Any]]] = (
                 [(self.opts.queue, {})] if self.opts.declare else []
             )
-            # The dead-letter queue exists even with on_invalid=fail: the core also
-            # dead-letters a delivery with a forged attempt header.
-            own = self.core.topology()
+            # With on_invalid=fail the dead-letter queue is declared on its first use (the
+            # core also dead-letters a delivery with a forged attempt header).
+            own = self.core.topology() if self.opts.on_invalid is OnInvalid.DEAD_LETTER else []
+            self._declared.update(q.name for q in own)
             declare_queues(conn, own, user)
             if not self.opts.declare:
                 ch = conn.channel()
@@ -500,6 +503,17 @@ class SourceConsumer:
         if ch is None or not ch.is_open:
             self._pub_waiting.append(a)
             return
+        if a.routing_key not in self._declared and a.exchange == "":
+            name = a.routing_key
+            self._declaring.append(a)
+
+            def declared(_frame: Any) -> None:
+                self._declared.add(name)
+                self._declaring.remove(a)
+                self._publish(a)
+
+            ch.queue_declare(name, durable=True, callback=declared)
+            return
         props, body = a.source
         ch.basic_publish(
             a.exchange, a.routing_key, body, copy_properties(props, a.set_headers), mandatory=True
@@ -543,8 +557,9 @@ class SourceConsumer:
         if ch is not self._pub:
             return
         self._pub = None
-        tokens = list(self._pub_pending.values())
+        tokens = list(self._pub_pending.values()) + [a.token for a in self._declaring]
         self._pub_pending = {}
+        self._declaring = []
         self._pub_returned.clear()
         for token in tokens:
             with self.lock:

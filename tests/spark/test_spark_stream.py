@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pika
 import pytest
 from _spark_support import close_source_connection, dlq_messages, output_ids, wait_for
 
@@ -17,6 +18,7 @@ pytest.importorskip("pyspark")
 
 import ackkit.spark as aks
 from spark.orders_pipeline import (
+    order_messages,
     publish_orders,
     start_query,
     wait_until_drained,
@@ -190,6 +192,31 @@ def test_on_invalid_fail_stops_the_query_and_acks_nothing_of_the_batch(
     counts = wait_for_counts(rabbitmq, q, lambda c: c.consumers == 0 and c.unacked == 0)
     assert counts.ready == 20
     assert run.ids() == []
+
+
+def test_a_forged_attempt_header_is_dead_lettered_by_the_core_even_with_on_invalid_fail(
+    spark, amqp_url, rabbitmq, queue_factory, tmp_path
+):
+    q = queue_factory("forged")
+    good, _ = publish_orders(amqp_url, q, 20)
+    conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+    try:
+        body = next(order_messages(1, start=99))[1]
+        props = pika.BasicProperties(message_id="forged", headers={"ackkit-attempt": "lots"})
+        conn.channel().basic_publish("", q, body, props)
+    finally:
+        conn.close()
+    run = Run(spark, amqp_url, q, tmp_path, max_batch=100, dead_letter=False)
+    try:
+        run.drain()
+    finally:
+        run.stop()
+    assert sorted(run.ids()) == sorted(good)
+    dead = dlq_messages(amqp_url, f"{q}.dlq")  # declared on its first use
+    assert [mid for mid, _ in dead] == ["forged"]
+    assert "ackkit-attempt" in dead[0][1]["ackkit-reason"]
+    counts = rabbitmq.counts(q)
+    assert (counts.ready, counts.unacked) == (0, 0)
 
 
 def test_a_failing_writer_acks_nothing_and_a_restart_writes_everything_once(
