@@ -379,7 +379,14 @@ class SourceConsumer:
         if dropped:
             log.info("ackkit.spark: channel closed, %d unacked deliveries requeued", dropped)
         code = getattr(reason, "reply_code", 0)
-        if code not in (0, 200, 320):
+        if code == 403 and self.opts.exclusive:
+            log.warning(
+                "ackkit.spark: %r has another consumer (a previous runner still shutting "
+                "down?); retrying: %s",
+                self.opts.queue,
+                mask_text(str(reason)),
+            )
+        elif code not in (0, 200, 320):
             log.error("ackkit.spark: channel closed by the broker: %s", mask_text(str(reason)))
         conn = self.connection
         if not self.stopping and conn is not None and conn.is_open:

@@ -77,10 +77,10 @@ class WriteAheadLog:
                 continue
             if s != pos or e > end:
                 break
-            with pa.memory_map(str(self._path(s, e))) as src:
-                reader = pa.ipc.open_file(src)
-                for i in range(reader.num_record_batches):
-                    yield reader.get_batch(i)
+            # Read into memory (not a memory map): the batches outlive this generator.
+            reader = pa.ipc.open_file(pa.py_buffer(self._path(s, e).read_bytes()))
+            for i in range(reader.num_record_batches):
+                yield reader.get_batch(i)
             pos = e
         if pos != end:
             raise WalError(
