@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import datetime as _dt
 import hashlib
 import logging
@@ -97,7 +98,6 @@ class SourceConsumer:
         self._pub_pending: dict[int, int] = {}  # publish seq -> core token
         self._pub_returned: set[int] = set()
         self._pub_waiting: list[Republish] = []
-        self._declared: set[str] = set()
         self._declaring: list[Republish] = []
         self._waiting = 0
         self._thread: threading.Thread | None = None
@@ -317,10 +317,10 @@ class SourceConsumer:
             user: list[tuple[str, dict[str, Any]]] = (
                 [(self.opts.queue, {})] if self.opts.declare else []
             )
-            # With on_invalid=fail the dead-letter queue is declared on its first use (the
-            # core also dead-letters a delivery with a forged attempt header).
+            # With on_invalid=fail the dead-letter queue is declared on its first use
+            # (the core also dead-letters a delivery with a forged attempt header): the
+            # copy comes back unroutable and the core asks for the queue to be declared.
             own = self.core.topology() if self.opts.on_invalid is OnInvalid.DEAD_LETTER else []
-            self._declared.update(q.name for q in own)
             declare_queues(conn, own, user)
             if not self.opts.declare:
                 ch = conn.channel()
@@ -421,7 +421,12 @@ class SourceConsumer:
         ts = props.timestamp
         with self.lock:
             t = self.core.receive(
-                method.delivery_tag, method.redelivered, hdrs, method.exchange, method.routing_key
+                method.delivery_tag,
+                method.redelivered,
+                hdrs,
+                method.exchange,
+                method.routing_key,
+                mid,
             )
             t.attach((props, body))
             self.received += 1
@@ -506,20 +511,28 @@ class SourceConsumer:
             self._publish(a)
 
     def _publish(self, a: Republish) -> None:
+        with self.lock:
+            current = self.core.publishable(a.token)
+        if not current:  # the original's channel closed since: the broker requeued it
+            self._report(a.token, False)
+            return
         ch = self._pub
         if ch is None or not ch.is_open:
             self._pub_waiting.append(a)
             return
-        if a.routing_key not in self._declared and a.exchange == "":
-            name = a.routing_key
-            self._declaring.append(a)
+        if a.declare is not None:
+            # The core asks for its own queue to be declared (the first copy came back
+            # unroutable: e.g. the dead-letter queue did not exist yet).
+            name, args = a.declare
+            plain = dataclasses.replace(a, declare=None)
+            self._declaring.append(plain)
 
             def declared(_frame: Any) -> None:
-                self._declared.add(name)
-                self._declaring.remove(a)
-                self._publish(a)
+                if plain in self._declaring:
+                    self._declaring.remove(plain)
+                    self._publish(plain)
 
-            ch.queue_declare(name, durable=True, callback=declared)
+            ch.queue_declare(name, durable=True, arguments=args or None, callback=declared)
             return
         props, body = a.source
         ch.basic_publish(
@@ -528,14 +541,23 @@ class SourceConsumer:
         self._pub_seq += 1
         self._pub_pending[self._pub_seq] = a.token
 
+    def _report(self, token: int, ok: bool, unroutable: bool = False) -> None:
+        """A copy was confirmed or refused: carry out what the core decides about it."""
+        with self.lock:
+            acts = self.core.republished(token, ok, unroutable=unroutable)
+            gen = self.core.generation
+        if acts:
+            self._execute(gen, acts)
+
     def _on_return(self, ch: Any, method: Any, props: Any, body: bytes) -> None:
         # Returns precede their confirm: the oldest unconfirmed publish is the one returned.
         for seq in sorted(self._pub_pending):
             if seq not in self._pub_returned:
                 self._pub_returned.add(seq)
                 break
-        log.error(
-            "ackkit.spark: dead-letter publish to %r returned: %s (the original is requeued)",
+        log.warning(
+            "ackkit.spark: dead-letter publish to %r returned: %s (ackkit's own queue is "
+            "declared and the copy published again; otherwise the original is requeued)",
             method.routing_key,
             method.reply_text,
         )
@@ -552,13 +574,9 @@ class SourceConsumer:
             token = self._pub_pending.pop(s, None)
             if token is None:
                 continue
-            good = ok and s not in self._pub_returned
+            returned = s in self._pub_returned
             self._pub_returned.discard(s)
-            with self.lock:
-                acts = self.core.republished(token, good)
-                gen = self.core.generation
-            if acts:
-                self._execute(gen, acts)
+            self._report(token, ok and not returned, unroutable=returned)
 
     def _on_pub_closed(self, ch: Any, reason: BaseException) -> None:
         if ch is not self._pub:
@@ -569,11 +587,7 @@ class SourceConsumer:
         self._declaring = []
         self._pub_returned.clear()
         for token in tokens:
-            with self.lock:
-                acts = self.core.republished(token, False)
-                gen = self.core.generation
-            if acts:
-                self._execute(gen, acts)
+            self._report(token, False)
         conn = self.connection
         if not self.stopping and conn is not None and conn.is_open:
             conn.ioloop.call_later(0.5, lambda: self._reopen_pub(conn))
