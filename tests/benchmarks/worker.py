@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             except ImportError as exc:
                 raise CaseUnavailable(f"cannot import {module}: {exc}") from exc
         if bench_case.available is not None:
+            os.environ["ACKKIT_BENCH_URL"] = args.url  # for hooks that warm up against it
             bench_case.available()
     except CaseUnavailable as exc:
         _say("n/a", str(exc).replace("\n", " "))

@@ -5,7 +5,7 @@ How to fill one in (full protocol: module docstring of :mod:`tests.benchmarks.ca
 1. Replace the stub body with a consumer that handles ``n`` messages from ``queue``
    with a no-op handler, acks them the ackkit way, closes cleanly and returns. Stop by
    yourself after ``n`` messages; use :class:`Watchdog` so a bug cannot hang the run.
-2. Drop ``available=_not_written`` from the decorator (or replace it with a real
+2. Give it an ``available`` hook only for a real precondition (e.g. a
    check, e.g. "is Java installed" for Spark) and list the heavy modules you import
    in ``requires`` so the worker imports them before the clock starts.
 3. Cases that need a special topology get ``setup=`` / ``check=`` / ``cleanup=`` hooks
@@ -27,10 +27,6 @@ from typing import Any
 from ackkit import Delivery  # module level: handler annotations are resolved at registration
 
 from . import CaseUnavailable, case
-
-
-def _not_written() -> None:
-    raise CaseUnavailable("stub, not written yet")
 
 
 def _acked(stats: dict[str, int]) -> int:
@@ -250,9 +246,27 @@ def ackkit_retry_broker(url: str, queue: str, n: int) -> None:
     _run_app_until(app, n, lambda s: s.get("acked", 0))
 
 
-# spark.ackkit: the Spark integration reading the queue; give it a larger timeout_s
-# (JVM start-up) and an `available` hook that checks for pyspark and Java.
-@case("spark.ackkit", available=_not_written)
+def _spark_available() -> None:
+    """Java and pyspark present; then start Spark and warm the JVM (not timed)."""
+    import os
+    import shutil
+    import sys
+
+    if shutil.which("java") is None:
+        raise CaseUnavailable("no Java on PATH")
+    try:
+        import pyspark  # noqa: F401
+    except ImportError as exc:
+        raise CaseUnavailable(f"pyspark missing: {exc}") from None
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from spark.bench import warm
+
+    warm(os.environ["ACKKIT_BENCH_URL"])
+
+
+@case("spark.ackkit", available=_spark_available, timeout_s=1200, requires=("ackkit", "pika"))
 def spark_ackkit(url: str, queue: str, n: int) -> None:
-    """ackkit Spark integration draining the queue."""
-    _not_written()
+    """Spark Structured Streaming: the rabbitmq source to Parquet, acked after each write."""
+    from spark.bench import run_case
+
+    run_case(url, queue, n)
