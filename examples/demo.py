@@ -64,7 +64,7 @@ def _spark(broker: Any) -> Any:
         return None
     print("\n== spark: orders stream -> Parquet, bad rows dead-lettered, acked after commit")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    return pipeline.run_demo(broker.url, n_messages=3000)
+    return pipeline.run_demo(broker.url, n_messages=3000, counts=broker.counts)
 
 
 if __name__ == "__main__":

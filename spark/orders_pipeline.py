@@ -108,9 +108,21 @@ class QueueRow:
     consumers: int
 
 
-def queue_table(url: str, queues: list[str]) -> list[QueueRow]:
-    """Ready / unacked counts as the broker reports them (rabbitmqctl when it is on this
-    machine, otherwise a passive declare, which cannot tell unacked)."""
+def queue_table(
+    url: str, queues: list[str], counts: Callable[[str], Any] | None = None
+) -> list[QueueRow]:
+    """Ready / unacked counts as the broker reports them: `counts` (e.g. the test kit's
+    BrokerHandle.counts, which knows which node serves `url`), else rabbitmqctl when it
+    is on this machine and knows every queue, else a passive declare (no unacked)."""
+    if counts is not None:
+        rows_ = []
+        for q in queues:
+            try:
+                c = counts(q)
+            except Exception:  # e.g. the queue does not exist
+                continue
+            rows_.append(QueueRow(q, c.ready, c.unacked, c.consumers))
+        return rows_
     vhost = pika.URLParameters(url).virtual_host
     ctl = shutil.which("rabbitmqctl") or shutil.which("/usr/sbin/rabbitmqctl")
     if ctl:
@@ -135,18 +147,26 @@ def queue_table(url: str, queues: list[str]) -> list[QueueRow]:
                 check=True,
             ).stdout
             rows = {r["name"]: r for r in json.loads(out[out.find("[") :])}
-            return [
-                QueueRow(
-                    q,
-                    int(rows[q]["messages_ready"]),
-                    int(rows[q]["messages_unacknowledged"]),
-                    int(rows[q]["consumers"]),
-                )
-                for q in queues
-                if q in rows
-            ]
+            return (
+                [
+                    QueueRow(
+                        q,
+                        int(rows[q]["messages_ready"]),
+                        int(rows[q]["messages_unacknowledged"]),
+                        int(rows[q]["consumers"]),
+                    )
+                    for q in queues
+                    if q in rows
+                ]
+                if all(q in rows for q in queues)
+                else _amqp_rows(url, queues)
+            )
         except (subprocess.SubprocessError, ValueError, KeyError, OSError):
             pass
+    return _amqp_rows(url, queues)
+
+
+def _amqp_rows(url: str, queues: list[str]) -> list[QueueRow]:
     out_rows = []
     conn = pika.BlockingConnection(pika.URLParameters(url))
     try:
@@ -304,6 +324,7 @@ def run_demo(
     queue: str | None = None,
     workdir: str | os.PathLike[str] | None = None,
     spark: Any = None,
+    counts: Callable[[str], Any] | None = None,
 ) -> dict[str, Any]:
     """Publish orders, stream them to Parquet until the queue is drained, print a summary.
 
@@ -335,7 +356,7 @@ def run_demo(
         query.stop()
     seconds = time.monotonic() - t0
     rows, distinct = count_output(session, output)
-    table = queue_table(url, [queue, dlq])
+    table = queue_table(url, [queue, dlq], counts)
     print(
         f"rows written: {rows} ({distinct} distinct orders) | acked after commit: "
         f"{writer.acked} in {writer.batches} batches | dead-lettered: "
