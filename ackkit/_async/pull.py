@@ -16,6 +16,7 @@ from .._core.actions import Action, Republish
 from .._core.listener import ListenerCore
 from .._core.policy import DLQ_DEFAULT, AckMode, FlushPolicy, ListenerPolicy
 from .._delivery import Delivery
+from .._runtime_common import publish_properties
 from .._tls import TLS, client_tls
 from .._url import mask_url
 from ._amqp import ChannelNumbers, declare_queues, open_connection, publish_copy, send_settles
@@ -154,11 +155,7 @@ class AsyncPullConnection:
         if isinstance(body, str):
             body = body.encode()
         p = spec.Basic.Properties(
-            headers=dict(headers) if headers else None,
-            message_id=message_id,
-            content_type=content_type,
-            delivery_mode=2 if persistent else 1,
-            **props,
+            **publish_properties(headers, message_id, content_type, persistent, props)
         )
         async with self._lock:
             ch = await self._channel()

@@ -54,6 +54,7 @@ from .._runtime_common import (
     ConnectFailed,
     FailureLog,
     FatalConnectError,
+    reconnect_logger,
     reconnect_wait,
     short,
     split_reinvoke,
@@ -607,12 +608,7 @@ class AsyncRuntime:
                     wait=reconnect_wait(self.app.reconnect_max_interval),
                     retry=retry_if_exception_type(ConnectFailed),
                     reraise=True,
-                    before_sleep=lambda rs: log.warning(
-                        "ackkit: connecting to %s failed (attempt %d): %s; retrying",
-                        self.app.safe_url,
-                        rs.attempt_number,
-                        mask_text(str(rs.outcome.exception()) if rs.outcome else ""),
-                    ),
+                    before_sleep=reconnect_logger(self.app.safe_url),
                 )
                 async for attempt in retrying:
                     with attempt:

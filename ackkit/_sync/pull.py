@@ -15,7 +15,7 @@ from .._core.actions import Ack, Action, Nack, Reject, Republish
 from .._core.listener import ListenerCore
 from .._core.policy import DLQ_DEFAULT, AckMode, FlushPolicy, ListenerPolicy
 from .._delivery import Delivery
-from .._runtime_common import FatalConnectError
+from .._runtime_common import FatalConnectError, publish_properties
 from .._tls import TLS, client_tls, tls_failure
 from .._url import mask_url
 from ._pika import copy_properties, declare_queues, parameters
@@ -162,11 +162,7 @@ class PullConnection:
         if isinstance(body, str):
             body = body.encode()
         p = pika.BasicProperties(
-            headers=dict(headers) if headers else None,
-            message_id=message_id,
-            content_type=content_type,
-            delivery_mode=2 if persistent else 1,
-            **props,
+            **publish_properties(headers, message_id, content_type, persistent, props)
         )
         with self._lock:
             self.channel.basic_publish(exchange, routing_key, body, p, mandatory=True)

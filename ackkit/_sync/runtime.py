@@ -36,6 +36,7 @@ from .._runtime_common import (
     ConnectFailed,
     FailureLog,
     FatalConnectError,
+    reconnect_logger,
     reconnect_wait,
     split_reinvoke,
 )
@@ -545,12 +546,7 @@ class Runtime:
                     wait=reconnect_wait(self.app.reconnect_max_interval),
                     retry=retry_if_exception_type(ConnectFailed),
                     reraise=True,
-                    before_sleep=lambda rs: log.warning(
-                        "ackkit: connecting to %s failed (attempt %d): %s; retrying",
-                        self.app.safe_url,
-                        rs.attempt_number,
-                        mask_text(str(rs.outcome.exception()) if rs.outcome else ""),
-                    ),
+                    before_sleep=reconnect_logger(self.app.safe_url),
                 )
                 for attempt in retrying:
                     with attempt:
