@@ -17,7 +17,7 @@ from tenacity import wait_exponential, wait_random
 from tenacity.wait import wait_base
 
 from ._core.actions import Action, Reinvoke
-from ._core.errors import AckkitError, RetryLater
+from ._core.errors import AckkitError
 from ._core.listener import ListenerCore
 from ._delivery import Delivery
 from ._handler import AckIndex, Binding
@@ -134,16 +134,10 @@ class BatchCall:
         exc: BaseException | None = None,
         tb: str | None = None,
     ) -> list[Action]:
-        """Report every delivery's outcome to the core.
-
-        The first `done` succeeded; the rest failed with `exc` (the handler
-        raised) or, when it returned an AckIndex, with RetryLater.
-        """
-        later = RetryLater("not acknowledged by the batch handler (AckIndex)")
-        acts: list[Action] = []
-        for i, d in enumerate(self.good):
-            err = None if i < done else (exc or later)
-            acts.extend(core.finish(d.tracked, err, tb if err is exc else None))
+        """Report every delivery's outcome to the core, which decides what the first
+        `done` successes and the rest (failed with `exc`, or left unprocessed by an
+        AckIndex) become; undecodable deliveries fail with their BadPayload."""
+        acts = core.finish_batch([d.tracked for d in self.good], done, exc, tb)
         for d, e in self.bad:
             acts.extend(core.finish(d.tracked, e, None))
         return acts

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -288,6 +288,30 @@ class ListenerCore:
                 t, exc, traceback
             )
         return self._failure(t, exc, traceback)
+
+    def finish_batch(
+        self,
+        batch: Sequence[Tracked],
+        done: int,
+        exc: BaseException | None = None,
+        traceback: str | None = None,
+    ) -> list[Action]:
+        """A batch handler returned or raised (RocketMQ's ackIndex).
+
+        The first `done` deliveries succeeded. The rest failed with `exc` when the
+        handler raised; when it returned a partial success they were not processed,
+        which counts as a retry request (RetryLater), bounded by max attempts.
+        """
+        later = RetryLater("not acknowledged by the batch handler (AckIndex)")
+        acts: list[Action] = []
+        for i, t in enumerate(batch):
+            if i < done:
+                acts.extend(self.finish(t))
+            elif exc is not None:
+                acts.extend(self.finish(t, exc, traceback))
+            else:
+                acts.extend(self.finish(t, later))
+        return acts
 
     def settle(
         self, t: Tracked, kind: str, *, requeue: bool = False, multiple: bool = False

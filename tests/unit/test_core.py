@@ -298,3 +298,22 @@ def test_unresolvable_handler_annotation_is_a_clear_error():
     )
     with pytest.raises(TypeError, match="cannot resolve its annotations"):
         app.listener("q")(ns["h"])
+
+
+def test_batch_partial_success_retries_the_unprocessed_tail():
+    c = core(
+        retry=Retry(max_attempts=2), prefetch=10, flush=FlushPolicy(max_pending=10, interval=1)
+    )
+    ts = [c.receive(t) for t in range(1, 5)]
+    acts = c.finish_batch(ts, 2)  # AckIndex(1): deliveries 0 and 1 done
+    retries = [a for a in acts if isinstance(a, Republish)]
+    assert [a.tag for a in retries] == [3, 4]
+    assert all(a.purpose == "retry" and a.set_headers[H.ATTEMPT] == 2 for a in retries)
+    assert c.drain() == [Ack(2, multiple=True)]
+
+
+def test_batch_handler_raising_fails_every_delivery_with_its_error():
+    c = core()
+    ts = [c.receive(t) for t in range(1, 3)]
+    acts = c.finish_batch(ts, 0, ValueError("batch broke"), "tb")
+    assert [a.set_headers[H.ERROR_MESSAGE] for a in acts] == ["batch broke"] * 2
