@@ -14,7 +14,7 @@ from ._common import Broker, broker_for_cli, cleanup, publish_json, settled
 QUEUE = "example.modes"
 
 
-def _run(broker: Broker, mode: AckMode) -> dict[str, int]:
+def _run(broker: Broker, mode: AckMode) -> dict[str, Any]:
     q = f"{QUEUE}.{mode.value}"
     cleanup(broker, q, f"{q}.dlq")
     publish_json(broker.url, q, [{"n": i} for i in range(20)])
@@ -42,8 +42,13 @@ def _run(broker: Broker, mode: AckMode) -> dict[str, int]:
     with app.running():
         settled(broker, q)
         stats = app.stats()[f"{q}:h"]
+    left = broker.counts(q)  # what the broker says, after the app has stopped
     cleanup(broker, q, f"{q}.dlq")
-    return {"acked": stats["acked"], "ack_frames": stats["ack_frames"]}
+    return {
+        "acked": stats["acked"],
+        "ack_frames": stats["ack_frames"],
+        "left": (left.ready, left.unacked),
+    }
 
 
 def main(broker: Broker) -> dict[str, Any]:

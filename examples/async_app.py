@@ -61,7 +61,7 @@ def main(broker: Broker) -> dict[str, Any]:
     publish_json(broker.url, QUEUE, [{"id": i, "amount": 1.0 + i} for i in range(30)])
     table(broker, [QUEUE], "before")
     out = asyncio.run(_run(broker))
-    table(broker, [QUEUE, f"{QUEUE}.dlq"], "after")
+    out["table"] = table(broker, [QUEUE, f"{QUEUE}.dlq"], "after")
     print(f"    handled {len(out['handled'])} orders concurrently; dead-lettered:")
     for line in out["dead_lettered"]:
         print(f"      {line}")

@@ -42,7 +42,7 @@ def main(broker: Broker) -> dict[str, Any]:
     with app.running():
         settled(broker, QUEUE)
         stats = app.stats()[f"{QUEUE}:on_order"]
-    table(broker, [QUEUE, f"{QUEUE}.dlq"], "after")
+    rows = table(broker, [QUEUE, f"{QUEUE}.dlq"], "after")
     reasons = []
     with connect(broker.url) as c:
         while (d := c.get(f"{QUEUE}.dlq")) is not None:
@@ -51,7 +51,12 @@ def main(broker: Broker) -> dict[str, Any]:
             d.ack()
     print(f"  handled orders {sorted(handled)}; counters {stats}")
     cleanup(broker, QUEUE, f"{QUEUE}.dlq")
-    return {"handled": sorted(handled), "dead_lettered": len(reasons), "reasons": reasons}
+    return {
+        "handled": sorted(handled),
+        "dead_lettered": len(reasons),
+        "reasons": reasons,
+        "table": rows,
+    }
 
 
 if __name__ == "__main__":

@@ -31,11 +31,11 @@ def main(broker: Broker) -> dict[str, Any]:
 
     with app.running():
         settled(broker, QUEUE)
-    table(broker, [QUEUE, f"{QUEUE}.dlq"], "after")
+    rows = table(broker, [QUEUE, f"{QUEUE}.dlq"], "after")
     for b in batches:
         print(f"    batch {b}")
     cleanup(broker, QUEUE, f"{QUEUE}.dlq")
-    return {"batches": batches}
+    return {"batches": batches, "table": rows}
 
 
 if __name__ == "__main__":

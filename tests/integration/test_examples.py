@@ -18,6 +18,7 @@ def test_auto_ack(rabbitmq):
     assert out["handled"] == [1, 2, 3, 4, 5]
     assert out["dead_lettered"] == 3  # the raising order, the non-JSON body, the bad schema
     assert any(r.startswith("bad payload") for r in out["reasons"])
+    assert out["table"]["example.orders"] == (0, 0)  # the broker: nothing left, nothing unacked
 
 
 def test_manual_ack(rabbitmq):
@@ -28,6 +29,7 @@ def test_manual_ack(rabbitmq):
 def test_ack_modes(rabbitmq):
     out = run("ack_modes", rabbitmq)
     assert all(r["acked"] == 20 for r in out.values())
+    assert all(r["left"] == (0, 0) for r in out.values())  # asked of the broker
     assert out["individual"]["ack_frames"] == 20
     assert out["client"]["ack_frames"] < 20
 
@@ -37,6 +39,7 @@ def test_batch_ack(rabbitmq):
     done = sorted(n for b in out["batches"] for n in b)
     assert set(done) == set(range(10))
     assert any(b[0] == 7 for b in out["batches"][1:])  # the unacknowledged tail came back
+    assert out["table"] == {"example.batch": (0, 0), "example.batch.dlq": (0, 0)}
 
 
 def test_pull_mode(rabbitmq):
@@ -49,7 +52,13 @@ def test_async_app(rabbitmq):
     pytest.importorskip("aio_pika")
     out = run("async_app", rabbitmq)
     assert len(out["handled"]) == 27
-    assert sorted(x.split(":")[0] for x in out["dead_lettered"]) == ["17", "27", "7"]
+    assert sorted(x.split(":")[0] for x in out["dead_lettered"]) == [
+        "17",
+        "27",
+        "7",
+    ]  # from the DLQ
+    # The table is read after the DLQ was drained by the example's pull connection.
+    assert out["table"] == {"example.async.orders": (0, 0), "example.async.orders.dlq": (0, 0)}
 
 
 def test_throughput_example_drains_the_queue(rabbitmq):
