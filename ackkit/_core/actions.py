@@ -51,6 +51,9 @@ class Republish:
     """A queue (name, arguments) to declare before publishing, when not declared yet."""
     source: Any = field(default=None, compare=False, repr=False)
     """The runtime's object for the original delivery (Tracked.payload)."""
+    minimal: bool = False
+    """The original's properties could not be read: the copy carries its body and
+    `set_headers` only (no property of the original)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,18 +46,29 @@ def _as_int(value: Any) -> int | None:
     return None
 
 
-def counts_deliveries(headers: Mapping[str, Any] | None) -> bool:
-    """True when the broker counts this copy's deliveries (a quorum queue's x-delivery-count)."""
-    return headers is not None and X_DELIVERY_COUNT in headers
+def broker_counts_deliveries(queue_type: str | None) -> bool:
+    """Does the broker maintain x-delivery-count on this queue's deliveries?
+
+    Only quorum queues do (RabbitMQ 3.8+; the broker overwrites whatever a
+    publisher wrote there). On a classic queue or stream the header is whatever
+    the producer put in it: trusting it would let a forged value freeze the
+    attempt counter, so the redelivered flag counts instead. An unknown queue
+    type is not trusted either: the redelivered flag then counts each loss once,
+    and a redelivered copy is restamped (see ListenerCore.receive).
+    """
+    return queue_type == "quorum"
 
 
-def attempt_of(headers: Mapping[str, Any] | None, redelivered: bool) -> int:
+def attempt_of(
+    headers: Mapping[str, Any] | None, redelivered: bool, *, trust_count: bool = False
+) -> int:
     """The 1-based attempt number of a delivery.
 
     ackkit's own header says which attempt this copy started at. On top of it,
-    previous deliveries of this same copy count: quorum queues say how many
-    (x-delivery-count); elsewhere the redelivered flag says "at least one".
-    Raises BadAttemptHeader for a forged or garbage header.
+    previous deliveries of this same copy count: a quorum queue says how many
+    (x-delivery-count, read only with `trust_count`); elsewhere the redelivered
+    flag says "at least one". Raises BadAttemptHeader for a forged or garbage
+    ackkit-attempt header.
     """
     base = 1
     extra = 1 if redelivered else 0
@@ -68,9 +79,9 @@ def attempt_of(headers: Mapping[str, Any] | None, redelivered: bool) -> int:
             if n is None or not 1 <= n <= MAX_ATTEMPT_HEADER:
                 raise BadAttemptHeader(f"invalid {ATTEMPT} header: {raw!r:.80}")
             base = n
-        count = headers.get(X_DELIVERY_COUNT)
+        count = headers.get(X_DELIVERY_COUNT) if trust_count else None
         if count is not None:
             c = _as_int(count)
             if c is not None and c >= 0:
-                extra = c
+                extra = max(c, extra)  # a redelivery counts at least once, whatever it says
     return base + extra

@@ -146,6 +146,7 @@ class ListenerCore:
         self._parked = 0
         self._last_flush = clock()
         self._declared: set[str] = set()
+        self._trust_count = H.broker_counts_deliveries(policy.queue_type)
 
     # -- topology ---------------------------------------------------------
 
@@ -222,11 +223,20 @@ class ListenerCore:
         exchange: str = "",
         routing_key: str = "",
         message_id: str | None = None,
+        unreadable: str | None = None,
     ) -> Tracked:
         """Track a delivery. If `verdict` is set on the result, do not run the handler:
-        carry out the verdict's actions instead."""
+        carry out the verdict's actions instead.
+
+        `unreadable`: the client library could not decode the delivery's properties
+        (why, in words). Such a delivery never reaches a handler: it is dead-lettered
+        with a minimal copy (its body and ackkit's reason; the properties are what
+        could not be read), or rejected without requeue when the listener has no
+        dead-letter queue, so the queue's own dead-letter route takes it whole.
+        """
+        trust = self._trust_count
         try:
-            attempt = H.attempt_of(headers, redelivered)
+            attempt = H.attempt_of(headers, redelivered, trust_count=trust)
             bad: str | None = None
         except H.BadAttemptHeader as exc:
             attempt, bad = 1, str(exc)
@@ -237,10 +247,15 @@ class ListenerCore:
             self._emit(Stage.RECEIVED, t, "", count=False)
         if self.mode is AckMode.NONE:
             t.settled = True
+            if unreadable is not None:
+                t.settled = False
+                t.verdict = self._unreadable(t, unreadable)
             return t
         self._window.add(tag)
         self._tracked[tag] = t
-        if bad is not None:
+        if unreadable is not None:
+            t.verdict = self._unreadable(t, unreadable)
+        elif bad is not None:
             t.verdict = self._dead_letter(t, bad, BadPayload(bad), None)
         else:
             mx = self.policy.retry.max_attempts
@@ -254,9 +269,31 @@ class ListenerCore:
                     None,
                     attempts=attempt - 1,  # this delivery never reaches the handler
                 )
-            elif mx > 1 and redelivered and not H.counts_deliveries(headers):
+            elif mx > 1 and redelivered and not trust:
+                # No header the broker maintains says how often this copy was delivered:
+                # a copy carrying the attempt number goes back instead (a header a
+                # producer wrote can never turn this counting off).
                 t.verdict = [self._restamp(t)]
         return t
+
+    def _unreadable(self, t: Tracked, why: str) -> list[Action]:
+        reason = f"unreadable message: {why}"
+        if self.policy.dead_letter_queue is None:
+            if self.mode is AckMode.NONE:
+                self._emit(Stage.REJECTED, t, f"lost (no-ack, no DLQ): {reason}")
+                t.settled = True
+                return []
+            self._take(t)
+            self._window.mark_gone(t.tag)
+            self._emit(Stage.REJECTED, t, reason)
+            return [Reject(t.tag, requeue=False)]
+        out: list[Action] = []
+        for a in self._dead_letter(t, reason, None, None):
+            if isinstance(a, Republish):
+                a = dataclasses.replace(a, minimal=True)
+                self._republish_acts[a.token] = a
+            out.append(a)
+        return out
 
     def finish(
         self, t: Tracked, exc: BaseException | None = None, traceback: str | None = None

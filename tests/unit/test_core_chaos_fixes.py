@@ -104,18 +104,43 @@ def test_a_message_that_always_kills_its_consumer_reaches_the_dlq_after_max_atte
 
 
 @pytest.mark.parametrize(
-    ("retry", "headers"),
+    ("retry", "headers", "queue_type"),
     [
-        (RETRY3, {H.X_DELIVERY_COUNT: 1}),  # a quorum queue counts its deliveries itself
-        (Retry(max_attempts=1), {}),  # no retries: a crash redelivery is simply handled again
+        # a quorum queue counts its deliveries itself
+        (RETRY3, {H.X_DELIVERY_COUNT: 1}, "quorum"),
+        # no retries: a crash redelivery is simply handled again
+        (Retry(max_attempts=1), {}, None),
     ],
 )
 def test_no_restamp_when_the_broker_counts_or_nothing_is_counted(
-    retry: Retry, headers: dict[str, Any]
+    retry: Retry, headers: dict[str, Any], queue_type: str | None
 ) -> None:
-    c = core(retry=retry)
+    c = core(retry=retry, queue_type=queue_type)
     t = c.receive(1, redelivered=True, headers=headers)
     assert t.verdict is None and t.attempt == 2
+
+
+@pytest.mark.parametrize("queue_type", [None, "classic", "stream"])
+@pytest.mark.parametrize("forged", [0, 1, 2, "1", 999])
+def test_a_producers_delivery_count_never_stops_the_counting(
+    queue_type: str | None, forged: object
+) -> None:
+    """Where the broker does not maintain x-delivery-count, a producer's value is
+    ignored: every redelivery is restamped with one more attempt until the DLQ."""
+    c = core(retry=RETRY3, queue_type=queue_type)
+    headers: dict[str, Any] = {H.X_DELIVERY_COUNT: forged}
+    first = c.receive(1, redelivered=False, headers=headers)
+    assert first.verdict is None and first.attempt == 1
+    tag, seen = 2, []
+    for _ in range(10):
+        t = c.receive(tag, redelivered=True, headers=headers)
+        tag += 1
+        [a] = t.verdict or []
+        seen.append(a.purpose)
+        if a.purpose == "dead-letter":
+            break
+        headers = {**headers, **{k: v for k, v in a.set_headers.items() if v is not None}}
+    assert seen == ["restamp", "restamp", "dead-letter"]
 
 
 def test_restamp_keeps_the_first_origin_of_a_retried_copy() -> None:

@@ -29,7 +29,7 @@ def core(now: list[float] | None = None, **kw: Any) -> ListenerCore:
         {H.ATTEMPT: -1},
         {H.ATTEMPT: 10**12},
         # Redelivered after a consumer loss with its attempts used up.
-        {H.ATTEMPT: 5, H.X_DELIVERY_COUNT: 1},
+        {H.ATTEMPT: 6},
     ],
 )
 def test_verdict_from_receive_gets_the_delivery_as_source(headers: dict[str, Any]) -> None:
@@ -59,7 +59,7 @@ def test_broker_retry_copy_drops_the_quorum_delivery_count() -> None:
     """A quorum queue's x-delivery-count belongs to the copy that was delivered; the
     republished copy is a new message. Copied along, it was counted again on top of
     ackkit-attempt (attempt 2 -> 4 after one crash redelivery)."""
-    c = core(retry=Retry(max_attempts=5, initial_interval=0.2))
+    c = core(retry=Retry(max_attempts=5, initial_interval=0.2), queue_type="quorum")
     t = c.receive(1, headers={H.X_DELIVERY_COUNT: 1})
     assert t.attempt == 2
     t.attach("d")
@@ -71,7 +71,7 @@ def test_broker_retry_copy_drops_the_quorum_delivery_count() -> None:
 
 
 def test_dead_letter_copy_drops_the_quorum_delivery_count() -> None:
-    c = core(retry=Retry(max_attempts=2))
+    c = core(retry=Retry(max_attempts=2), queue_type="quorum")
     t = c.receive(1, headers={H.ATTEMPT: 1, H.X_DELIVERY_COUNT: 1})
     (act,) = c.finish(t, ValueError("boom"))
     assert act.purpose == "dead-letter"  # type: ignore[union-attr]
