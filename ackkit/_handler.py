@@ -12,21 +12,13 @@ from typing import Any, get_args, get_origin
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from ._core.errors import BadPayload
+from ._core.outcome import AckIndex
 from ._delivery import Delivery, _validation_reason
+
+__all__ = ["AckIndex", "Binding", "Decoder"]
 
 DEFAULT_MAX_BODY = 16 * 1024 * 1024
 _JSON_TYPES = ("application/json", "text/json")
-
-
-@dataclass(frozen=True, slots=True)
-class AckIndex:
-    """Partial success of a batch handler (RocketMQ's ackIndex).
-
-    Deliveries [0 .. index] succeeded and are acked; the rest are retried
-    (within the listener's max attempts) or dead-lettered. index -1: none succeeded.
-    """
-
-    index: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,11 +16,9 @@ from typing import Any
 from tenacity import wait_exponential, wait_random
 from tenacity.wait import wait_base
 
-from ._core.actions import Action, Reinvoke
 from ._core.errors import AckkitError
-from ._core.listener import ListenerCore
+from ._core.tb import text_of
 from ._delivery import Delivery
-from ._handler import AckIndex, Binding
 from ._logs import Throttle, delivery_extra
 from ._url import mask_text
 
@@ -90,66 +88,8 @@ def merge_headers(
 
 def short(exc: BaseException) -> str:
     """One log-friendly line for an exception, credentials masked."""
-    s = f"{type(exc).__name__}: {exc}"
+    s = f"{type(exc).__name__}: {text_of(exc)}"
     return mask_text(s if len(s) < 300 else s[:297] + "...")
-
-
-# -- batch handlers ------------------------------------------------------------
-
-
-class BatchCall:
-    """One invocation of a batch handler: which deliveries decoded, and their arguments.
-
-    Deliveries whose body cannot be decoded leave the batch with their
-    BadPayload (they are dead-lettered; the handler never sees them).
-    """
-
-    __slots__ = ("args", "bad", "good")
-
-    def __init__(self, binding: Binding, batch: Sequence[Delivery]) -> None:
-        self.good: list[Delivery] = []
-        self.args: list[Any] = []
-        self.bad: list[tuple[Delivery, BaseException]] = []
-        for d in batch:
-            try:
-                self.args.append(binding.arg(d))
-                self.good.append(d)
-            except Exception as e:
-                self.bad.append((d, e))
-
-    def call_args(self, binding: Binding) -> tuple[Any, ...]:
-        return (self.args, self.good) if binding.pass_delivery else (self.args,)
-
-    def succeeded(self, result: object) -> int:
-        """How many of `good` succeeded, given what the handler returned."""
-        n = len(self.good)
-        if isinstance(result, AckIndex):
-            return max(-1, min(result.index, n - 1)) + 1
-        return n
-
-    def finish(
-        self,
-        core: ListenerCore,
-        done: int,
-        exc: BaseException | None = None,
-        tb: str | None = None,
-    ) -> list[Action]:
-        """Report every delivery's outcome to the core, which decides what the first
-        `done` successes and the rest (failed with `exc`, or left unprocessed by an
-        AckIndex) become; undecodable deliveries fail with their BadPayload."""
-        acts = core.finish_batch([d.tracked for d in self.good], done, exc, tb)
-        for d, e in self.bad:
-            acts.extend(core.finish(d.tracked, e, None))
-        return acts
-
-
-def split_reinvoke(acts: list[Action]) -> tuple[list[Action], set[int], float]:
-    """Separate in-process retries from channel actions: (actions, tags to re-run, delay)."""
-    if not any(type(a) is Reinvoke for a in acts):
-        return acts, set(), 0.0
-    rest = [a for a in acts if type(a) is not Reinvoke]
-    reinv = [a for a in acts if type(a) is Reinvoke]
-    return rest, {a.tag for a in reinv}, max(a.delay for a in reinv)
 
 
 class FailureLog:

@@ -42,22 +42,22 @@ import aiormq.exceptions
 from aiormq.abc import AbstractChannel, AbstractConnection, DeliveredMessage
 from tenacity import AsyncRetrying, retry_if_exception_type
 
-from .._core.actions import Action, Reinvoke, Republish, TxCommit, TxSelect
+from .._core.actions import Action, Republish, TxCommit, TxSelect
 from .._core.errors import TopologyConflict
 from .._core.events import Observer
 from .._core.listener import ListenerCore
+from .._core.outcome import EXIT_SIGNALS, Outcome
 from .._core.policy import AckMode
 from .._delivery import Delivery
+from .._invocation import Invocation
 from .._runtime_common import (
     TICK,
-    BatchCall,
     ConnectFailed,
     FailureLog,
     FatalConnectError,
     reconnect_logger,
     reconnect_wait,
     short,
-    split_reinvoke,
 )
 from .._spec import ListenerSpec
 from .._url import mask_text
@@ -196,6 +196,14 @@ class AsyncConsumer:
 
     async def _on_message(self, msg: DeliveredMessage) -> None:
         """aiormq's consumer callback (already a task of the channel)."""
+        try:
+            await self._deliver(msg)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # a bug of ours: stop visibly, never a silent zombie
+            self.rt.fail(exc, f"{self.spec.name}: delivery task failed")
+
+    async def _deliver(self, msg: DeliveredMessage) -> None:
         if msg.channel is not self.channel:
             return  # a late delivery of a closed channel: the broker requeued it
         dv: Any = msg.delivery
@@ -243,10 +251,7 @@ class AsyncConsumer:
             self.tasks.add(task)
         try:
             while True:
-                if isinstance(unit, list):
-                    await self._handle_batch(unit)
-                else:
-                    await self._handle(unit)
+                await self._handle(unit if isinstance(unit, list) else [unit])
                 if not self.backlog or self.rt.stopping:
                     return
                 unit = self.backlog.popleft()
@@ -255,94 +260,54 @@ class AsyncConsumer:
             if task is not None:
                 self.tasks.discard(task)
 
-    async def _handle(self, d: Delivery) -> None:
+    async def _handle(self, ds: list[Delivery]) -> None:
+        """Run the handler for `ds` (one delivery, or a batch) until the core is done with it."""
+        inv = Invocation(self.binding, ds)
         try:
-            await self._attempts(d)
-        except asyncio.CancelledError:  # shutdown or a lost channel: requeue, not a failure
-            await self.release([d])
-            raise
-
-    async def _attempts(self, d: Delivery) -> None:
-        t = d.tracked
-        b = self.binding
-        core = self.core
-        while True:
-            exc: BaseException | None = None
-            tb = None
-            done = self.probe((d,)) if self.probe is not None else None
-            try:
-                if self.is_async:
-                    await b.fn(*b.args(d))
-                else:
-                    await self.rt.loop.run_in_executor(self.pool, _call_sync, b.fn, b.args, d)
-            except Exception as e:
-                exc = e
-                tb = traceback.format_exc()
-                self.failures.failed(self.spec.name, d, e)
-            except BaseException as e:  # cancelled: released below, not a failure
-                if done is not None:
-                    done(e)
-                raise
-            if done is not None:
-                done(exc)
-            acts = core.finish(t, exc, tb)
-            gen = core.generation
-            if acts and type(acts[0]) is Reinvoke:
-                if await self.rt.pause(acts[0].delay):
-                    await self.release([d])
+            while True:
+                out = await self._attempt(inv)
+                if not out.rerun:
                     return
-                continue
-            if acts:
-                await self.execute(gen, acts)
-            return
-
-    async def _handle_batch(self, batch: list[Delivery]) -> None:
-        try:
-            await self._batch_attempts(batch)
-        except asyncio.CancelledError:
-            await self.release(batch)
+                inv = inv.again(out.rerun)
+                if await self.rt.pause(out.delay):  # stopping during the backoff
+                    await self.release(inv.deliveries)
+                    return
+        except asyncio.CancelledError:  # shutdown or a lost channel: requeue, not a failure
+            await self.release(inv.deliveries)
             raise
 
-    async def _batch_attempts(self, batch: list[Delivery]) -> None:
+    async def _attempt(self, inv: Invocation) -> Outcome:
+        """Call the handler once, then carry out what the core makes of it."""
         b = self.binding
-        call = BatchCall(b, batch)
+        result: object = None
         exc: BaseException | None = None
         tb = None
-        done = len(call.good)
-        if call.good:
-            probed = self.probe(call.good) if self.probe is not None else None
-            try:
-                if self.is_async:
-                    out = await b.fn(*call.call_args(b))
-                else:
-                    fn = functools.partial(b.fn, *call.call_args(b))
-                    out = await self.rt.loop.run_in_executor(self.pool, fn)
-                done = call.succeeded(out)
-            except Exception as e:
-                exc, tb, done = e, traceback.format_exc(), 0
-                log.warning(
-                    "%s: batch handler failed on %d deliveries: %s",
-                    self.spec.name,
-                    len(call.good),
-                    short(e),
-                )
-            except BaseException as e:
-                if probed is not None:
-                    probed(e)
-                raise
-            if probed is not None:
-                probed(exc)
-        acts = call.finish(self.core, done, exc, tb)
-        gen = self.core.generation
-        acts, again_tags, delay = split_reinvoke(acts)
-        if acts:
-            await self.execute(gen, acts)
-        if again_tags:
-            again = [d for d in call.good if d.tracked.tag in again_tags]
-            if await self.rt.pause(delay):
-                await self.release(again)
+        ds = inv.deliveries
+        done = self.probe(ds) if self.probe is not None and ds else None
+        try:
+            if not ds:
+                pass
+            elif self.is_async:
+                result = await b.fn(*inv.args())
             else:
-                await self._batch_attempts(again)
+                result = await self.rt.loop.run_in_executor(self.pool, _call, b.fn, inv.args)
+        except asyncio.CancelledError as e:  # released by _handle, not a failure
+            if done is not None:
+                done(e)
+            raise
+        except BaseException as e:  # SystemExit and KeyboardInterrupt too: settled, then stop
+            exc = e
+            tb = traceback.format_exc()
+            self.failures.failed(self.spec.name, inv, e)  # before the core moves attempt
+        if done is not None:
+            done(exc)
+        core = self.core
+        out = inv.outcome(core, result, exc, tb)
+        if out.actions:
+            await self.execute(core.generation, out.actions)
+        if out.stop is not None:
+            self.rt.fail(out.stop, f"{self.spec.name}: handler raised {type(out.stop).__name__}")
+        return out
 
     def _batch_add(self, d: Delivery) -> list[Delivery] | None:
         buf = self.batch_buf
@@ -466,8 +431,8 @@ class AsyncConsumer:
             await self.execute(core.generation, acts)
 
 
-def _call_sync(fn: Any, args: Any, d: Delivery) -> Any:
-    return fn(*args(d))
+def _call(fn: Any, args: Any) -> Any:
+    return fn(*args())
 
 
 class AsyncPublisher:
@@ -568,6 +533,20 @@ class AsyncRuntime:
         task.add_done_callback(self._background.discard)
         return task
 
+    def fail(self, exc: BaseException, what: str) -> None:
+        """Something that must not go on quietly: a failure of ackkit's own tasks, or a
+        handler that raised an interpreter-exit signal. The app stops (its deliveries
+        settled or left to the broker to requeue), `run()` raises `exc`, `is_running`
+        turns False; never a listener that looks alive and consumes nothing."""
+        if self.fatal is None:
+            self.fatal = exc
+        if isinstance(exc, EXIT_SIGNALS):
+            log.error("%s; stopping the app", what)
+        else:
+            log.error("%s: %s; stopping the app", what, short(exc), exc_info=exc)
+        if self._stop_task is None:
+            self._stop_task = self.loop.create_task(self._stop(None))
+
     async def pause(self, delay: float) -> bool:
         """Sleep `delay` seconds; True (at once) when a shutdown was requested."""
         if self.stopping:
@@ -620,9 +599,8 @@ class AsyncRuntime:
         except asyncio.CancelledError:
             if not self.stopping:
                 raise
-        except BaseException as exc:  # pragma: no cover - surfaced to start()/run()
-            self.fatal = exc
-            log.exception("ackkit async runtime failed")
+        except BaseException as exc:  # a bug of ours: surfaced to start() / run()
+            self.fail(exc, "ackkit async runtime failed")
 
     async def _serve(self) -> None:
         """One connection's life. Raises ConnectFailed if it never served."""

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from . import headers as H
+from . import outcome as _outcome
 from .actions import Ack, Action, Nack, Reinvoke, Reject, Republish, TxCommit, TxSelect
 from .errors import (
     AlreadySettled,
@@ -21,8 +23,9 @@ from .errors import (
     SettleNotAllowed,
 )
 from .events import HOT_STAGES, Counters, Event, Observer, Stage
+from .outcome import Outcome
 from .policy import AckMode, ListenerPolicy, RetryStrategy, Unsettled
-from .tb import format_traceback
+from .tb import format_traceback, text_of
 from .window import IN_FLIGHT, TagWindow
 
 _BATCHED = (AckMode.AUTO, AckMode.DUPS_OK, AckMode.TRANSACTED)
@@ -350,6 +353,29 @@ class ListenerCore:
                 acts.extend(self.finish(t, later))
         return acts
 
+    def handled(
+        self,
+        batch: Sequence[Tracked],
+        result: object = None,
+        exc: BaseException | None = None,
+        *,
+        is_batch: bool = False,
+        undecodable: Sequence[tuple[Tracked, BaseException]] = (),
+        traceback: str | None = None,
+    ) -> Outcome:
+        """A handler ran for `batch` (one delivery, or a batch) and returned `result` or
+        raised `exc` (any exception, interpreter-exit signals included): what it comes
+        to. See `outcome.handled`."""
+        return _outcome.handled(
+            self,
+            batch,
+            result,
+            exc,
+            is_batch=is_batch,
+            undecodable=undecodable,
+            traceback=traceback,
+        )
+
     def settle(
         self, t: Tracked, kind: str, *, requeue: bool = False, multiple: bool = False
     ) -> list[Action]:
@@ -373,16 +399,22 @@ class ListenerCore:
             return self._ack(t)
         if kind not in ("nack", "reject"):
             raise ValueError(f"unknown settle kind {kind!r}")
+        # A multiple frame covers every outstanding tag up to t.tag at the broker; it may
+        # only go out when each of them is one of ours to settle now. A delivery already
+        # decided (its retry or dead-letter copy awaiting the broker's confirm) must not
+        # be requeued under it: the copy and the requeued original would both live on.
+        covered = set(self._window.in_flight_upto(t.tag)) if multiple else set()
         targets = self._take_upto(t.tag) if multiple else [self._take(t)]
         acts: list[Action] = []
         if requeue:
-            if multiple:
+            if multiple and covered == {x.tag for x in targets}:
                 acts.extend(self._flush_acks(force=True))
                 self._window.mark_gone_upto(t.tag)
                 acts.append(Nack(t.tag, multiple=True, requeue=True))
             else:
-                self._window.mark_gone(t.tag)
-                acts.append(Nack(t.tag, requeue=True) if kind == "nack" else Reject(t.tag, True))
+                for x in targets:
+                    self._window.mark_gone(x.tag)
+                    acts.append(Nack(x.tag) if kind == "nack" else Reject(x.tag, requeue=True))
             for x in targets:
                 self._emit(Stage.REQUEUED, x, f"{kind} requeue by handler")
             return acts
@@ -655,7 +687,7 @@ class ListenerCore:
         if t.attempt >= retry.max_attempts:
             why = f"attempts exhausted ({t.attempt} of {retry.max_attempts})"
             return self._dead_letter(t, why, exc, tb)
-        asked = exc.delay if isinstance(exc, RetryLater) else None
+        asked = _asked_delay(exc)
         self._emit(Stage.RETRYING, t, _describe(exc))
         if retry.strategy is RetryStrategy.IN_PROCESS:
             if t.first_failure is None:
@@ -674,7 +706,7 @@ class ListenerCore:
             H.X_DELIVERY_COUNT: None,
             H.LAST_FAILURE: now,
             H.ERROR_TYPE: _qualname(exc),
-            H.ERROR_MESSAGE: _bounded(str(exc), 1000),
+            H.ERROR_MESSAGE: _bounded(text_of(exc), 1000),
         }
         if not (t.headers and H.FIRST_FAILURE in t.headers):
             hdrs[H.FIRST_FAILURE] = now
@@ -719,7 +751,7 @@ class ListenerCore:
         }
         if exc is not None:
             hdrs[H.ERROR_TYPE] = _qualname(exc)
-            hdrs[H.ERROR_MESSAGE] = _bounded(str(exc), 1000)
+            hdrs[H.ERROR_MESSAGE] = _bounded(text_of(exc), 1000)
         if tb is None and exc is not None and exc.__traceback__ is not None:
             tb = format_traceback(exc)  # only dead letters need it; cached per failure
         if tb:
@@ -780,7 +812,25 @@ def _bounded(s: str, n: int) -> str:
 
 
 def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {_bounded(str(exc), 200)}"
+    return f"{type(exc).__name__}: {_bounded(text_of(exc), 200)}"
+
+
+MAX_RETRY_DELAY = 24 * 3600.0
+"""The longest a RetryLater(delay=...) may ask for (seconds); longer asks are capped."""
+
+
+def _asked_delay(exc: BaseException) -> float | None:
+    """The delay a RetryLater asks for, made sane: None (use the policy's backoff) when
+    it is not a real number, 0 when negative, at most MAX_RETRY_DELAY."""
+    if not isinstance(exc, RetryLater):
+        return None
+    d = exc.delay
+    if isinstance(d, bool) or not isinstance(d, (int, float)):
+        return None
+    d = float(d)
+    if math.isnan(d):
+        return None
+    return min(max(d, 0.0), MAX_RETRY_DELAY)
 
 
 def in_flight_states(core: ListenerCore) -> Iterable[int]:

@@ -56,3 +56,13 @@ def format_traceback(exc: BaseException) -> str:
         if len(_CACHE) > _CACHE_SIZE:
             _CACHE.popitem(last=False)
     return text
+
+
+def text_of(exc: BaseException) -> str:
+    """str(exc), for any exception a handler may raise: one whose __str__ raises (or
+    returns something that is not a str) is described by its type instead."""
+    try:
+        text = str(exc)
+    except BaseException:  # a hostile __str__ may raise anything
+        return f"<{type(exc).__name__}: str() failed>"
+    return text if isinstance(text, str) else f"<{type(exc).__name__}>"

@@ -51,7 +51,7 @@ class TagWindow:
 
     def mark_ack(self, tag: int) -> None:
         i = tag - self.base
-        if self._states[i] != IN_FLIGHT:
+        if not 0 <= i < len(self._states) or self._states[i] != IN_FLIGHT:
             raise ValueError(f"delivery tag {tag} is not in flight")
         self._states[i] = ACK_PENDING
         self.pending += 1

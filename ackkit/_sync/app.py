@@ -85,14 +85,19 @@ class App(AppBase):
     def running(self) -> Iterator[App]:
         """Run in the background for the duration of a with-block."""
         self.start()
+        rt = self._runtime
         try:
             yield self
         finally:
             self.stop()
+        if rt is not None and rt.fatal is not None:
+            raise rt.fatal  # the app stopped itself while the block ran
 
     @property
     def is_running(self) -> bool:
-        return self._runtime is not None
+        """True while the app consumes: False once stopped, or once it failed."""
+        rt = self._runtime
+        return rt is not None and rt.fatal is None and not rt.stopping
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Lifecycle counters per listener (received, acked, dead_lettered, ...)."""

@@ -16,7 +16,7 @@ import ssl
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pika
@@ -24,21 +24,22 @@ import pika.exceptions
 from pika.spec import Basic
 from tenacity import Retrying, retry_if_exception_type
 
-from .._core.actions import Ack, Action, Nack, Reinvoke, Reject, Republish, TxCommit, TxSelect
+from .._core.actions import Ack, Action, Nack, Reject, Republish, TxCommit, TxSelect
 from .._core.errors import TopologyConflict
 from .._core.events import Observer
 from .._core.listener import ListenerCore, Tracked
+from .._core.outcome import EXIT_SIGNALS, Outcome
 from .._core.policy import AckMode
 from .._delivery import Delivery
+from .._invocation import Invocation
 from .._runtime_common import (
     TICK,
-    BatchCall,
     ConnectFailed,
     FailureLog,
     FatalConnectError,
     reconnect_logger,
     reconnect_wait,
-    split_reinvoke,
+    short,
 )
 from .._spec import ListenerSpec
 from .._tls import handshake_hint, tls_failure
@@ -237,63 +238,31 @@ class Consumer:
                 self.send(self.core.generation, acts)
 
     def start_workers(self) -> None:
-        target = self._batch_worker if self.spec.batch_size else self._worker
         for i in range(self.spec.concurrency):
-            th = threading.Thread(target=target, name=f"ackkit-{self.spec.name}-{i}", daemon=True)
+            th = threading.Thread(
+                target=self._worker, name=f"ackkit-{self.spec.name}-{i}", daemon=True
+            )
             th.start()
             self.workers.append(th)
 
     def _worker(self) -> None:
+        try:
+            if self.spec.batch_size:
+                self._take_batches()
+            else:
+                self._take_one_by_one()
+        except BaseException as exc:  # a bug of ours: stop visibly, never a silent zombie
+            self.rt.fail(exc, f"{self.spec.name}: worker thread failed")
+
+    def _take_one_by_one(self) -> None:
         inbox = self.inbox
         while True:
             d = inbox.get()
             if d is None:
                 return
-            if self.rt.stopping:
-                self.rt.unstarted.append(d)
-                continue
-            with self.lock:
-                start = self.core.startable(d.tracked)
-            if start:  # else its channel closed while it waited here: requeued already
-                self._handle(d)
+            self._run([d])
 
-    def _handle(self, d: Delivery) -> None:
-        t = d.tracked
-        fn = self.binding.fn
-        args = self.binding.args
-        while True:
-            exc: BaseException | None = None
-            done = self.probe((d,)) if self.probe is not None else None
-            self.in_handler += 1
-            try:
-                fn(*args(d))
-            except Exception as e:
-                exc = e  # the core formats the traceback if it dead-letters
-            finally:
-                self.in_handler -= 1
-            if done is not None:
-                done(exc)
-            if exc is not None:
-                self.failures.failed(self.spec.name, d, exc)  # before finish() moves attempt
-            with self.lock:
-                acts = self.core.finish(t, exc)
-                again = acts[0] if acts and type(acts[0]) is Reinvoke else None
-                if acts and again is None:
-                    self.send(self.core.generation, acts)
-            if again is not None:
-                if self.rt.stop_event.wait(again.delay):
-                    self._release(t)
-                    return
-                continue
-            return
-
-    def _release(self, t: Tracked) -> None:
-        with self.lock:
-            acts = self.core.release(t)
-            if acts:
-                self.send(self.core.generation, acts)
-
-    def _batch_worker(self) -> None:
+    def _take_batches(self) -> None:
         size = self.spec.batch_size or 1
         timeout = self.spec.batch_timeout
         while True:
@@ -314,41 +283,58 @@ class Consumer:
                     self.inbox.put(None)
                     break
                 batch.append(nxt)
-            if self.rt.stopping:
-                self.rt.unstarted.extend(batch)
-                continue
-            with self.lock:
-                batch = [d for d in batch if self.core.startable(d.tracked)]
-            if batch:
-                self._handle_batch(batch)
+            self._run(batch)
 
-    def _handle_batch(self, batch: list[Delivery]) -> None:
-        b = self.binding
-        call = BatchCall(b, batch)  # bad payloads leave the batch with their reason
+    def _run(self, ds: list[Delivery]) -> None:
+        """Run the handler for `ds` (one delivery, or a batch) until the core is done with it."""
+        if self.rt.stopping:
+            self.rt.unstarted.extend(ds)
+            return
+        with self.lock:  # a delivery whose channel closed while it waited: requeued already
+            ds = [d for d in ds if self.core.startable(d.tracked)]
+        if not ds:
+            return
+        inv = Invocation(self.binding, ds)
+        while True:
+            out = self._attempt(inv)
+            if not out.rerun:
+                return
+            inv = inv.again(out.rerun)
+            if self.rt.stop_event.wait(out.delay):  # stopping during the backoff
+                self._release(out.rerun)
+                return
+
+    def _attempt(self, inv: Invocation) -> Outcome:
+        """Call the handler once, then carry out what the core makes of it."""
+        result: object = None
         exc: BaseException | None = None
-        done = len(call.good)
-        if call.good:
-            probed = self.probe(call.good) if self.probe is not None else None
-            self.in_handler += 1
-            try:
-                done = call.succeeded(b.fn(*call.call_args(b)))
-            except Exception as e:
-                exc, done = e, 0
-            finally:
-                self.in_handler -= 1
-            if probed is not None:
-                probed(exc)
+        ds = inv.deliveries
+        done = self.probe(ds) if self.probe is not None and ds else None
+        self.in_handler += 1
+        try:
+            if ds:
+                result = self.binding.fn(*inv.args())
+        except BaseException as e:  # SystemExit and KeyboardInterrupt too: settled, then stop
+            exc = e  # the core formats the traceback if it dead-letters
+        finally:
+            self.in_handler -= 1
+        if done is not None:
+            done(exc)
+        if exc is not None:
+            self.failures.failed(self.spec.name, inv, exc)  # before the core moves attempt
         with self.lock:
-            acts, again_tags, delay = split_reinvoke(call.finish(self.core, done, exc))
+            out = inv.outcome(self.core, result, exc)
+            if out.actions:
+                self.send(self.core.generation, out.actions)
+        if out.stop is not None:
+            self.rt.fail(out.stop, f"{self.spec.name}: handler raised {type(out.stop).__name__}")
+        return out
+
+    def _release(self, ts: Sequence[Tracked]) -> None:
+        with self.lock:
+            acts = [a for t in ts for a in self.core.release(t)]
             if acts:
                 self.send(self.core.generation, acts)
-        if again_tags:
-            again = [d for d in call.good if d.tracked.tag in again_tags]
-            if self.rt.stop_event.wait(delay):
-                for d in again:
-                    self._release(d.tracked)
-            else:
-                self._handle_batch(again)
 
 
 class Publisher:
@@ -468,6 +454,7 @@ class Runtime:
         self._opened = False
         self._close_reason = ""
         self._done = threading.Event()
+        self._stop_lock = threading.Lock()
 
     # -- lifecycle (caller's thread) -------------------------------------------
 
@@ -487,8 +474,26 @@ class Runtime:
                     f"no connection to {self.app.safe_url} within {self.app.startup_timeout} s"
                 )
 
+    def fail(self, exc: BaseException, what: str) -> None:
+        """Something that must not go on quietly: a failure of ackkit's own threads, or a
+        handler that raised an interpreter-exit signal. The app stops (its deliveries
+        settled or left to the broker to requeue), `run()` raises `exc`, `is_running`
+        turns False; never a listener that looks alive and consumes nothing."""
+        if self.fatal is None:
+            self.fatal = exc
+        if isinstance(exc, EXIT_SIGNALS):
+            log.error("%s; stopping the app", what)
+        else:
+            log.error("%s: %s; stopping the app", what, short(exc), exc_info=exc)
+        if not self.stopping:
+            threading.Thread(target=self.stop, name="ackkit-stop", daemon=True).start()
+
     def stop(self, timeout: float | None = None) -> None:
         """Graceful: cancel consumers, finish handlers, return unstarted, flush acks, close."""
+        with self._stop_lock:  # one shutdown, whoever asks (app.stop(), fail())
+            self._stop(timeout)
+
+    def _stop(self, timeout: float | None) -> None:
         if self.stopping and self._done.is_set():
             return
         timeout = self.app.shutdown_timeout if timeout is None else timeout
@@ -537,7 +542,10 @@ class Runtime:
     def call_soon(self, fn: Callable[[], None]) -> None:
         conn = self.connection
         if conn is not None:
-            conn.ioloop.add_callback_threadsafe(fn)
+            try:
+                conn.ioloop.add_callback_threadsafe(fn)
+            except Exception:  # its loop is closed: the broker requeues what was unsettled
+                log.debug("ackkit: I/O loop closed; dropped a callback", exc_info=True)
 
     def _io_main(self) -> None:
         try:
@@ -555,9 +563,8 @@ class Runtime:
                         self._serve()
         except (FatalConnectError, TopologyConflict) as exc:
             self.fatal = exc
-        except BaseException as exc:  # pragma: no cover - surfaced to start()
-            self.fatal = exc
-            log.exception("ackkit I/O thread failed")
+        except BaseException as exc:  # a bug of ours: surfaced to start() / run()
+            self.fail(exc, "ackkit I/O thread failed")
         finally:
             self._done.set()
 

@@ -319,7 +319,7 @@ def test_sync_runtime_sends_frames_in_decision_order() -> None:
         return c.inbox.get_nowait()  # type: ignore[no-any-return]
 
     def finish(d: Delivery, _fails: bool) -> None:
-        c._handle(d)  # what a worker thread does
+        c._run([d])  # what a worker thread does
 
     _scenario(c, deliver, finish)
     queued.pop(0)()  # the I/O thread publishes 1's copy ...

@@ -1,0 +1,110 @@
+"""What one handler invocation comes to: the core's single answer to "it returned / it raised".
+
+A runtime runs a handler (for one delivery, or a batch) and hands whatever
+happened to `handled()`: the return value, or the exception, whatever its
+type. The answer is an `Outcome`: channel actions to carry out now, in
+order; deliveries to run again after `delay` seconds (in-process retry); and,
+when the handler raised an interpreter-exit signal, the exception the app must
+stop with once those actions are carried out. Every runtime's attempt loop is
+then the same few lines (tenacity's `iter()` is the model): call, ask, do,
+maybe sleep and call again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .actions import Action, Reinvoke
+from .errors import RequeueMessage
+from .policy import AckMode
+
+if TYPE_CHECKING:
+    from .listener import ListenerCore, Tracked
+
+EXIT_SIGNALS: tuple[type[BaseException], ...] = (SystemExit, KeyboardInterrupt)
+"""Raised by a handler, these settle its deliveries (requeued, not counted as failures)
+and then stop the app with the same exception: the process was asked to end."""
+
+
+@dataclass(frozen=True, slots=True)
+class AckIndex:
+    """Partial success of a batch handler (RocketMQ's ackIndex).
+
+    Deliveries [0 .. index] succeeded and are acked; the rest are retried
+    (within the listener's max attempts) or dead-lettered. index -1: none succeeded.
+    """
+
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The core's answer to one handler invocation."""
+
+    actions: list[Action]
+    """Carry these out now, in order, on the listener's current channel."""
+    rerun: tuple[Tracked, ...] = ()
+    """Run the handler again for these (in-process retry), after `delay` seconds. If the
+    app stops meanwhile, hand them to `ListenerCore.release` instead."""
+    delay: float = 0.0
+    stop: BaseException | None = None
+    """The handler raised an interpreter-exit signal: stop the app with it (after the
+    actions are carried out)."""
+
+
+def succeeded(result: object, size: int, batch: bool) -> int:
+    """How many of `size` deliveries a handler that returned `result` settled as done.
+
+    A batch handler may return AckIndex(i): the first i+1 succeeded (clamped to the
+    batch; anything that is not an int index counts as none). Any other return value
+    means all of them.
+    """
+    if not batch or not isinstance(result, AckIndex):
+        return size
+    index = result.index
+    if isinstance(index, bool) or not isinstance(index, int):
+        return 0
+    return max(-1, min(index, size - 1)) + 1
+
+
+def handled(
+    core: ListenerCore,
+    batch: Sequence[Tracked],
+    result: object = None,
+    exc: BaseException | None = None,
+    *,
+    is_batch: bool = False,
+    undecodable: Sequence[tuple[Tracked, BaseException]] = (),
+    traceback: str | None = None,
+) -> Outcome:
+    """Decide what `batch` comes to after its handler returned `result` or raised `exc`.
+
+    `undecodable`: deliveries of the same batch whose body could not be decoded (the
+    handler never saw them); they fail with their own BadPayload.
+    """
+    stop: BaseException | None = None
+    acts: list[Action] = []
+    if exc is None:
+        acts.extend(core.finish_batch(batch, succeeded(result, len(batch), is_batch)))
+    elif isinstance(exc, EXIT_SIGNALS):
+        stop = exc
+        if core.mode is AckMode.NONE:  # nothing to give back: the broker forgot them on send
+            acts.extend(core.finish_batch(batch, 0, exc, traceback))
+        else:
+            # Back to the queue, not a failure of the message. A redelivery counts as an
+            # attempt as usual, so a message that makes its handler exit every time still
+            # reaches max attempts and the DLQ.
+            why = RequeueMessage(f"handler interrupted by {type(exc).__name__}")
+            acts.extend(core.finish_batch(batch, 0, why))
+    else:
+        acts.extend(core.finish_batch(batch, 0, exc, traceback))
+    for t, e in undecodable:
+        acts.extend(core.finish(t, e, None))
+    if not any(type(a) is Reinvoke for a in acts):
+        return Outcome(acts, stop=stop)
+    again = {a.tag: a.delay for a in acts if type(a) is Reinvoke}
+    rerun = tuple(t for t in batch if t.tag in again)
+    rest = [a for a in acts if type(a) is not Reinvoke]
+    return Outcome(rest, rerun, max(again.values()), stop)

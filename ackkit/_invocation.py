@@ -1,0 +1,95 @@
+"""One handler invocation, as both runtimes' attempt loops see it.
+
+An `Invocation` knows which deliveries a handler call covers (one, or a
+batch), builds the call's arguments from the listener's `Binding`, and asks
+the listener's core what the call came to (`ListenerCore.handled`). It makes
+no decision of its own: decoding failures of a batch's members are handed to
+the core with the rest, and so is whatever the handler returned or raised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ._core.listener import ListenerCore, Tracked
+from ._core.outcome import Outcome
+from ._delivery import Delivery
+from ._handler import Binding
+
+
+class Invocation:
+    """The deliveries one handler call covers, and how to call it.
+
+    A single delivery's body is decoded inside the call (`args()`), so a
+    BadPayload is that call's failure. A batch is decoded up front: members
+    whose body cannot be decoded leave it (`undecodable`) and are dead-lettered
+    with their reason; the handler gets the rest.
+    """
+
+    __slots__ = ("_args", "binding", "deliveries", "undecodable")
+
+    def __init__(self, binding: Binding, deliveries: Sequence[Delivery]) -> None:
+        self.binding = binding
+        self.undecodable: list[tuple[Delivery, BaseException]] = []
+        self._args: tuple[Any, ...] | None = None
+        if not binding.batch:
+            self.deliveries = list(deliveries)
+            return
+        good: list[Delivery] = []
+        values: list[Any] = []
+        for d in deliveries:
+            try:
+                values.append(binding.arg(d))
+            except Exception as e:  # BadPayload, or a decoder that broke on this body
+                self.undecodable.append((d, e))
+            else:
+                good.append(d)
+        self.deliveries = good
+        self._args = (values, good) if binding.pass_delivery else (values,)
+
+    def args(self) -> tuple[Any, ...]:
+        """Positional arguments for the handler; raises BadPayload for an undecodable body."""
+        if self._args is not None:
+            return self._args
+        return self.binding.args(self.deliveries[0])
+
+    def outcome(
+        self,
+        core: ListenerCore,
+        result: object,
+        exc: BaseException | None,
+        traceback: str | None = None,
+    ) -> Outcome:
+        """What the call came to, decided by the core (call with the core's lock held)."""
+        return core.handled(
+            [d.tracked for d in self.deliveries],
+            result,
+            exc,
+            is_batch=self.binding.batch,
+            undecodable=[(d.tracked, e) for d, e in self.undecodable],
+            traceback=traceback,
+        )
+
+    def again(self, rerun: Sequence[Tracked]) -> Invocation:
+        """The invocation that runs the handler again for `rerun` (in-process retry)."""
+        keep = {id(t) for t in rerun}
+        return Invocation(self.binding, [d for d in self.deliveries if id(d.tracked) in keep])
+
+    # FailureLog reads these to describe a failed call.
+    @property
+    def queue(self) -> str:
+        return self.deliveries[0].queue if self.deliveries else ""
+
+    @property
+    def message_id(self) -> str | None:
+        return self.deliveries[0].message_id if len(self.deliveries) == 1 else None
+
+    @property
+    def attempt(self) -> int:
+        return max((d.attempt for d in self.deliveries), default=0)
+
+    def __repr__(self) -> str:
+        if len(self.deliveries) == 1 and not self.binding.batch:
+            return repr(self.deliveries[0])
+        return f"<batch of {len(self.deliveries)} deliveries>"
