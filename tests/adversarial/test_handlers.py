@@ -155,20 +155,30 @@ def test_retry_later_forever_waits_a_capped_day_in_a_delay_queue(
     assert runs.by_id == {0: 1, 1: 1}
 
 
-def run_until(runtime: Runtime, app: Any, done: Callable[[], bool]) -> None:
+def run_until(runtime: Runtime, app: Any, done: Callable[[], bool]) -> BaseException | None:
     """Run `app` with its own `running()` context (not the harness's start/stop), until
-    `done()`; whatever running() raises on exit propagates."""
+    `done()`. Returns what running() raised (start or exit), None if nothing."""
     if runtime.kind == "sync":
-        with app.running():
-            eventually(done, what="the app stops itself")
-        return
+        try:
+            with app.running():
+                eventually(done, what="the app stops itself")
+        except BaseException as exc:
+            return exc
+        return None
 
-    async def go() -> None:
-        async with app.running():
-            while not await asyncio.to_thread(done):
-                await asyncio.sleep(0.05)
+    async def go() -> BaseException | None:
+        # Caught inside the loop: SystemExit / KeyboardInterrupt escaping a task end the
+        # event loop itself (asyncio's rule), and this one is the test's loop thread.
+        try:
+            async with app.running():
+                while not await asyncio.to_thread(done):
+                    await asyncio.sleep(0.05)
+        except BaseException as exc:
+            return exc
+        return None
 
-    runtime.lt.run(go())  # type: ignore[attr-defined]
+    caught: BaseException | None = runtime.lt.run(go())  # type: ignore[attr-defined]
+    return caught
 
 
 @pytest.mark.parametrize("signal", [SystemExit, KeyboardInterrupt])
@@ -194,8 +204,7 @@ def test_exit_signal_requeues_its_delivery_then_stops_the_app_visibly(
     broker.publish(q, ids(1))
     caplog.set_level(logging.ERROR, "ackkit")
     first = app()
-    with pytest.raises(signal):
-        run_until(runtime, first, lambda: not first.is_running)
+    assert isinstance(run_until(runtime, first, lambda: not first.is_running), signal)
     assert not first.is_running
     assert any(signal.__name__ in r.getMessage() for r in caplog.records)
     c = broker.wait_for(q, ready=1, unacked=0)  # back in the queue, not lost
@@ -203,15 +212,14 @@ def test_exit_signal_requeues_its_delivery_then_stops_the_app_visibly(
     # A handler that exits every time still reaches max attempts and the DLQ.
     for _ in range(3):
         again = app()
-        try:
-            run_until(
-                runtime,
-                again,
-                lambda a=again: not a.is_running or broker.counts(f"{q}.dlq").ready == 1,
-            )
-        except signal:
-            continue
-        break
+        caught = run_until(
+            runtime,
+            again,
+            lambda a=again: not a.is_running or broker.counts(f"{q}.dlq").ready == 1,
+        )
+        if caught is None:
+            break
+        assert isinstance(caught, signal)
     broker.wait_for(f"{q}.dlq", ready=1)
     broker.wait_for(q, ready=0, unacked=0)
     [dead] = broker.take_all(f"{q}.dlq")
