@@ -256,3 +256,56 @@ def test_raw_client_round_trip(broker: Broker, queue_factory: Any) -> None:
         (m,) = c.get_all(q)
     assert m.header[12:] == props
     assert m.body == b"b"
+
+
+# -- pull mode and the dead-letter tools --------------------------------------
+
+PULL_CASES = {
+    k: HOSTILE[k]
+    for k in ("table nested 5000 deep", "message_id not UTF-8", "header timestamp past 9999")
+}
+
+
+def test_pull_mode_dead_letters_an_unreadable_delivery(
+    runtime: Runtime, broker: Broker, queue_factory: Any
+) -> None:
+    q = queue_factory(declare=True)
+    publish_hostile(broker.handle.url, q, PULL_CASES)
+    got: list[bytes] = []
+    with runtime.pull() as pull:
+        while (d := pull.get(q)) is not None:
+            got.append(d.body)
+            pull.ack(d)
+        # the connection survived: a later message is still pulled
+        broker.publish(q, [b"later"])
+        d = pull.get(q)
+        assert d is not None and d.body == b"later"
+        pull.ack(d)
+    assert got == [b"good-0", b"good-1"]
+    broker.wait_for(q, ready=0, unacked=0)
+    dead = {m.body.decode(): m.headers for m in broker.take_all(f"{q}.dlq")}
+    assert set(dead) == set(PULL_CASES)
+    for name, (_, _, word) in PULL_CASES.items():
+        assert word in dead[name]["ackkit-reason"]
+
+
+def test_dead_letter_tools_list_and_replay_an_unreadable_message(
+    broker: Broker, queue_factory: Any
+) -> None:
+    from ackkit import inspect_dead_letters, replay_dead_letters
+
+    dlq = queue_factory(declare=True)
+    target = queue_factory(declare=True)
+    url = broker.handle.url
+    publish_hostile(url, dlq, PULL_CASES)
+    letters = inspect_dead_letters(url, dlq)
+    assert len(letters) == 2 + len(PULL_CASES)
+    assert broker.counts(dlq).ready == len(letters)  # nothing taken
+    odd = [dl for dl in letters if dl.unreadable]
+    assert len(odd) == len(PULL_CASES)
+    assert all(dl.body_size > 0 for dl in letters)
+    report = replay_dead_letters(url, dlq, to=target)
+    assert report.replayed == len(letters), report
+    broker.wait_for(dlq, ready=0, unacked=0)
+    bodies = sorted(m.body for m in broker.take_all(target))
+    assert bodies == sorted([b"good-0", b"good-1", *(k.encode() for k in PULL_CASES)])
