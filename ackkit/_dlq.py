@@ -27,6 +27,7 @@ import pika
 import pika.exceptions
 
 from ._core import headers as H
+from ._sync import _frames as frames
 from ._sync._pika import copy_properties, parameters
 from ._url import mask_text
 
@@ -93,6 +94,8 @@ class DeadLetter:
     replayed: int = 0
     body_size: int = 0
     redelivered: bool = False
+    unreadable: str | None = None
+    """Why some of its properties could not be read (they are left out), else None."""
 
     def to_dict(self) -> dict[str, Any]:
         return {f: getattr(self, f) for f in self.__dataclass_fields__}
@@ -104,8 +107,12 @@ def describe(
     message_id: str | None = None,
     body_size: int = 0,
     redelivered: bool = False,
+    unreadable: str | None = None,
 ) -> DeadLetter:
-    """A DeadLetter from a message's headers (ackkit's own first, then the broker's x-death)."""
+    """A DeadLetter from a message's headers (ackkit's own first, then the broker's x-death).
+
+    `unreadable`: why some of the message's properties could not be decoded (the
+    headers given are then what could be salvaged, possibly none)."""
     h = headers or {}
     replayed = _int(h.get(H.REPLAYED)) or 0
     common: dict[str, Any] = {
@@ -113,6 +120,7 @@ def describe(
         "body_size": body_size,
         "redelivered": redelivered,
         "replayed": replayed,
+        "unreadable": unreadable,
     }
     if H.REASON in h:
         return DeadLetter(
@@ -145,6 +153,8 @@ def describe(
             dead_lettered_at=when.isoformat() if isinstance(when, _dt.datetime) else _text(when),
             **common,
         )
+    if unreadable is not None:
+        return DeadLetter(reason=f"unreadable properties: {unreadable}", source="unknown", **common)
     return DeadLetter(reason="unknown (no ackkit or x-death headers)", source="unknown", **common)
 
 
@@ -246,7 +256,8 @@ class DeadLetterQueue:
     def __init__(self, url: str, queue: str, *, connection_name: str = "ackkit-dlq") -> None:
         self.url = url
         self.queue = queue
-        self._conn: Any = pika.BlockingConnection(parameters(url, name=connection_name))
+        # reads what pika cannot decode as salvaged properties (see _sync/_frames.py)
+        self._conn: Any = frames.blocking_connection(parameters(url, name=connection_name))
 
     def __enter__(self) -> DeadLetterQueue:
         return self
@@ -290,6 +301,7 @@ class DeadLetterQueue:
                     message_id=props.message_id,
                     body_size=len(body),
                     redelivered=method.redelivered,
+                    unreadable=frames.unreadable(method, props),
                 )
                 out.append((dl, props, body))
             if out:
@@ -330,6 +342,7 @@ class DeadLetterQueue:
                     message_id=props.message_id,
                     body_size=len(body),
                     redelivered=method.redelivered,
+                    unreadable=frames.unreadable(method, props),
                 )
                 if not flt.matches(dl):
                     report.skipped += 1

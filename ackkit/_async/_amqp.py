@@ -28,6 +28,7 @@ from .._delivery import Delivery
 from .._runtime_common import ConnectFailed, FatalConnectError, merge_headers
 from .._tls import client_tls, handshake_hint, tls_failure
 from .._url import mask_text, mask_url
+from ._frames import SafeConnection
 
 log = logging.getLogger("ackkit")
 
@@ -64,6 +65,7 @@ async def open_connection(
     try:
         conn = await aio_pika.connect(
             u,
+            connection_class=SafeConnection,  # a frame pamqp cannot read does not kill it
             timeout=timeout,
             client_properties={"connection_name": name},
             ssl_context=tls[0] if tls else None,
@@ -145,7 +147,10 @@ async def publish_copy(
             d.body,
             exchange=a.exchange,
             routing_key=a.routing_key,
-            properties=copy_properties(d.properties, a.set_headers),
+            # minimal: the original's properties could not be read; the copy gets none
+            properties=copy_properties(
+                spec.Basic.Properties() if a.minimal else d.properties, a.set_headers
+            ),
             mandatory=True,
             timeout=timeout,
         )

@@ -19,6 +19,7 @@ from .._delivery import Delivery
 from .._runtime_common import publish_properties
 from .._tls import TLS, client_tls
 from .._url import mask_url
+from . import _frames as frames
 from ._amqp import ChannelNumbers, declare_queues, open_connection, publish_copy, send_settles
 from .delivery import AsyncDelivery
 
@@ -101,7 +102,15 @@ class AsyncPullConnection:
                 props = msg.header.properties
                 exchange = dv.exchange or ""
                 rk = dv.routing_key or ""
-                t = core.receive(dv.delivery_tag, bool(dv.redelivered), props.headers, exchange, rk)
+                why = frames.unreadable(ch.connection, ch.number, dv.delivery_tag)
+                t = core.receive(
+                    dv.delivery_tag,
+                    bool(dv.redelivered),
+                    None if why else props.headers,
+                    exchange,
+                    rk,
+                    unreadable=why,  # dead-lettered by the core's verdict
+                )
                 d = AsyncDelivery(
                     msg.body,
                     props,

@@ -61,6 +61,8 @@ from .._runtime_common import (
 )
 from .._spec import ListenerSpec
 from .._url import mask_text
+from .._wire import describe
+from . import _frames as frames
 from ._amqp import (
     CHANNEL_GONE,
     ChannelNumbers,
@@ -212,9 +214,20 @@ class AsyncConsumer:
         exchange = dv.exchange or ""
         rk = dv.routing_key or ""
         redelivered = bool(dv.redelivered)
-        t = core.receive(
-            dv.delivery_tag, redelivered, props.headers, exchange, rk, props.message_id
-        )
+        why = frames.unreadable(msg.channel.connection, msg.channel.number, dv.delivery_tag)
+        try:
+            t = core.receive(
+                dv.delivery_tag,
+                redelivered,
+                None if why else props.headers,
+                exchange,
+                rk,
+                None if why else props.message_id,
+                unreadable=why,
+            )
+        except Exception as exc:  # never let one delivery stop the queue
+            why = f"receiving it failed: {describe(exc)}"
+            t = core.receive(dv.delivery_tag, redelivered, None, exchange, rk, unreadable=why)
         d = self.delivery_cls(
             msg.body,
             props,

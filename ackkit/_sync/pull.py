@@ -18,6 +18,7 @@ from .._delivery import Delivery
 from .._runtime_common import FatalConnectError, publish_properties
 from .._tls import TLS, client_tls, tls_failure
 from .._url import mask_url
+from . import _frames as frames
 from ._pika import copy_properties, declare_queues, parameters
 
 
@@ -41,7 +42,7 @@ class PullConnection:
 
     def _connect(self) -> Any:
         try:
-            return pika.BlockingConnection(self._params)
+            return frames.blocking_connection(self._params)
         except (pika.exceptions.AMQPConnectionError, ssl.SSLError) as exc:
             bad_tls = tls_failure(exc, self.url)
             if bad_tls is not None:
@@ -87,20 +88,23 @@ class PullConnection:
             method, props, body = ch.basic_get(queue, auto_ack=False)
             if method is None:
                 return None
+            exchange, rk = frames.text(method.exchange), frames.text(method.routing_key)
+            why = frames.unreadable(method, props)  # dead-lettered by the core's verdict
             t = core.receive(
                 method.delivery_tag,
                 method.redelivered,
-                props.headers,
-                method.exchange,
-                method.routing_key,
+                None if why else props.headers,
+                exchange,
+                rk,
+                unreadable=why,
             )
             d = Delivery(
                 body,
                 props,
                 t,
                 self,
-                exchange=method.exchange,
-                routing_key=method.routing_key,
+                exchange=exchange,
+                routing_key=rk,
                 redelivered=method.redelivered,
                 queue=queue,
             )
@@ -137,7 +141,9 @@ class PullConnection:
                         a.exchange,
                         a.routing_key,
                         d.body,
-                        copy_properties(d.properties, a.set_headers),
+                        copy_properties(
+                            pika.BasicProperties() if a.minimal else d.properties, a.set_headers
+                        ),
                         mandatory=True,
                     )
                 except pika.exceptions.UnroutableError:

@@ -10,6 +10,7 @@ delivery tag never reaches a channel it did not come from.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue as _queue
 import ssl
@@ -44,6 +45,8 @@ from .._runtime_common import (
 from .._spec import ListenerSpec
 from .._tls import handshake_hint, tls_failure
 from .._url import mask_text
+from .._wire import describe
+from . import _frames as frames
 from ._pika import copy_properties, declare_queues, parameters
 
 log = logging.getLogger("ackkit")
@@ -122,22 +125,31 @@ class Consumer:
             conn.ioloop.call_later(1.0, lambda: self._reopen(conn))
 
     def _on_message(self, ch: Any, method: Any, props: Any, body: bytes) -> None:
+        exchange, rk = frames.text(method.exchange), frames.text(method.routing_key)
+        why = frames.unreadable(method, props)
         with self.lock:
-            t = self.core.receive(
-                method.delivery_tag,
-                method.redelivered,
-                props.headers,
-                method.exchange,
-                method.routing_key,
-                props.message_id,
-            )
+            try:
+                t = self.core.receive(
+                    method.delivery_tag,
+                    method.redelivered,
+                    None if why else props.headers,
+                    exchange,
+                    rk,
+                    None if why else props.message_id,
+                    unreadable=why,
+                )
+            except Exception as exc:  # never let one delivery take the connection down
+                why = f"receiving it failed: {describe(exc)}"
+                t = self.core.receive(
+                    method.delivery_tag, method.redelivered, None, exchange, rk, unreadable=why
+                )
         d = Delivery(
             body,
             props,
             t,
             self,
-            exchange=method.exchange,
-            routing_key=method.routing_key,
+            exchange=exchange,
+            routing_key=rk,
             redelivered=method.redelivered,
             queue=self.spec.queue,
             decoder=self.binding.decoder,
@@ -379,15 +391,16 @@ class Publisher:
             return
         if a.declare is not None:
             name, args = a.declare
-            plain = Republish(
-                a.token, a.tag, a.exchange, a.routing_key, a.set_headers, a.purpose, None, a.source
-            )
+            plain = dataclasses.replace(a, declare=None)
             ch.queue_declare(
                 name, durable=True, arguments=args, callback=lambda _f: self.publish(c, gen, plain)
             )
             return
         d: Delivery = a.source
-        props = copy_properties(d.properties, a.set_headers)
+        # minimal: the original's properties could not be read; the copy gets none of them
+        props = copy_properties(
+            pika.BasicProperties() if a.minimal else d.properties, a.set_headers
+        )
         ch.basic_publish(a.exchange, a.routing_key, d.body, props, mandatory=True)
         self.seq += 1
         self.pending[self.seq] = (c, gen, a.token, a.routing_key)
@@ -579,7 +592,7 @@ class Runtime:
         self._topology(params)
         self._opened = False
         self._ready_count = 0
-        conn = pika.SelectConnection(
+        conn = frames.SafeSelectConnection(
             params,
             on_open_callback=self._on_open,
             on_open_error_callback=self._on_open_error,
@@ -601,7 +614,7 @@ class Runtime:
 
     def _topology(self, params: Any) -> None:
         try:
-            conn = pika.BlockingConnection(params)
+            conn = frames.blocking_connection(params)
         except pika.exceptions.ProbableAuthenticationError as exc:
             raise FatalConnectError(
                 f"authentication failed for {self.app.safe_url}: {exc}"

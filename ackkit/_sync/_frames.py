@@ -1,0 +1,145 @@
+"""pika: a delivery whose properties pika cannot decode still reaches ackkit.
+
+pika decodes every frame in `Connection._read_frame`; a content header it
+cannot read (a timestamp past year 9999 in the headers table, a table nested
+deeper than the recursion limit) raises there and takes the whole connection
+down, and the broker hands the same message first again after the reconnect.
+`SafeSelectConnection` (a subclass, used only for ackkit's own connections)
+catches that for content-header frames and hands pika a header whose
+properties are what could be salvaged (`ackkit._wire`), marked with the reason:
+ackkit then dead-letters the delivery (`ListenerCore.receive(unreadable=...)`).
+
+pika reads a shortstr or a header name that is not UTF-8 as bytes rather than
+failing; aio-pika cannot read such a message at all. To treat a message the
+same on both runtimes, such properties count as unreadable here as well.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+import pika
+import pika.data
+import pika.frame
+import pika.spec
+
+from .._wire import FRAME_HEADER, LATEST_TIMESTAMP, Salvage, describe, salvage_header
+
+
+class UnreadableProperties(pika.spec.BasicProperties):  # type: ignore[misc]
+    """Properties salvaged from a content header pika could not read; `ackkit_unreadable`
+    says why."""
+
+    def __init__(self, reason: str, **fields: Any) -> None:
+        super().__init__(**fields)
+        self.ackkit_unreadable = reason
+
+
+def _decode_table(raw: bytes) -> Mapping[str, Any]:
+    table: dict[Any, Any] = pika.data.decode_table(raw, 0)[0]
+    bad = _bytes_key(table)
+    if bad is not None:
+        raise ValueError(f"a header name is not UTF-8 ({bad!r})")
+    return table
+
+
+def _bytes_key(table: Mapping[Any, Any]) -> bytes | None:
+    """The first header name (at any depth) that pika left as bytes: it was not UTF-8."""
+    stack: list[Any] = [table]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            for k, x in v.items():
+                if isinstance(k, bytes):
+                    return k
+                if isinstance(x, (dict, list)):
+                    stack.append(x)
+        elif isinstance(v, list):
+            stack.extend(x for x in v if isinstance(x, (dict, list)))
+    return None
+
+
+def _suspect(props: Any) -> bool:
+    """Did pika read properties aio-pika could not: a shortstr property or a header name
+    left as bytes (not UTF-8), a timestamp past year 9999?"""
+    for name in (
+        "content_type",
+        "content_encoding",
+        "correlation_id",
+        "reply_to",
+        "expiration",
+        "message_id",
+        "type",
+        "user_id",
+        "app_id",
+        "cluster_id",
+    ):
+        if isinstance(getattr(props, name, None), bytes):
+            return True
+    ts = props.timestamp
+    if isinstance(ts, int) and ts > LATEST_TIMESTAMP:
+        return True  # a datetime cannot hold it (aio-pika cannot read it at all)
+    headers = props.headers
+    return bool(headers) and _bytes_key(headers) is not None
+
+
+def salvaged_properties(payload: bytes, error: BaseException | None) -> tuple[int, Any]:
+    """(body size, UnreadableProperties) for a content-header frame payload."""
+    s: Salvage = salvage_header(payload, _decode_table)
+    reason = s.reason or (describe(error) if error is not None else "unreadable properties")
+    return s.body_size, UnreadableProperties(reason, **s.fields)
+
+
+class SafeSelectConnection(pika.SelectConnection):  # type: ignore[misc]
+    """A SelectConnection that turns an unreadable content header into salvaged,
+    marked properties instead of failing the connection."""
+
+    def _read_frame(self) -> tuple[int, Any]:
+        try:
+            consumed, value = super()._read_frame()
+        except Exception as exc:  # RecursionError, ValueError, OverflowError, struct.error
+            salvaged = _salvage_frame(self._frame_buffer, exc)
+            if salvaged is None:
+                raise
+            return salvaged
+        if isinstance(value, pika.frame.Header) and _suspect(value.properties):
+            return _salvage_frame(self._frame_buffer, None) or (consumed, value)
+        return consumed, value
+
+
+def _salvage_frame(buf: bytes, error: BaseException | None) -> tuple[int, Any] | None:
+    try:
+        ftype, channel, size = struct.unpack_from(">BHI", buf, 0)
+    except struct.error:
+        return None
+    if ftype != FRAME_HEADER or len(buf) < 8 + size:
+        return None
+    try:
+        body_size, props = salvaged_properties(bytes(buf[7 : 7 + size]), error)
+    except ValueError:
+        return None
+    return 8 + size, pika.frame.Header(channel, body_size, props)
+
+
+def unreadable(method: Any, props: Any) -> str | None:
+    """Why this delivery (its basic.deliver / get-ok and properties) cannot be read, or None."""
+    why = [getattr(props, "ackkit_unreadable", None) or ""]
+    for name in ("exchange", "routing_key"):
+        if isinstance(getattr(method, name, None), bytes):
+            why.append(f"{name.replace('_', ' ')} is not UTF-8")
+    text = "; ".join(w for w in why if w)
+    return text or None
+
+
+def text(value: Any) -> str:
+    """An exchange or routing key as text (pika leaves one that is not UTF-8 as bytes)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value or ""
+
+
+def blocking_connection(params: Any) -> pika.BlockingConnection:
+    """A BlockingConnection over SafeSelectConnection (pull mode, the DLQ tools)."""
+    return pika.BlockingConnection(params, _impl_class=SafeSelectConnection)
