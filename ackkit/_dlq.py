@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import unicodedata
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,12 +56,16 @@ _NAME_MAX = 255
 _DIGITS_MAX = 18
 
 
+_ESCAPED = frozenset({"Cc", "Zl", "Zp"})
+"""Unicode categories shown as escapes: control characters and line breaks."""
+
+
 def _clean(text: str) -> str:
     """`text` made printable and encodable: lone surrogates and control characters
     become backslash escapes (a header is not allowed to move a terminal's cursor)."""
     if not text.isprintable():
         text = "".join(
-            c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii")
+            c.encode("unicode_escape").decode("ascii") if unicodedata.category(c) in _ESCAPED else c
             for c in text
         )
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
