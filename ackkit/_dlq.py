@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import unicodedata
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,23 +50,121 @@ _BROKER_HEADERS = (
 """Headers the broker wrote about the dead copy's past; a replayed copy starts fresh."""
 
 
-def _text(value: Any) -> str | None:
-    if value is None:
+TEXT_MAX = 2_000
+"""Characters of one header value a DeadLetter keeps (the rest is cut, with a note)."""
+_NAME_MAX = 255
+"""Bytes in an AMQP queue, exchange or routing-key name (a short string)."""
+_DIGITS_MAX = 18
+
+
+_ESCAPED = frozenset({"Cc", "Zl", "Zp"})
+"""Unicode categories shown as escapes: control characters and line breaks."""
+
+
+def _clean(text: str) -> str:
+    """`text` made printable and encodable: lone surrogates and control characters
+    become backslash escapes (a header is not allowed to move a terminal's cursor)."""
+    if not text.isprintable():
+        text = "".join(
+            c.encode("unicode_escape").decode("ascii") if unicodedata.category(c) in _ESCAPED else c
+            for c in text
+        )
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _short_repr(value: Any) -> str:
+    """repr() of a header value of any shape, bounded however large or deep it is."""
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxstring = r.maxother = r.maxlong = 80
+    r.maxlist = r.maxtuple = r.maxdict = 8
+    r.maxlevel = 3
+    try:
+        return _clean(r.repr(value))
+    except Exception:  # a value whose repr fails still gets a name
+        return f"<{type(value).__name__}>"
+
+
+class _Reader:
+    """Reads header values into the types a DeadLetter holds; never raises.
+
+    What it could not read (a wrong type, invalid UTF-8, a value cut short) is
+    described in `notes`, one line per header."""
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    def note(self, key: str, what: str) -> None:
+        self.notes.append(f"{_clean(key)}: {what}")
+
+    def text(self, key: str, value: Any) -> str | None:
+        """Any value as display text (bytes decoded, other types shown as repr)."""
+        if value is None:
+            return None
+        if isinstance(value, bytes):
+            try:
+                text = value.decode("utf-8")
+            except UnicodeDecodeError:
+                self.note(key, "invalid UTF-8 (undecodable bytes shown as \\x..)")
+                text = value.decode("utf-8", "backslashreplace")
+        elif isinstance(value, str):
+            text = value
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            text = str(value)
+        else:
+            self.note(key, f"expected text, got {type(value).__name__}")
+            return _short_repr(value)
+        if len(text) > TEXT_MAX:
+            self.note(key, f"{len(text)} characters, cut to {TEXT_MAX}")
+            text = text[:TEXT_MAX] + "..."
+        return _clean(text)
+
+    def name(self, key: str, value: Any) -> str | None:
+        """A queue / exchange / routing-key name: text the broker could route by, or None."""
+        if value is None:
+            return None
+        if isinstance(value, bytes):
+            try:
+                value = value.decode("utf-8")
+            except UnicodeDecodeError:
+                self.note(key, f"not a name (invalid UTF-8): {_short_repr(value)}")
+                return None
+        if not isinstance(value, str):
+            self.note(key, f"not a name ({type(value).__name__}): {_short_repr(value)}")
+            return None
+        try:
+            size = len(value.encode("utf-8"))
+        except UnicodeEncodeError:
+            self.note(key, f"not a name (unencodable text): {_short_repr(value)}")
+            return None
+        if size > _NAME_MAX:
+            self.note(key, f"not a name ({size} bytes, at most {_NAME_MAX})")
+            return None
+        return value
+
+    def int(self, key: str, value: Any) -> int | None:
+        """A non-negative count (an int, or its decimal digits as text)."""
+        if value is None:
+            return None
+        if isinstance(value, int) and not isinstance(value, bool):
+            if value >= 0:
+                return value
+        elif isinstance(value, (str, bytes)):
+            text = value.strip()
+            if text.isascii() and text.isdigit() and len(text) <= _DIGITS_MAX:
+                return int(text)
+        self.note(key, f"expected a count, got {_short_repr(value)}")
         return None
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return str(value)
+
+    def when(self, key: str, value: Any) -> str | None:
+        if isinstance(value, _dt.datetime):
+            return value.isoformat()
+        return self.text(key, value)
 
 
 def _int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    text = _text(value)
-    if text is not None and text.strip().isdigit():
-        return int(text)
-    return None
+    return _Reader().int("", value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,9 +195,13 @@ class DeadLetter:
     redelivered: bool = False
     unreadable: str | None = None
     """Why some of its properties could not be read (they are left out), else None."""
+    notes: tuple[str, ...] = ()
+    """Headers that could not be read as expected (wrong type, invalid UTF-8, cut short)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {f: getattr(self, f) for f in self.__dataclass_fields__}
+        out = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        out["notes"] = list(self.notes)
+        return out
 
 
 def describe(
@@ -112,50 +215,115 @@ def describe(
     """A DeadLetter from a message's headers (ackkit's own first, then the broker's x-death).
 
     `unreadable`: why some of the message's properties could not be decoded (the
-    headers given are then what could be salvaged, possibly none)."""
-    h = headers or {}
-    replayed = _int(h.get(H.REPLAYED)) or 0
+    headers given are then what could be salvaged, possibly none).
+
+    Total: headers of any shape (wrong types, bytes where text belongs, invalid
+    UTF-8, a garbage x-death) give a DeadLetter with what could be read; what
+    could not is listed in its `notes`.
+    """
+    r = _Reader()
+    try:
+        return _describe(r, headers, message_id, body_size, redelivered, unreadable)
+    except Exception as exc:  # a last guard: _describe is meant never to get here
+        r.note("headers", f"unreadable ({type(exc).__name__})")
+        return DeadLetter(
+            message_id=r.text("message_id", message_id),
+            reason="unknown (headers could not be read)",
+            source="unknown",
+            body_size=body_size,
+            redelivered=bool(redelivered),
+            unreadable=unreadable,
+            notes=tuple(r.notes),
+        )
+
+
+def _describe(
+    r: _Reader,
+    headers: Mapping[str, Any] | None,
+    message_id: str | None,
+    body_size: int,
+    redelivered: bool,
+    unreadable: str | None,
+) -> DeadLetter:
+    h: Mapping[str, Any]
+    if headers is None:
+        h = {}
+    elif isinstance(headers, Mapping):
+        h = headers
+    else:
+        r.note("headers", f"not a table: {_short_repr(headers)}")
+        h = {}
     common: dict[str, Any] = {
-        "message_id": message_id,
+        "message_id": r.text("message_id", message_id),
         "body_size": body_size,
-        "redelivered": redelivered,
-        "replayed": replayed,
+        "redelivered": bool(redelivered),
+        "replayed": r.int(H.REPLAYED, h.get(H.REPLAYED)) or 0,
         "unreadable": unreadable,
     }
     if H.REASON in h:
+        reason = r.text(H.REASON, h.get(H.REASON)) or ""
+        fields: dict[str, Any] = {
+            "error_type": r.text(H.ERROR_TYPE, h.get(H.ERROR_TYPE)),
+            "error_message": r.text(H.ERROR_MESSAGE, h.get(H.ERROR_MESSAGE)),
+            "attempts": r.int(H.ATTEMPTS, h.get(H.ATTEMPTS)),
+            "original_queue": r.name(H.ORIGINAL_QUEUE, h.get(H.ORIGINAL_QUEUE)),
+            "original_exchange": r.name(H.ORIGINAL_EXCHANGE, h.get(H.ORIGINAL_EXCHANGE)),
+            "original_routing_key": r.name(H.ORIGINAL_ROUTING_KEY, h.get(H.ORIGINAL_ROUTING_KEY)),
+            "listener": r.text(H.LISTENER, h.get(H.LISTENER)),
+            "first_failure": r.text(H.FIRST_FAILURE, h.get(H.FIRST_FAILURE)),
+            "last_failure": r.text(H.LAST_FAILURE, h.get(H.LAST_FAILURE)),
+            "dead_lettered_at": r.when(H.DEAD_LETTERED_AT, h.get(H.DEAD_LETTERED_AT)),
+        }
+        return DeadLetter(reason=reason, source="ackkit", **fields, **common, notes=tuple(r.notes))
+    death = _last_death(r, h.get("x-death"))
+    if death is not None:
+        keys = death.get("routing-keys")
+        key: Any = None
+        if isinstance(keys, (list, tuple)):
+            key = keys[0] if keys else None
+        elif keys is not None:
+            r.note("x-death routing-keys", f"expected a list, got {_short_repr(keys)}")
+        attempt = h.get(H.ATTEMPT)
         return DeadLetter(
-            reason=_text(h.get(H.REASON)) or "",
-            source="ackkit",
-            error_type=_text(h.get(H.ERROR_TYPE)),
-            error_message=_text(h.get(H.ERROR_MESSAGE)),
-            attempts=_int(h.get(H.ATTEMPTS)),
-            original_queue=_text(h.get(H.ORIGINAL_QUEUE)),
-            original_exchange=_text(h.get(H.ORIGINAL_EXCHANGE)),
-            original_routing_key=_text(h.get(H.ORIGINAL_ROUTING_KEY)),
-            listener=_text(h.get(H.LISTENER)),
-            first_failure=_text(h.get(H.FIRST_FAILURE)),
-            last_failure=_text(h.get(H.LAST_FAILURE)),
-            dead_lettered_at=_text(h.get(H.DEAD_LETTERED_AT)),
-            **common,
-        )
-    deaths = h.get("x-death")
-    if isinstance(deaths, list) and deaths and isinstance(deaths[0], Mapping):
-        last = deaths[0]  # the broker keeps the most recent death first
-        keys = last.get("routing-keys") or []
-        when = last.get("time")
-        return DeadLetter(
-            reason=_text(last.get("reason")) or "dead-lettered by the broker",
+            reason=r.text("x-death reason", death.get("reason")) or "dead-lettered by the broker",
             source="broker",
-            attempts=_int(h.get(H.ATTEMPT)) or None,
-            original_queue=_text(last.get("queue")),
-            original_exchange=_text(last.get("exchange")),
-            original_routing_key=_text(keys[0]) if keys else None,
-            dead_lettered_at=when.isoformat() if isinstance(when, _dt.datetime) else _text(when),
+            attempts=(r.int(H.ATTEMPT, attempt) or None) if attempt is not None else None,
+            original_queue=r.name("x-death queue", death.get("queue")),
+            original_exchange=r.name("x-death exchange", death.get("exchange")),
+            original_routing_key=r.name("x-death routing-keys", key),
+            dead_lettered_at=r.when("x-death time", death.get("time")),
             **common,
+            notes=tuple(r.notes),
         )
     if unreadable is not None:
-        return DeadLetter(reason=f"unreadable properties: {unreadable}", source="unknown", **common)
-    return DeadLetter(reason="unknown (no ackkit or x-death headers)", source="unknown", **common)
+        return DeadLetter(
+            reason=f"unreadable properties: {unreadable}",
+            source="unknown",
+            **common,
+            notes=tuple(r.notes),
+        )
+    return DeadLetter(
+        reason="unknown (no ackkit or x-death headers)",
+        source="unknown",
+        **common,
+        notes=tuple(r.notes),
+    )
+
+
+def _last_death(r: _Reader, deaths: Any) -> Mapping[str, Any] | None:
+    """The most recent x-death entry (the broker keeps it first), or None."""
+    if deaths is None:
+        return None
+    if not isinstance(deaths, (list, tuple)):
+        r.note("x-death", f"expected a list of tables, got {_short_repr(deaths)}")
+        return None
+    for i, d in enumerate(deaths):
+        if isinstance(d, Mapping):
+            if i:
+                r.note("x-death", f"{i} leading entr{'y' if i == 1 else 'ies'} not a table")
+            return d
+    r.note("x-death", f"no table among its {len(deaths)} entries")
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,20 +350,21 @@ class ReplayFilter:
 
 def replay_target(dl: DeadLetter, to: str | None = None) -> str | None:
     """The queue a replayed copy goes to: `to`, else the queue it was dead-lettered from."""
-    return to or dl.original_queue
+    return to or dl.original_queue or None  # "" names no queue
 
 
 def replay_headers(headers: Mapping[str, Any] | None, now: str) -> dict[str, Any]:
     """Headers of the replayed copy: the user's own, where it first came from, and
     ackkit-replayed (how often it was replayed); attempt count and error reset."""
     out: dict[str, Any] = {}
-    for k, v in (headers or {}).items():
+    h = headers if isinstance(headers, Mapping) else {}
+    for k, v in h.items():
         if k in _BROKER_HEADERS:
             continue
-        if k.startswith(H.PREFIX) and k not in _REPLAY_KEEPS:
+        if isinstance(k, str) and k.startswith(H.PREFIX) and k not in _REPLAY_KEEPS:
             continue
         out[k] = v
-    out[H.REPLAYED] = (_int((headers or {}).get(H.REPLAYED)) or 0) + 1
+    out[H.REPLAYED] = (_int(h.get(H.REPLAYED)) or 0) + 1
     out[H.REPLAYED_AT] = now
     return out
 
@@ -328,56 +497,88 @@ class DeadLetterQueue:
         flt = select or ReplayFilter()
         report = ReplayReport(self.queue)
         budget = self.count()
-        ch = self._conn.channel()
-        ch.confirm_delivery()
+        ch = self._replay_channel()
         held = 0
         try:
             while report.examined < budget and (limit is None or report.replayed < limit):
+                if not ch.is_open:
+                    # The broker requeued every copy held on it: they are examined again.
+                    ch, held = self._replay_channel(), 0
                 method, props, body = ch.basic_get(self.queue, auto_ack=False)
                 if method is None:
                     break
                 report.examined += 1
-                dl = describe(
-                    props.headers,
-                    message_id=props.message_id,
-                    body_size=len(body),
-                    redelivered=method.redelivered,
-                    unreadable=frames.unreadable(method, props),
-                )
-                if not flt.matches(dl):
+                outcome, dl, target, why = self._replay_one(ch, method, props, body, flt, to)
+                if outcome == "replayed":
+                    assert target is not None
+                    report.replayed += 1
+                    report.targets[target] = report.targets.get(target, 0) + 1
+                    if on_replayed is not None:
+                        on_replayed(dl, target)  # may raise to stop the replay: nothing is lost
+                    continue
+                held += 1
+                if outcome == "skipped":
                     report.skipped += 1
-                    held += 1
-                    continue
-                target = replay_target(dl, to)
-                if target is None:
+                elif outcome == "no_target":
                     report.no_target += 1
-                    held += 1
-                    continue
-                copy = copy_properties(props, {})
-                copy.headers = replay_headers(props.headers, _now())
-                try:
-                    ch.basic_publish("", target, body, copy, mandatory=True)
-                except (pika.exceptions.UnroutableError, pika.exceptions.NackError) as exc:
+                    if dl.notes:
+                        report.errors.append(
+                            f"{dl.message_id or '?'}: no origin queue ({'; '.join(dl.notes)})"
+                        )
+                else:
                     report.failed += 1
-                    held += 1
-                    report.errors.append(
-                        f"{dl.message_id or '?'} -> {target}: {type(exc).__name__}"
-                        + (" (no such queue?)" if "Unroutable" in type(exc).__name__ else "")
-                    )
-                    continue
-                # Confirmed: only now the dead-letter copy may go.
-                ch.basic_ack(method.delivery_tag)
-                report.replayed += 1
-                report.targets[target] = report.targets.get(target, 0) + 1
-                if on_replayed is not None:
-                    on_replayed(dl, target)
-            if held:
+                    report.errors.append(f"{dl.message_id or '?'} -> {target}: {why}")
+            if held and ch.is_open:
                 ch.basic_nack(0, multiple=True, requeue=True)
         finally:
             if ch.is_open:
-                ch.close()
+                with contextlib.suppress(pika.exceptions.AMQPError):
+                    ch.close()  # also requeues anything still unacked
         report.remaining = self.count()
         return report
+
+    def _replay_channel(self) -> Any:
+        ch = self._conn.channel()
+        ch.confirm_delivery()
+        return ch
+
+    def _replay_one(
+        self, ch: Any, method: Any, props: Any, body: bytes, flt: ReplayFilter, to: str | None
+    ) -> tuple[str, DeadLetter, str | None, str]:
+        """Replay one dead letter: (outcome, what it says, target, why it failed).
+
+        Outcomes: replayed (confirmed, then acked), skipped, no_target, failed.
+        Anything but "replayed" leaves the copy unacked (it stays in the DLQ);
+        nothing one message carries stops the replay of the others.
+        """
+        dl = describe(
+            getattr(props, "headers", None),
+            message_id=getattr(props, "message_id", None),
+            body_size=len(body),
+            redelivered=method.redelivered,
+            unreadable=frames.unreadable(method, props),
+        )
+        if not flt.matches(dl):
+            return "skipped", dl, None, ""
+        target = replay_target(dl, to)
+        if target is None:
+            return "no_target", dl, None, ""
+        try:
+            copy = copy_properties(props, {})
+            copy.headers = replay_headers(props.headers, _now())
+            ch.basic_publish("", target, body, copy, mandatory=True)
+        except pika.exceptions.UnroutableError:
+            return "failed", dl, target, "UnroutableError (no such queue?)"
+        except pika.exceptions.NackError:
+            return "failed", dl, target, "NackError (the broker refused the copy)"
+        except (pika.exceptions.AMQPConnectionError, pika.exceptions.StreamLostError):
+            raise  # the connection is gone: nothing more can be replayed
+        except Exception as exc:
+            # Headers pika cannot encode again, a channel the broker closed, ...
+            return "failed", dl, target, mask_text(f"{type(exc).__name__}: {exc}")[:300]
+        # Confirmed: only now the dead-letter copy may go.
+        ch.basic_ack(method.delivery_tag)
+        return "replayed", dl, target, ""
 
 
 def inspect_dead_letters(url: str, queue: str, limit: int | None = None) -> list[DeadLetter]:

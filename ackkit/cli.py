@@ -130,7 +130,9 @@ def build_cli() -> typer.Typer:
     """The typer application (imports typer and rich)."""
     import typer
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
     from ._dlq import DeadLetterQueue, ReplayFilter, safe_error
     from ._queues import SOURCES, QueueSourceError, list_queues
@@ -149,7 +151,7 @@ def build_cli() -> typer.Typer:
     url_opt = typer.Option(DEFAULT_URL, "--url", envvar="AMQP_URL", help="AMQP URL.")
 
     def fail(msg: str, url: str, code: int = 1) -> typer.Exit:
-        err.print(f"[red]error:[/red] {_safe(msg, url)}", markup=True, highlight=False)
+        err.print(f"[red]error:[/red] {escape(_safe(msg, url))}", markup=True, highlight=False)
         return typer.Exit(code)
 
     def emit_json(data: Any, url: str) -> None:
@@ -179,10 +181,12 @@ def build_cli() -> typer.Typer:
         for col in ("message_id", "reason", "error type", "attempts", "original queue"):
             table.add_column(col, overflow="fold")
         table.add_column("dead-lettered at", no_wrap=True)
+        table.add_column("notes", overflow="fold")
         for d in letters:
+            # Text cells: a header saying "[red]" is shown as written, never parsed as markup.
             table.add_row(
                 *(
-                    _safe(str(v), url)
+                    Text(_safe(str(v), url))
                     for v in (
                         d.message_id or "-",
                         d.reason,
@@ -190,6 +194,7 @@ def build_cli() -> typer.Typer:
                         "-" if d.attempts is None else d.attempts,
                         d.original_queue or "-",
                         d.dead_lettered_at or "-",
+                        "; ".join(d.notes) or "-",
                     )
                 )
             )
@@ -228,9 +233,10 @@ def build_cli() -> typer.Typer:
                 f"left {report.left} (filtered {report.skipped}, no origin {report.no_target}, "
                 f"failed {report.failed}); {report.remaining} in the queue now",
                 highlight=False,
+                markup=False,
             )
             for e in report.errors:
-                err.print(_safe(e, url), highlight=False)
+                err.print(_safe(e, url), highlight=False, markup=False)
         if report.failed:
             raise typer.Exit(1)
 

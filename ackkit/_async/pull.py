@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
+import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -13,6 +15,7 @@ from aiormq.abc import AbstractChannel, AbstractConnection
 from pamqp import commands as spec
 
 from .._core.actions import Action, Republish
+from .._core.errors import SettleNotAllowed
 from .._core.listener import ListenerCore
 from .._core.policy import DLQ_DEFAULT, AckMode, FlushPolicy, ListenerPolicy
 from .._delivery import Delivery
@@ -20,8 +23,24 @@ from .._runtime_common import publish_properties
 from .._tls import TLS, client_tls
 from .._url import mask_url
 from . import _frames as frames
-from ._amqp import ChannelNumbers, declare_queues, open_connection, publish_copy, send_settles
+from ._amqp import (
+    CHANNEL_GONE,
+    ChannelNumbers,
+    declare_queues,
+    open_connection,
+    publish_copy,
+    send_settles,
+)
 from .delivery import AsyncDelivery
+
+log = logging.getLogger("ackkit.pull")
+
+SKIP_LIMIT = 10_000
+"""Messages one get() call may settle itself (dead-letter) before it returns None."""
+SKIP_SECONDS = 30.0
+"""Seconds one get() call may spend settling such messages before it returns None."""
+CLOSE_TIMEOUT = 10.0
+"""Seconds close() waits for the broker to confirm the channel's frames (Channel.CloseOk)."""
 
 
 class AsyncPullConnection:
@@ -31,7 +50,12 @@ class AsyncPullConnection:
     listener core: `await d.ack()` / `nack()` / `reject()` settle exactly once,
     reject/nack without requeue dead-letter to `<queue>.dlq`, and a delivery
     fetched on a channel that has since closed is never settled on its
-    successor.
+    successor. close() (and leaving `async with`, also on an exception) waits
+    until the broker has carried out every settle made before it.
+
+    A cancelled `await conn.get(q)` does not lose the message: the fetch runs
+    to its end and a delivery nobody received goes back to the queue. A
+    cancelled `await d.ack()` still settles.
     """
 
     def __init__(
@@ -46,15 +70,42 @@ class AsyncPullConnection:
         self._numbers = ChannelNumbers()
         self._cores: dict[str, ListenerCore] = {}
         self._lock = asyncio.Lock()
+        self._closed = False
+        self._inner: set[asyncio.Future[Any]] = set()
 
     def __repr__(self) -> str:
         return f"<AsyncPullConnection {mask_url(self.url)}>"
 
     async def open(self) -> AsyncPullConnection:
+        self._check_open("open()")
         await self._channel()
         return self
 
+    @property
+    def closed(self) -> bool:
+        """close() was called (get, publish and settle refuse from then on)."""
+        return self._closed
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise RuntimeError(f"{what} on a closed AsyncPullConnection")
+
+    def _note_lost_channel(self) -> None:
+        """If the channel died, every delivery fetched on it is stale (see the sync one)."""
+        if self._ch is None or self._ch.is_closed:
+            for core in self._cores.values():
+                if core.open:
+                    core.channel_closed()
+
+    async def _shielded(self, coro: Any) -> Any:
+        """Run `coro` to its end even if the caller is cancelled (kept until close())."""
+        task = asyncio.ensure_future(coro)
+        self._inner.add(task)
+        task.add_done_callback(self._inner.discard)
+        return await asyncio.shield(task)
+
     async def _channel(self) -> AbstractChannel:
+        self._check_open("channel")
         if self._amqp is None or self._amqp.is_closed:
             self._conn, self._amqp = await open_connection(
                 self.url, heartbeat=self.heartbeat, name="ackkit-pull", timeout=10.0, tls=self._tls
@@ -88,11 +139,51 @@ class AsyncPullConnection:
         return core
 
     async def get(
-        self, queue: str, *, dead_letter: str | None = DLQ_DEFAULT
+        self,
+        queue: str,
+        *,
+        dead_letter: str | None = DLQ_DEFAULT,
+        max_skip: int = SKIP_LIMIT,
+        max_seconds: float = SKIP_SECONDS,
     ) -> AsyncDelivery | None:
-        """basic.get with manual ack: an AsyncDelivery to settle, or None if the queue is empty."""
+        """basic.get with manual ack: an AsyncDelivery to settle, or None if the queue is empty.
+
+        A message that must not reach the caller (a garbage attempt header, ...) is
+        dead-lettered here and the next one fetched; past `max_skip` such messages or
+        about `max_seconds` in one call it returns None although the queue may hold
+        more. Cancelling the await does not lose a message: the fetch finishes and
+        a delivery the caller never received is requeued.
+        """
+        self._check_open("get()")
+        task = asyncio.ensure_future(self._get(queue, dead_letter, max_skip, max_seconds))
+        self._inner.add(task)
+        task.add_done_callback(self._inner.discard)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(self._give_back)
+            raise
+
+    def _give_back(self, task: asyncio.Future[AsyncDelivery | None]) -> None:
+        """The caller of get() was cancelled: requeue what the fetch returned."""
+        if task.cancelled() or task.exception() is not None:
+            return
+        d = task.result()
+        if d is None or d.settled:
+            return
+        back = asyncio.ensure_future(self._settle(d, "nack", True, False))
+        self._inner.add(back)
+        back.add_done_callback(self._inner.discard)
+        back.add_done_callback(lambda f: f.cancelled() or f.exception())  # never "never retrieved"
+
+    async def _get(
+        self, queue: str, dead_letter: str | None, max_skip: int, max_seconds: float
+    ) -> AsyncDelivery | None:
+        deadline = time.monotonic() + max_seconds
         async with self._lock:
+            self._check_open("get()")
             core = await self._core(queue, dead_letter)
+            skipped = 0
             while True:
                 ch = await self._channel()
                 msg = await ch.basic_get(queue, no_ack=False)
@@ -124,15 +215,43 @@ class AsyncPullConnection:
                 if t.verdict is None:
                     return d
                 await self._execute(core, ch, t.verdict)  # e.g. a forged attempt header
+                skipped += 1
+                if skipped >= max_skip or time.monotonic() >= deadline:
+                    log.warning(
+                        "get(%r): settled %d message(s) without handing one over; "
+                        "returning None, the queue may hold more",
+                        queue,
+                        skipped,
+                    )
+                    return None
 
     async def asettle(self, delivery: Delivery, kind: str, requeue: bool, multiple: bool) -> None:
-        """AsyncSettler protocol: carry out `await d.ack()` / nack / reject."""
+        """AsyncSettler protocol: carry out `await d.ack()` / nack / reject.
+
+        Runs to its end even if the awaiting task is cancelled."""
+        await self._shielded(self._settle(delivery, kind, requeue, multiple))
+
+    async def _settle(self, delivery: Delivery, kind: str, requeue: bool, multiple: bool) -> None:
         async with self._lock:
+            if self._closed and not delivery.tracked.settled:
+                raise SettleNotAllowed(
+                    f"cannot {kind} delivery tag {delivery.delivery_tag}: its "
+                    "AsyncPullConnection is closed (the broker requeued the message when "
+                    "its channel closed)"
+                )
             core = self._cores[delivery.queue]
+            self._note_lost_channel()
+            stale = delivery.tracked.generation != core.generation or not core.open
             acts = core.settle(delivery.tracked, kind, requeue=requeue, multiple=multiple)
             ch = self._ch
             if acts and ch is not None:
                 await self._execute(core, ch, acts)
+            if stale:
+                log.warning(
+                    "%s of delivery tag %d not sent: its channel closed and the broker requeued it",
+                    kind,
+                    delivery.delivery_tag,
+                )
 
     def settle(self, delivery: Delivery, kind: str, requeue: bool, multiple: bool) -> None:
         raise RuntimeError("AsyncPullConnection deliveries settle with `await delivery.ack()`")
@@ -167,6 +286,7 @@ class AsyncPullConnection:
             **publish_properties(headers, message_id, content_type, persistent, props)
         )
         async with self._lock:
+            self._check_open("publish()")
             ch = await self._channel()
             conf = await ch.basic_publish(
                 body, exchange=exchange, routing_key=routing_key, properties=p, mandatory=True
@@ -176,12 +296,39 @@ class AsyncPullConnection:
 
     async def declare_queue(self, name: str, arguments: Mapping[str, Any] | None = None) -> None:
         async with self._lock:
+            self._check_open("declare_queue()")
             ch = await self._channel()
             await ch.queue_declare(name, durable=True, arguments=dict(arguments or {}) or None)
 
     async def close(self) -> None:
+        """Close the channel, then the connection (a second call does nothing).
+
+        Settles are sent without waiting (wait=False) and closing the connection
+        drops frames still queued in the client, so the channel is closed with a
+        round trip first: the broker handles a channel's frames in order, so once
+        it answered Channel.CloseOk every ack, nack and reject sent before has been
+        carried out. Fetches and settles still running (a cancelled caller's) finish
+        first; deliveries not settled by then go back to their queue.
+        """
+        if self._closed:
+            return
+        deadline = time.monotonic() + CLOSE_TIMEOUT
+        while self._inner and time.monotonic() < deadline:  # a give-back may add one
+            await asyncio.wait(set(self._inner), timeout=deadline - time.monotonic())
         async with self._lock:
-            conn, self._conn, self._amqp, self._ch = self._conn, None, None, None
+            if self._closed:
+                return
+            self._closed = True
+            for core in self._cores.values():
+                if core.open:
+                    core.channel_closed()
+            conn, ch = self._conn, self._ch
+            self._conn, self._amqp, self._ch = None, None, None
+            try:
+                if ch is not None and not ch.is_closed:
+                    await asyncio.wait_for(ch.close(), CLOSE_TIMEOUT)
+            except (TimeoutError, *CHANNEL_GONE) as exc:
+                log.warning("closing the pull channel: %r", exc)
             if conn is not None and not conn.is_closed:
                 await conn.close()
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import ssl
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -12,6 +14,7 @@ import pika
 import pika.exceptions
 
 from .._core.actions import Ack, Action, Nack, Reject, Republish
+from .._core.errors import SettleNotAllowed
 from .._core.listener import ListenerCore
 from .._core.policy import DLQ_DEFAULT, AckMode, FlushPolicy, ListenerPolicy
 from .._delivery import Delivery
@@ -20,6 +23,13 @@ from .._tls import TLS, client_tls, tls_failure
 from .._url import mask_url
 from . import _frames as frames
 from ._pika import copy_properties, declare_queues, parameters
+
+log = logging.getLogger("ackkit.pull")
+
+SKIP_LIMIT = 10_000
+"""Messages one get() call may settle itself (dead-letter) before it returns None."""
+SKIP_SECONDS = 30.0
+"""Seconds one get() call may spend settling such messages before it returns None."""
 
 
 class PullConnection:
@@ -36,6 +46,7 @@ class PullConnection:
         self._ch: Any = None
         self._cores: dict[str, ListenerCore] = {}
         self._lock = threading.RLock()
+        self._closed = False
 
     def __repr__(self) -> str:
         return f"<PullConnection {mask_url(self.url)}>"
@@ -50,7 +61,26 @@ class PullConnection:
             raise
 
     @property
+    def closed(self) -> bool:
+        """close() was called (get, publish and settle refuse from then on)."""
+        return self._closed
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise RuntimeError(f"{what} on a closed PullConnection")
+
+    def _note_lost_channel(self) -> None:
+        """If the channel died, every delivery fetched on it is stale: tell the cores now,
+        so a settle of one of them is dropped (the broker requeued it) and its tag is
+        never sent on a successor channel."""
+        if self._ch is None or not self._ch.is_open:
+            for core in self._cores.values():
+                if core.open:
+                    core.channel_closed()
+
+    @property
     def channel(self) -> Any:
+        self._check_open("channel")
         if self._conn is None or not self._conn.is_open:
             self._conn = self._connect()
             self._ch = None
@@ -80,50 +110,88 @@ class PullConnection:
             self._cores[queue] = core
         return core
 
-    def get(self, queue: str, *, dead_letter: str | None = DLQ_DEFAULT) -> Delivery | None:
-        """basic.get with manual ack: a Delivery to settle, or None when the queue is empty."""
+    def get(
+        self,
+        queue: str,
+        *,
+        dead_letter: str | None = DLQ_DEFAULT,
+        max_skip: int = SKIP_LIMIT,
+        max_seconds: float = SKIP_SECONDS,
+    ) -> Delivery | None:
+        """basic.get with manual ack: a Delivery to settle, or None when the queue is empty.
+
+        A message that must not reach the caller (a garbage attempt header, ...) is
+        dead-lettered here and the next one fetched. One call settles at most
+        `max_skip` such messages and spends at most about `max_seconds` on them;
+        past either bound it returns None although the queue may hold more (call
+        get() again).
+        """
+        deadline = time.monotonic() + max_seconds
         with self._lock:
+            self._check_open("get()")
             core = self._core(queue, dead_letter)
-            ch = self.channel
-            method, props, body = ch.basic_get(queue, auto_ack=False)
-            if method is None:
-                return None
-            exchange, rk = frames.text(method.exchange), frames.text(method.routing_key)
-            why = frames.unreadable(method, props)  # dead-lettered by the core's verdict
-            t = core.receive(
-                method.delivery_tag,
-                method.redelivered,
-                None if why else props.headers,
-                exchange,
-                rk,
-                unreadable=why,
-            )
-            d = Delivery(
-                body,
-                props,
-                t,
-                self,
-                exchange=exchange,
-                routing_key=rk,
-                redelivered=method.redelivered,
-                queue=queue,
-            )
-            if t.verdict is not None:
-                self._execute(core, t.verdict)
-                return self.get(queue, dead_letter=dead_letter)
-            return d
+            skipped = 0
+            while True:
+                ch = self.channel
+                method, props, body = ch.basic_get(queue, auto_ack=False)
+                if method is None:
+                    return None
+                exchange, rk = frames.text(method.exchange), frames.text(method.routing_key)
+                why = frames.unreadable(method, props)  # dead-lettered by the core's verdict
+                t = core.receive(
+                    method.delivery_tag,
+                    method.redelivered,
+                    None if why else props.headers,
+                    exchange,
+                    rk,
+                    unreadable=why,
+                )
+                d = Delivery(
+                    body,
+                    props,
+                    t,
+                    self,
+                    exchange=exchange,
+                    routing_key=rk,
+                    redelivered=method.redelivered,
+                    queue=queue,
+                )
+                if t.verdict is None:
+                    return d
+                self._execute(core, ch, t.verdict)
+                skipped += 1
+                if skipped >= max_skip or time.monotonic() >= deadline:
+                    log.warning(
+                        "get(%r): settled %d message(s) without handing one over; "
+                        "returning None, the queue may hold more",
+                        queue,
+                        skipped,
+                    )
+                    return None
 
     def settle(self, delivery: Delivery, kind: str, requeue: bool, multiple: bool) -> None:
         with self._lock:
+            if self._closed and not delivery.tracked.settled:
+                raise SettleNotAllowed(
+                    f"cannot {kind} delivery tag {delivery.delivery_tag}: its PullConnection "
+                    "is closed (the broker requeued the message when its channel closed)"
+                )
             core = self._cores[delivery.queue]
+            self._note_lost_channel()
+            stale = delivery.tracked.generation != core.generation or not core.open
             acts = core.settle(delivery.tracked, kind, requeue=requeue, multiple=multiple)
-            self._execute(core, acts)
+            self._execute(core, self._ch, acts)
+            if stale:
+                log.warning(
+                    "%s of delivery tag %d not sent: its channel closed and the broker requeued it",
+                    kind,
+                    delivery.delivery_tag,
+                )
 
-    def _execute(self, core: ListenerCore, acts: list[Action]) -> None:
-        ch = self._ch
-        if ch is None or not ch.is_open:
-            return
+    def _execute(self, core: ListenerCore, ch: Any, acts: list[Action]) -> None:
         for a in acts:
+            if ch is not self._ch or ch is None or not ch.is_open:
+                return  # tags of a closed channel are worthless: never sent elsewhere
             if isinstance(a, Ack):
                 ch.basic_ack(a.tag, a.multiple)
             elif isinstance(a, Nack):
@@ -150,7 +218,7 @@ class PullConnection:
                     ok, unroutable = False, True
                 except pika.exceptions.NackError:
                     ok = False
-                self._execute(core, core.republished(a.token, ok, unroutable=unroutable))
+                self._execute(core, ch, core.republished(a.token, ok, unroutable=unroutable))
 
     def publish(
         self,
@@ -171,6 +239,7 @@ class PullConnection:
             **publish_properties(headers, message_id, content_type, persistent, props)
         )
         with self._lock:
+            self._check_open("publish()")
             self.channel.basic_publish(exchange, routing_key, body, p, mandatory=True)
 
     def declare_queue(self, name: str, arguments: Mapping[str, Any] | None = None) -> None:
@@ -178,10 +247,31 @@ class PullConnection:
             self.channel.queue_declare(name, durable=True, arguments=dict(arguments or {}) or None)
 
     def close(self) -> None:
+        """Close the channel, then the connection (a second call does nothing).
+
+        The channel is closed with a round trip first: the broker handles a
+        channel's frames in order, so once it answered Channel.CloseOk every ack,
+        nack and reject sent before has been carried out. Deliveries not settled
+        by then go back to their queue.
+        """
         with self._lock:
-            if self._conn is not None and self._conn.is_open:
-                self._conn.close()
-            self._conn = None
+            if self._closed:
+                return
+            self._closed = True
+            for core in self._cores.values():
+                if core.open:
+                    core.channel_closed()
+            ch, conn, self._ch, self._conn = self._ch, self._conn, None, None
+            try:
+                if ch is not None and ch.is_open:
+                    ch.close()
+            except pika.exceptions.AMQPError as exc:
+                log.warning("closing the pull channel: %r", exc)
+            try:
+                if conn is not None and conn.is_open:
+                    conn.close()
+            except pika.exceptions.AMQPError as exc:
+                log.warning("closing the pull connection: %r", exc)
 
 
 @contextmanager
