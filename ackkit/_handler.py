@@ -111,6 +111,8 @@ class Binding:
             second = positional[1]
             tp2 = hints.get(second.name, inspect.Parameter.empty)
             wants = second.kind is not second.VAR_POSITIONAL and second.default is second.empty
+            if get_origin(tp2) in (list, Sequence, typing.Sequence, tuple) and get_args(tp2):
+                tp2 = get_args(tp2)[0]  # a batch handler's deliveries
             if _is_delivery(tp2) or (wants and tp2 is inspect.Parameter.empty):
                 self.pass_delivery = True
             elif wants:

@@ -150,7 +150,9 @@ class Retry:
         if self.initial_interval == 0 or self.multiplier == 1:
             return None
         step = math.log1p(self.multiplier - 1)
-        est = math.log(self.max_interval / self.initial_interval) / step
+        est = (math.log(self.max_interval) - math.log(self.initial_interval)) / step
+        if not math.isfinite(est):  # pragma: no cover - a step below float precision
+            est = 2.0**64
         lo, hi = 0, max(1, math.ceil(est) + 2)
         while self._raw(hi) < self.max_interval:  # float error: widen
             lo, hi = hi, hi * 2
