@@ -162,7 +162,12 @@ class Binding:
                 raise BadPayload(_adapter_reason(self.model, exc)) from None
             except RecursionError:
                 raise BadPayload(TOO_DEEP) from None
-        return decode_json(d.body)
+        value = decode_json(d.body)
+        if self.model is not None and not isinstance(value, self.model):
+            raise BadPayload(
+                f"body is a JSON {type(value).__name__}, the handler takes a {self.model.__name__}"
+            )
+        return value
 
     def args(self, d: Delivery) -> tuple[Any, ...]:
         if self.kind == "none":
@@ -222,5 +227,5 @@ def _classify(tp: Any) -> tuple[str, Any]:
     if isinstance(tp, type) and issubclass(tp, BaseModel):
         return "model", tp
     if tp in (dict, list) or get_origin(tp) in (dict, list):
-        return "json", None
+        return "json", get_origin(tp) or tp  # the JSON value must be that container
     return "adapter", TypeAdapter(tp)

@@ -646,3 +646,27 @@ def test_an_unannotated_handler_gets_the_delivery_of_any_body() -> None:
     for body in (b"hello-0", b"", b"\xff\xfe", b"{not json"):
         d = delivery(body, content_type="text/plain")
         assert b.args(d) == (d,)
+
+
+@pytest.mark.parametrize(
+    "fn,body,ok",
+    [
+        (h_dict, b"[1, 2]", False),
+        (h_dict, b'"text"', False),
+        (h_dict_typed, b"3", False),
+        (h_dict, b'{"a": 1}', True),
+        (h_list_json, b'{"a": 1}', False),
+        (h_list_json, b"[1]", True),
+        (h_any, b"[1]", True),
+        (h_any, b"null", True),
+    ],
+)
+def test_a_container_handler_gets_that_container_or_a_bad_payload(
+    fn: Any, body: bytes, ok: bool
+) -> None:
+    b = Binding(fn, Decoder())
+    if ok:
+        assert b.args(delivery(body)) == (json.loads(body),)
+    else:
+        with pytest.raises(BadPayload, match="the handler takes a"):
+            b.args(delivery(body))
