@@ -226,6 +226,6 @@ def _classify(tp: Any) -> tuple[str, Any]:
         return "text", None
     if isinstance(tp, type) and issubclass(tp, BaseModel):
         return "model", tp
-    if tp in (dict, list) or get_origin(tp) in (dict, list):
-        return "json", get_origin(tp) or tp  # the JSON value must be that container
+    if tp in (dict, list):
+        return "json", tp  # the JSON value must be that container; dict[K, V]: pydantic
     return "adapter", TypeAdapter(tp)

@@ -465,7 +465,7 @@ BINDING_TABLE: list[tuple[Callable[..., Any], str, bool, bool, bool]] = [
     (h_model_plain_second, "model", False, True, False),
     (h_model_optional, "model", False, False, False),
     (h_dict, "json", False, False, False),
-    (h_dict_typed, "json", False, False, False),
+    (h_dict_typed, "adapter", False, False, False),
     (h_list_json, "json", False, False, False),
     (h_any, "json", False, False, False),
     (h_bytes, "bytes", False, False, False),
@@ -653,7 +653,7 @@ def test_an_unannotated_handler_gets_the_delivery_of_any_body() -> None:
     [
         (h_dict, b"[1, 2]", False),
         (h_dict, b'"text"', False),
-        (h_dict_typed, b"3", False),
+        (h_dict_typed, b'{"a": 1}', True),
         (h_dict, b'{"a": 1}', True),
         (h_list_json, b'{"a": 1}', False),
         (h_list_json, b"[1]", True),
@@ -670,3 +670,11 @@ def test_a_container_handler_gets_that_container_or_a_bad_payload(
     else:
         with pytest.raises(BadPayload, match="the handler takes a"):
             b.args(delivery(body))
+
+
+def test_a_parametrised_container_is_validated_by_pydantic() -> None:
+    b = Binding(h_dict_typed, Decoder())
+    with pytest.raises(BadPayload, match="does not match"):
+        b.args(delivery(b'{"a": "not an int"}'))
+    with pytest.raises(BadPayload, match="does not match"):
+        b.args(delivery(b"[1]"))
