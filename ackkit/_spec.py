@@ -240,8 +240,6 @@ class AppBase:
                 raise ValueError(
                     f"batch_size {batch_size} > prefetch {prefetch}: batches never fill"
                 )
-            if ack_mode in (AckMode.NONE, AckMode.TRANSACTED):
-                raise ValueError(f"batch_size= does not work with ack_mode={ack_mode}")
         batch_timeout = C.number("batch_timeout", batch_timeout, 0, _DAY)
         C.integer("max_body_size", max_body_size, 1)
         C.flag("check_content_type", check_content_type)
