@@ -102,20 +102,21 @@ class Delivery:
             raise BadPayload(f"body is not valid UTF-8: {exc}") from None
 
     def json(self) -> Any:
+        """The body decoded as JSON; BadPayload when it cannot be."""
         if self._decoder is not None:
             self._decoder.check(self)
-        try:
-            return json.loads(self.body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise BadPayload(f"body is not valid JSON: {exc}") from None
+        return decode_json(self.body)
 
     def model(self, model: type[M]) -> M:
+        """The body validated into a pydantic model; BadPayload when it does not match."""
         if self._decoder is not None:
             self._decoder.check(self)
         try:
             return model.model_validate_json(self.body)
         except ValidationError as exc:
             raise BadPayload(_validation_reason(model, exc)) from None
+        except RecursionError:
+            raise BadPayload(TOO_DEEP) from None
 
     # -- settling --------------------------------------------------------------
 
@@ -136,6 +137,28 @@ class Delivery:
             f"<Delivery queue={self.queue!r} tag={self.delivery_tag} attempt={self.attempt} "
             f"message_id={self.message_id!r} bytes={len(self.body)}>"
         )
+
+
+TOO_DEEP = "body is nested too deeply to decode"
+
+
+def decode_json(body: bytes) -> Any:
+    """json.loads for a body; every way it can fail is a BadPayload (a body nested
+    deeper than the interpreter's recursion limit raises RecursionError, which would
+    otherwise be retried as a handler failure)."""
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadPayload(f"body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadPayload(TOO_DEEP) from None
+
+
+def _adapter_reason(adapter: Any, exc: ValidationError) -> str:
+    errs = exc.errors(include_url=False, include_input=False)
+    parts = [f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in errs[:5]]
+    more = f" (+{len(errs) - 5} more)" if len(errs) > 5 else ""
+    return f"does not match {getattr(adapter, '_type', adapter)!r}: " + "; ".join(parts) + more
 
 
 def _validation_reason(model: type[BaseModel], exc: ValidationError) -> str:

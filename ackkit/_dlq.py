@@ -27,10 +27,11 @@ from typing import Any
 import pika
 import pika.exceptions
 
+from ._core import checks as C
 from ._core import headers as H
 from ._sync import _frames as frames
 from ._sync._pika import copy_properties, parameters
-from ._url import mask_text
+from ._url import check_url, mask_text
 
 # -- runtime-neutral ---------------------------------------------------------------
 
@@ -423,8 +424,8 @@ class DeadLetterQueue:
     """
 
     def __init__(self, url: str, queue: str, *, connection_name: str = "ackkit-dlq") -> None:
-        self.url = url
-        self.queue = queue
+        self.url = check_url(url)
+        self.queue = C.queue_name("queue", queue, declared=False)
         # reads what pika cannot decode as salvaged properties (see _sync/_frames.py)
         self._conn: Any = frames.blocking_connection(parameters(url, name=connection_name))
 
@@ -456,6 +457,7 @@ class DeadLetterQueue:
 
     def peek(self, limit: int | None = None) -> list[tuple[DeadLetter, Any, bytes]]:
         """Like inspect(), with each message's properties and body."""
+        _limit(limit)
         total = self.count()
         n = total if limit is None else min(limit, total)
         out: list[tuple[DeadLetter, Any, bytes]] = []
@@ -494,6 +496,11 @@ class DeadLetterQueue:
         (a copy replayed into the DLQ itself is not taken twice); `limit`
         bounds how many are replayed.
         """
+        _limit(limit)
+        if to is not None:
+            C.queue_name("to", to, declared=False)
+        if select is not None and not isinstance(select, ReplayFilter):
+            raise TypeError(f"select must be a ReplayFilter or None, got {select!r}")
         flt = select or ReplayFilter()
         report = ReplayReport(self.queue)
         budget = self.count()
@@ -581,6 +588,11 @@ class DeadLetterQueue:
         return "replayed", dl, target, ""
 
 
+def _limit(limit: object) -> None:
+    if limit is not None:
+        C.integer("limit", limit, 0)
+
+
 def inspect_dead_letters(url: str, queue: str, limit: int | None = None) -> list[DeadLetter]:
     """The dead letters at the head of `queue` (nothing is removed)."""
     with DeadLetterQueue(url, queue) as dlq:
@@ -598,6 +610,14 @@ def replay_dead_letters(
     limit: int | None = None,
 ) -> ReplayReport:
     """Replay dead letters of `queue` to `to` or to the queue each one died in."""
+    if isinstance(message_ids, (str, bytes)):
+        raise TypeError(
+            f"message_ids must be a list of ids, got the string {message_ids!r} (which would "
+            "be taken as its characters)"
+        )
+    for opt, v in (("error_type", error_type), ("reason_contains", reason_contains)):
+        if v is not None:
+            C.text(opt, v)
     flt = ReplayFilter(error_type, reason_contains, frozenset(message_ids))
     with DeadLetterQueue(url, queue) as dlq:
         return dlq.replay(to=to, select=flt, limit=limit)

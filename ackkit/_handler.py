@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
-import json
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -13,7 +13,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from ._core.errors import BadPayload
 from ._core.outcome import AckIndex
-from ._delivery import Delivery, _validation_reason
+from ._delivery import TOO_DEEP, Delivery, _adapter_reason, _validation_reason, decode_json
 
 __all__ = ["AckIndex", "Binding", "Decoder"]
 
@@ -46,18 +46,31 @@ class Decoder:
 
 
 class Binding:
-    """How to call one handler: which argument comes from the delivery, and how."""
+    """How to call one handler: which argument comes from the delivery, and how.
+
+    The first parameter decides: unannotated or annotated `Delivery`, the delivery
+    itself; `bytes` / `str`, the raw body / its UTF-8 text; a pydantic model, `dict`,
+    `list`, `Any` or any other type pydantic validates, the JSON body decoded for it;
+    `list[X]` (or `Sequence[X]`), a batch of those. A second parameter, unannotated or
+    annotated `Delivery`, receives the delivery (a batch handler's: the list of them).
+    """
 
     __slots__ = ("batch", "decoder", "fn", "is_async", "kind", "model", "name", "pass_delivery")
 
     def __init__(self, fn: Callable[..., Any], decoder: Decoder, name: str | None = None) -> None:
+        if not callable(fn):
+            raise TypeError(f"a handler must be callable, got {fn!r} ({type(fn).__name__})")
         self.fn = fn
         self.decoder = decoder
         self.name = name or getattr(fn, "__qualname__", repr(fn))
-        self.is_async = inspect.iscoroutinefunction(fn)
-        params = list(inspect.signature(fn).parameters.values())
+        self.is_async = is_coroutine_callable(fn)
         try:
-            hints = typing.get_type_hints(fn)
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"handler {self.name}: cannot read its signature ({exc})") from None
+        params = list(sig.parameters.values())
+        try:
+            hints = typing.get_type_hints(annotated(fn))
         except Exception as exc:  # an annotation names something not importable here
             raise TypeError(
                 f"handler {self.name}: cannot resolve its annotations ({exc}). With "
@@ -68,22 +81,50 @@ class Binding:
         self.kind = "none"
         self.model: Any = None
         self.pass_delivery = False
-        if not params:
-            return
-        first = hints.get(params[0].name, inspect.Parameter.empty)
-        origin = get_origin(first)
-        if origin in (list, Sequence, typing.Sequence, tuple) and get_args(first):
-            self.batch = True
-            first = get_args(first)[0]
-        self.kind, self.model = _classify(first)
-        if len(params) > 1:
-            second = hints.get(params[1].name, inspect.Parameter.empty)
-            if _is_delivery(second):
-                self.pass_delivery = True
-            elif params[1].default is inspect.Parameter.empty:
+        positional = [p for p in params if p.kind in _POSITIONAL]
+        for p in params:
+            if p.kind is p.KEYWORD_ONLY and p.default is p.empty:
                 raise TypeError(
-                    f"handler {self.name}: the second parameter must be a Delivery (got {second!r})"
+                    f"handler {self.name}: keyword-only parameter {p.name!r} has no default; "
+                    "ackkit passes at most the body and the delivery, positionally"
                 )
+        if not positional:
+            return
+        first = positional[0]
+        tp = hints.get(first.name, inspect.Parameter.empty)
+        origin = get_origin(tp)
+        if origin in (list, Sequence, typing.Sequence, tuple) and get_args(tp):
+            self.batch = True
+            tp = get_args(tp)[0]
+        self.kind, self.model = _classify(tp)
+        if first.kind is first.VAR_POSITIONAL:
+            return
+        if len(positional) > 1:
+            second = positional[1]
+            tp2 = hints.get(second.name, inspect.Parameter.empty)
+            wants = second.kind is not second.VAR_POSITIONAL and second.default is second.empty
+            if get_origin(tp2) in (list, Sequence, typing.Sequence, tuple) and get_args(tp2):
+                tp2 = get_args(tp2)[0]  # a batch handler's deliveries
+            if _is_delivery(tp2) or (wants and tp2 is inspect.Parameter.empty):
+                self.pass_delivery = True
+            elif wants:
+                raise TypeError(
+                    f"handler {self.name}: the second parameter {second.name!r} is annotated "
+                    f"{tp2!r}; it can only receive the Delivery (annotate it `Delivery` or "
+                    "leave it unannotated)"
+                )
+            rest = [p for p in positional[2:] if p.default is p.empty]
+            rest = [p for p in rest if p.kind is not p.VAR_POSITIONAL]
+            if rest:
+                raise TypeError(
+                    f"handler {self.name}: parameter {rest[0].name!r} would receive nothing; "
+                    "a handler takes the body (or the Delivery) and optionally the Delivery"
+                )
+
+    @property
+    def gets_delivery(self) -> bool:
+        """Whether the handler receives its Delivery (so it can settle it)."""
+        return self.kind == "delivery" or self.pass_delivery
 
     def arg(self, d: Delivery) -> Any:
         """The first argument for delivery d; raises BadPayload when it cannot be decoded."""
@@ -104,15 +145,21 @@ class Binding:
                 return self.model.model_validate_json(d.body)
             except ValidationError as exc:
                 raise BadPayload(_validation_reason(self.model, exc)) from None
+            except RecursionError:
+                raise BadPayload(TOO_DEEP) from None
         if kind == "adapter":
             try:
                 return self.model.validate_json(d.body)
             except ValidationError as exc:
-                raise BadPayload(f"does not match {self.model!r}: {exc.errors()[:3]}") from None
-        try:
-            return json.loads(d.body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise BadPayload(f"body is not valid JSON: {exc}") from None
+                raise BadPayload(_adapter_reason(self.model, exc)) from None
+            except RecursionError:
+                raise BadPayload(TOO_DEEP) from None
+        value = decode_json(d.body)
+        if self.model is not None and not isinstance(value, self.model):
+            raise BadPayload(
+                f"body is a JSON {type(value).__name__}, the handler takes a {self.model.__name__}"
+            )
+        return value
 
     def args(self, d: Delivery) -> tuple[Any, ...]:
         if self.kind == "none":
@@ -121,21 +168,56 @@ class Binding:
         return (a, d) if self.pass_delivery else (a,)
 
 
+_POSITIONAL = (
+    inspect.Parameter.POSITIONAL_ONLY,
+    inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    inspect.Parameter.VAR_POSITIONAL,
+)
+
+
+def is_coroutine_callable(fn: object) -> bool:
+    """True for an `async def` function, a method, an object whose `__call__` is one,
+    or a functools.partial of any of these."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if inspect.iscoroutinefunction(fn):
+        return True
+    if inspect.isroutine(fn) or isinstance(fn, type):
+        return False
+    return inspect.iscoroutinefunction(_call_of(fn))
+
+
+def annotated(fn: Any) -> Any:
+    """What carries the annotations of `fn`'s parameters (a partial's function, an
+    object's __call__)."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if inspect.isroutine(fn) or isinstance(fn, type):
+        return fn
+    call = _call_of(fn)
+    return call if call is not None else fn
+
+
+def _call_of(obj: object) -> Any:
+    """The __call__ function of a callable object's class."""
+    return inspect.getattr_static(type(obj), "__call__", None)
+
+
 def _is_delivery(tp: Any) -> bool:
     return isinstance(tp, type) and issubclass(tp, Delivery)
 
 
 def _classify(tp: Any) -> tuple[str, Any]:
-    if tp is inspect.Parameter.empty or tp is Any:
-        return "json", None
-    if _is_delivery(tp):
+    if tp is inspect.Parameter.empty or _is_delivery(tp):
         return "delivery", None
+    if tp is Any:
+        return "json", None
     if tp is bytes:
         return "bytes", None
     if tp is str:
         return "text", None
     if isinstance(tp, type) and issubclass(tp, BaseModel):
         return "model", tp
-    if tp in (dict, list) or get_origin(tp) in (dict, list):
-        return "json", None
+    if tp in (dict, list):
+        return "json", tp  # the JSON value must be that container; dict[K, V]: pydantic
     return "adapter", TypeAdapter(tp)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import ssl
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ._core import checks as C
 from ._core.events import Event, Observer
 from ._core.policy import (
     DEFAULT_PREFETCH,
@@ -23,7 +25,7 @@ from ._core.policy import (
 from ._handler import DEFAULT_MAX_BODY, Binding, Decoder
 from ._logs import LifecycleLog
 from ._tls import TLS, client_tls
-from ._url import mask_url
+from ._url import check_url, mask_url
 
 if TYPE_CHECKING:
     from ._core.listener import ListenerCore
@@ -100,6 +102,40 @@ def _queue_type(arguments: dict[str, Any] | None) -> str | None:
     return None if value is None else str(value)
 
 
+MAX_CONCURRENCY = 10_000
+_DAY = 86_400.0
+SETTLED_BY_HANDLER = (AckMode.MANUAL, AckMode.CLIENT, AckMode.INDIVIDUAL)
+"""Ack modes in which the handler settles: it must receive its Delivery."""
+
+
+def _check_queue_arguments(queue: str, args: dict[str, Any], mode: AckMode) -> None:
+    """Arguments that contradict how ackkit consumes the queue."""
+    qtype = args.get("x-queue-type")
+    if qtype is not None and qtype not in ("classic", "quorum"):
+        why = ""
+        if qtype == "stream":
+            why = ": a stream keeps messages after their ack, ackkit's settling does not apply"
+        raise ValueError(
+            f"queue_arguments['x-queue-type'] must be 'classic' or 'quorum', got {qtype!r}{why}"
+        )
+    for key in (
+        "x-message-ttl",
+        "x-expires",
+        "x-max-length",
+        "x-max-length-bytes",
+        "x-delivery-limit",
+        "x-max-priority",
+    ):
+        if key in args:
+            C.integer(f"queue_arguments[{key!r}]", args[key], 0)
+    if args.get("x-dead-letter-routing-key") == queue and args.get("x-dead-letter-exchange") == "":
+        raise ValueError(
+            f"queue_arguments dead-letter {queue!r} into itself "
+            "(x-dead-letter-exchange '' and x-dead-letter-routing-key the queue): "
+            "every rejected message would come straight back"
+        )
+
+
 class AppBase:
     """Listener registry and settings shared by App (pika) and AsyncApp (aio-pika)."""
 
@@ -114,15 +150,18 @@ class AppBase:
         connection_name: str = "ackkit",
         tls: TLS | ssl.SSLContext | None = None,
     ) -> None:
-        self.url = url
+        self.url = check_url(url)
         # amqps:// URLs: (context, server name); the files load here, so a bad path or
         # an amqp:// URL with tls= fails at construction, not at the first connect.
         self.tls = client_tls(url, tls)
-        self.heartbeat = heartbeat
-        self.shutdown_timeout = shutdown_timeout
-        self.reconnect_max_interval = reconnect_max_interval
-        self.startup_timeout = startup_timeout
-        self.connection_name = connection_name
+        # AMQP's heartbeat is an unsigned short (0: off)
+        self.heartbeat = C.integer("heartbeat", heartbeat, 0, C.MAX_SHORT)
+        self.shutdown_timeout = C.number("shutdown_timeout", shutdown_timeout, 0, _DAY)
+        self.reconnect_max_interval = C.number(
+            "reconnect_max_interval", reconnect_max_interval, 0, _DAY, above=True
+        )
+        self.startup_timeout = C.number("startup_timeout", startup_timeout, 0, _DAY, above=True)
+        self.connection_name = C.text("connection_name", connection_name, empty=True)
         self.specs: list[ListenerSpec] = []
         self._observers: list[Observer] = []
         self._instruments: list[Instrument] = []
@@ -185,12 +224,45 @@ class AppBase:
         (JSON), or `list[...]` of one of those for a batch handler. A second
         parameter annotated `Delivery` receives the delivery as well.
         """
-        conc = max_concurrency if max_concurrency is not None else concurrency
-        if conc < 1:
-            raise ValueError("concurrency must be >= 1")
-        if batch_size is not None and prefetch and batch_size > prefetch:
-            raise ValueError(f"batch_size {batch_size} > prefetch {prefetch}: batches never fill")
+        C.queue_name("queue", queue, declared=False)
+        declare = C.flag("declare", declare)
+        if declare:
+            C.queue_name("queue", queue)
+        ack_mode = C.enum("ack_mode", AckMode, ack_mode)
+        C.integer("concurrency", concurrency, 1, MAX_CONCURRENCY)
+        conc = concurrency
+        if max_concurrency is not None:
+            conc = C.integer("max_concurrency", max_concurrency, 1, MAX_CONCURRENCY)
+        C.integer("prefetch", prefetch, 0, C.MAX_SHORT)
+        if batch_size is not None:
+            C.integer("batch_size", batch_size, 1, C.MAX_SHORT)
+            if prefetch and batch_size > prefetch:
+                raise ValueError(
+                    f"batch_size {batch_size} > prefetch {prefetch}: batches never fill"
+                )
+        batch_timeout = C.number("batch_timeout", batch_timeout, 0, _DAY)
+        C.integer("max_body_size", max_body_size, 1)
+        C.flag("check_content_type", check_content_type)
+        args = C.amqp_table("queue_arguments", queue_arguments)
+        _check_queue_arguments(queue, args, ack_mode)
+        if name is not None:
+            C.text("name", name)
+        if retry is not None and not isinstance(retry, Retry):
+            raise TypeError(f"retry must be a Retry or None, got {retry!r}")
         r = retry or NO_RETRY
+        # ListenerPolicy checks the rest (dead_letter, on_unsettled, flush) before the
+        # handler is bound, so a wrong option fails at the decorator's line.
+        probe = ListenerPolicy(
+            name=name or "?",
+            queue=queue,
+            mode=ack_mode,
+            prefetch=prefetch,
+            retry=r,
+            dead_letter=dead_letter,
+            on_unsettled=on_unsettled,
+            flush=flush,
+            queue_type=_queue_type(args),
+        )
         if r.strategy is RetryStrategy.IN_PROCESS and r.total_delay() > CONSUMER_TIMEOUT / 2:
             log.warning(
                 "listener on %r: in-process retries may wait %.0f s, close to RabbitMQ's "
@@ -202,22 +274,25 @@ class AppBase:
 
         def register(fn: F) -> F:
             lname = name or f"{queue}:{getattr(fn, '__name__', 'handler')}"
-            policy = ListenerPolicy(
-                name=lname,
-                queue=queue,
-                mode=ack_mode,
-                prefetch=prefetch,
-                retry=r,
-                dead_letter=dead_letter,
-                on_unsettled=on_unsettled,
-                flush=flush,
-                queue_type=_queue_type(queue_arguments),
-            )
+            if any(s.name == lname for s in self.specs):
+                raise ValueError(
+                    f"a listener named {lname!r} is already registered on this app; give "
+                    "each listener its own name= (stats, metrics and logs are keyed by it)"
+                )
+            policy = dataclasses.replace(probe, name=lname)
             binding = Binding(fn, Decoder(max_body_size, check_content_type), lname)
             if batch_size is None and binding.batch:
                 raise TypeError(f"{lname}: a list[...] handler needs batch_size=")
             if batch_size is not None and not binding.batch:
                 raise TypeError(f"{lname}: batch_size= needs a handler taking list[...]")
+            if ack_mode in SETTLED_BY_HANDLER and not binding.gets_delivery:
+                raise TypeError(
+                    f"{lname}: with ack_mode={ack_mode} the handler settles each message "
+                    "itself, so it must receive the Delivery: leave its first parameter "
+                    "unannotated or annotate it `Delivery`, or add a second parameter "
+                    "annotated `Delivery` (e.g. `def handle(body: dict, msg: Delivery)`); "
+                    "or use AckMode.AUTO"
+                )
             self._check_handler(binding)
             self.specs.append(
                 ListenerSpec(
@@ -227,7 +302,7 @@ class AppBase:
                     batch_size,
                     batch_timeout,
                     declare,
-                    dict(queue_arguments or {}),
+                    args,
                 )
             )
             return fn

@@ -23,7 +23,7 @@ from yarl import URL
 
 from .._core.actions import Ack, Action, Nack, Reject, Republish
 from .._core.errors import TopologyConflict
-from .._core.listener import QueueSpec
+from .._core.listener import QueueSpec, missing_queue
 from .._delivery import Delivery
 from .._runtime_common import ConnectFailed, FatalConnectError, merge_headers
 from .._tls import client_tls, handshake_hint, tls_failure
@@ -168,10 +168,16 @@ async def declare_queues(
     numbers: ChannelNumbers,
     own: Iterable[QueueSpec],
     user: Iterable[tuple[str, dict[str, Any]]] = (),
+    existing: Iterable[str] = (),
 ) -> None:
-    """Declare the user's queues (passively first when they have no arguments) and
+    """Check that the `existing` queues (listeners with declare=False) are there, then
+    declare the user's queues (passively first when they have no arguments) and
     ackkit's own, each on a throwaway channel: a 406 costs that channel only and
-    raises TopologyConflict."""
+    raises TopologyConflict, and so does a missing `existing` queue, before anything
+    is declared."""
+    for name in existing:
+        if not await _exists(conn, numbers, name):
+            raise TopologyConflict(missing_queue(name))
     for name, args in user:
         if not args and await _exists(conn, numbers, name):
             continue

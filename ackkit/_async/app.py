@@ -12,7 +12,7 @@ import typing
 from collections.abc import AsyncIterator
 from typing import Any
 
-from .._handler import Binding
+from .._handler import Binding, annotated
 from .._spec import AppBase
 from .delivery import AsyncDelivery
 from .runtime import AsyncRuntime
@@ -56,7 +56,7 @@ class AsyncApp(AppBase):
         if binding.is_async:
             return
         try:
-            hints = typing.get_type_hints(binding.fn)
+            hints = typing.get_type_hints(annotated(binding.fn))
         except Exception:
             return
         params = list(inspect.signature(binding.fn).parameters)

@@ -14,6 +14,7 @@ import aio_pika
 from aiormq.abc import AbstractChannel, AbstractConnection
 from pamqp import commands as spec
 
+from .._core import checks as C
 from .._core.actions import Action, Republish
 from .._core.errors import SettleNotAllowed
 from .._core.listener import ListenerCore
@@ -21,7 +22,7 @@ from .._core.policy import DLQ_DEFAULT, AckMode, FlushPolicy, ListenerPolicy
 from .._delivery import Delivery
 from .._runtime_common import publish_properties
 from .._tls import TLS, client_tls
-from .._url import mask_url
+from .._url import check_url, mask_url
 from . import _frames as frames
 from ._amqp import (
     CHANNEL_GONE,
@@ -61,9 +62,9 @@ class AsyncPullConnection:
     def __init__(
         self, url: str, *, heartbeat: int = 30, tls: TLS | ssl.SSLContext | None = None
     ) -> None:
-        self.url = url
+        self.url = check_url(url)
         self._tls = client_tls(url, tls)
-        self.heartbeat = heartbeat
+        self.heartbeat = C.integer("heartbeat", heartbeat, 0, C.MAX_SHORT)
         self._conn: aio_pika.abc.AbstractConnection | None = None
         self._amqp: AbstractConnection | None = None
         self._ch: AbstractChannel | None = None

@@ -628,7 +628,8 @@ class AsyncRuntime:
                 user = [
                     (c.spec.queue, c.spec.queue_arguments) for c in self.consumers if c.spec.declare
                 ]
-                await declare_queues(amqp, self.numbers, own, user)
+                existing = [c.spec.queue for c in self.consumers if not c.spec.declare]
+                await declare_queues(amqp, self.numbers, own, user, existing)
                 for c in self.consumers:
                     await c.open(amqp, self.numbers)
             except (TimeoutError, *CHANNEL_GONE) as exc:

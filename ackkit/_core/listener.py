@@ -106,6 +106,14 @@ class QueueSpec:
     purpose: str
 
 
+def missing_queue(name: str) -> str:
+    """Why start() fails when a listener's declare=False queue does not exist."""
+    return (
+        f"queue {name!r} does not exist, and its listener has declare=False: declare the "
+        "queue first, or let ackkit declare it (declare=True)"
+    )
+
+
 def _iso(ts: float) -> str:
     return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).isoformat(timespec="milliseconds")
 

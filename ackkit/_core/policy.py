@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from dataclasses import dataclass, field
 from enum import Enum
+
+from . import checks as C
+from .headers import MAX_ATTEMPT_HEADER
 
 
 class AckMode(str, Enum):
@@ -78,6 +82,10 @@ class Retry:
     `max_interval`, spread by +/- `jitter` (a fraction). `retry_on` lists the
     exception types worth another attempt; `fatal` ones go straight to the
     dead-letter queue (so do undecodable or invalid payloads, always).
+
+    Every value is checked here: a wrong one raises TypeError / ValueError naming
+    it. The delays are computed without ever raising the multiplier to a power that
+    overflows, in O(1) per attempt, whatever `max_attempts` is.
     """
 
     max_attempts: int = 1
@@ -88,21 +96,102 @@ class Retry:
     strategy: RetryStrategy = RetryStrategy.BROKER
     retry_on: tuple[type[BaseException], ...] = (Exception,)
     fatal: tuple[type[BaseException], ...] = ()
+    _tiers: tuple[int, ...] = field(init=False, repr=False, compare=False, default=())
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError("Retry.max_attempts must be >= 1 (it counts the first attempt)")
-        if self.initial_interval < 0 or self.max_interval < 0:
-            raise ValueError("Retry intervals must be >= 0")
-        if self.multiplier < 1:
-            raise ValueError("Retry.multiplier must be >= 1")
-        if not 0 <= self.jitter < 1:
-            raise ValueError("Retry.jitter must be in [0, 1)")
+        C.integer("Retry.max_attempts", self.max_attempts, 1, MAX_ATTEMPT_HEADER)
+        top = C.MAX_DELAY_SECONDS
+        set_ = object.__setattr__
+        set_(
+            self,
+            "initial_interval",
+            C.number("Retry.initial_interval", self.initial_interval, 0, top),
+        )
+        set_(self, "max_interval", C.number("Retry.max_interval", self.max_interval, 0, top))
+        set_(self, "multiplier", C.number("Retry.multiplier", self.multiplier, 1, 1e6))
+        jitter = C.number("Retry.jitter", self.jitter, 0, 1)
+        if jitter >= 1:
+            raise ValueError(f"Retry.jitter must be >= 0 and < 1, got {self.jitter!r}")
+        set_(self, "jitter", jitter)
+        set_(self, "strategy", C.enum("Retry.strategy", RetryStrategy, self.strategy))
+        set_(self, "retry_on", C.exception_types("Retry.retry_on", self.retry_on))
+        set_(self, "fatal", C.exception_types("Retry.fatal", self.fatal))
+        tiers = self._walk_tiers(MAX_DELAY_TIERS + 1)
+        if (
+            self.strategy is RetryStrategy.BROKER
+            and self.max_attempts > 1
+            and len(tiers) > MAX_DELAY_TIERS
+        ):
+            raise ValueError(
+                f"Retry(max_attempts={self.max_attempts}, initial_interval="
+                f"{self.initial_interval:g}, multiplier={self.multiplier:g}, max_interval="
+                f"{self.max_interval:g}) has more than {MAX_DELAY_TIERS} distinct delays: "
+                "each is a delay queue on the broker. Use a larger multiplier, a smaller "
+                "max_attempts or RetryStrategy.IN_PROCESS"
+            )
+        set_(self, "_tiers", tiers)
+
+    # -- delays: O(1) per attempt, never an overflowing power -----------------
+
+    def _raw(self, e: int) -> float:
+        """initial_interval * multiplier**e, uncapped (inf when it overflows)."""
+        try:
+            return float(self.initial_interval * self.multiplier**e)
+        except OverflowError:
+            return math.inf
+
+    def _at(self, e: int) -> float:
+        return min(self._raw(e), self.max_interval)
+
+    def _cap_exponent(self) -> int | None:
+        """The smallest exponent whose delay is max_interval, None if none ever is."""
+        if self.initial_interval >= self.max_interval:
+            return 0
+        if self.initial_interval == 0 or self.multiplier == 1:
+            return None
+        step = math.log1p(self.multiplier - 1)
+        est = (math.log(self.max_interval) - math.log(self.initial_interval)) / step
+        if not math.isfinite(est):  # pragma: no cover - a step below float precision
+            est = 2.0**64
+        lo, hi = 0, max(1, math.ceil(est) + 2)
+        while self._raw(hi) < self.max_interval:  # float error: widen
+            lo, hi = hi, hi * 2
+        while lo < hi:  # smallest e in [lo, hi] with raw(e) >= max_interval
+            mid = (lo + hi) // 2
+            if self._raw(mid) >= self.max_interval:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    def _walk_tiers(self, limit: int) -> tuple[int, ...]:
+        """Distinct delays (ms) of the broker retries, ascending, at most `limit` of them;
+        O(tiers * log(max_attempts)) by binary search for where each tier ends."""
+        n = self.max_attempts - 1  # failed attempts that are followed by a retry
+        if n < 1:
+            return ()
+        cap = self._cap_exponent()
+        last = n - 1 if cap is None else min(cap, n - 1)
+        tiers: list[int] = []
+        e = 0
+        while len(tiers) < limit:
+            ms = _ms(self._at(e))
+            tiers.append(ms)
+            if e >= last or ms >= _ms(self._at(last)):
+                break
+            lo, hi = e + 1, last  # smallest e' in (e, last] with a larger tier
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if _ms(self._at(mid)) > ms:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            e = lo
+        return tuple(tiers)
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait after failed attempt `attempt` (1-based), before jitter."""
-        d = self.initial_interval * self.multiplier ** max(attempt - 1, 0)
-        return min(d, self.max_interval)
+        return self._at(max(attempt - 1, 0))
 
     def jittered(self, attempt: int, rnd: random.Random | None = None) -> float:
         d = self.delay(attempt)
@@ -113,19 +202,35 @@ class Retry:
 
     def delay_tiers_ms(self) -> list[int]:
         """Every delay (ms) a broker retry can use: one TTL queue per tier."""
-        return sorted({_ms(self.delay(a)) for a in range(1, self.max_attempts)})
+        return list(self._tiers)
 
     def tier_for(self, attempt: int) -> int:
         return _ms(self.delay(attempt))
 
     def total_delay(self) -> float:
-        return sum(self.delay(a) for a in range(1, self.max_attempts))
+        """The sum of the delays of all retries (before jitter), in O(1)."""
+        n = self.max_attempts - 1
+        if n < 1 or self.initial_interval == 0:
+            return 0.0
+        cap = self._cap_exponent()
+        if cap is None:  # multiplier 1 and below the cap: a constant delay
+            return n * self.initial_interval
+        j = min(cap, n)  # uncapped terms: initial * (m^j - 1) / (m - 1)
+        m = self.multiplier
+        if j <= 64:  # exact sums for every ordinary policy
+            head = sum(self._raw(e) for e in range(j))
+        else:  # here m > 1: the cap is reached
+            head = self.initial_interval * math.expm1(j * math.log1p(m - 1)) / (m - 1)
+        return head + (n - j) * self.max_interval
 
     def should_retry(self, exc: BaseException) -> bool:
         if self.fatal and isinstance(exc, self.fatal):
             return False
         return isinstance(exc, self.retry_on)
 
+
+MAX_DELAY_TIERS = 100
+"""Most distinct broker retry delays (each one is a delay queue)."""
 
 NO_RETRY = Retry(max_attempts=1)
 
@@ -140,6 +245,11 @@ class FlushPolicy:
 
     max_pending: int
     interval: float
+
+    def __post_init__(self) -> None:
+        C.integer("FlushPolicy.max_pending", self.max_pending, 1)
+        iv = C.number("FlushPolicy.interval", self.interval, 0, 3600)
+        object.__setattr__(self, "interval", iv)
 
     @staticmethod
     def for_mode(mode: AckMode, prefetch: int) -> FlushPolicy:
@@ -159,6 +269,7 @@ class FlushPolicy:
 
 
 DLQ_DEFAULT = "{queue}.dlq"
+_DELAY_NAME = re.compile(r".*\.retry\.[0-9]+ms")
 DEFAULT_PREFETCH = 1000
 MAX_ACK_BATCH = 100
 
@@ -185,10 +296,63 @@ class ListenerPolicy:
     extra: dict[str, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.prefetch < 0:
-            raise ValueError("prefetch must be >= 0")
+        set_ = object.__setattr__
+        C.text("name", self.name)
+        C.queue_name("queue", self.queue, declared=False)
+        set_(self, "mode", C.enum("ack_mode", AckMode, self.mode))
+        # basic.qos prefetch_count is an AMQP short; 0 means no limit
+        C.integer("prefetch", self.prefetch, 0, C.MAX_SHORT)
+        if not isinstance(self.retry, Retry):
+            raise TypeError(f"retry must be a Retry or None, got {self.retry!r}")
+        set_(self, "on_unsettled", C.enum("on_unsettled", Unsettled, self.on_unsettled))
+        if self.flush is not None and not isinstance(self.flush, FlushPolicy):
+            raise TypeError(f"flush must be a FlushPolicy or None, got {self.flush!r}")
+        C.integer("max_traceback", self.max_traceback, 0)
+        if self.queue_type is not None:
+            C.text("queue_arguments['x-queue-type']", self.queue_type)
         if self.mode is AckMode.NONE and self.retry.max_attempts > 1:
             raise ValueError("AckMode.NONE cannot retry: the broker forgot the message on send")
+        self._check_dead_letter()
+        if self.retry.strategy is RetryStrategy.BROKER and self.retry.max_attempts > 1:
+            # the longest name a delay queue can get (a RetryLater(delay=) included)
+            longest = self.delay_queue(2**32 - 1)
+            if len(longest.encode("utf-8")) > C.MAX_NAME_BYTES:
+                raise ValueError(
+                    f"queue {C.short(self.queue)} is too long for its retry delay queues: "
+                    f"'<queue>.retry.<ms>ms' can be over {C.MAX_NAME_BYTES} bytes; shorten it "
+                    "or use RetryStrategy.IN_PROCESS"
+                )
+
+    def _check_dead_letter(self) -> None:
+        dl = self.dead_letter
+        if dl is None:
+            return
+        C.text("dead_letter", dl, empty=True)
+        if not dl:
+            raise ValueError(
+                "dead_letter='' would be a new server-named queue at every start; give a "
+                "queue name, or dead_letter=None to leave failures to the queue's own DLX"
+            )
+        try:
+            name = dl.format(queue=self.queue)
+        except (KeyError, IndexError, ValueError, AttributeError) as exc:
+            raise ValueError(
+                f"dead_letter {dl!r} is not a valid template ({type(exc).__name__}: {exc}); "
+                "the only field it may use is {queue}"
+            ) from None
+        if self.dead_letter_queue is None:
+            return  # consuming a .dlq with the default: no dead-letter queue
+        C.queue_name("dead_letter", name)
+        if name == self.queue:
+            raise ValueError(
+                f"dead_letter {dl!r} is the listener's own queue {self.queue!r}: every dead "
+                "letter would be delivered to it again"
+            )
+        if _DELAY_NAME.fullmatch(name) and name.startswith(f"{self.queue}.retry."):
+            raise ValueError(
+                f"dead_letter {dl!r} names one of the listener's retry delay queues "
+                f"({name!r}), whose TTL would send every dead letter back to {self.queue!r}"
+            )
 
     @property
     def flush_policy(self) -> FlushPolicy:

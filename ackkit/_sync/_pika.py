@@ -10,7 +10,7 @@ import pika
 import pika.exceptions
 
 from .._core.errors import TopologyConflict
-from .._core.listener import QueueSpec
+from .._core.listener import QueueSpec, missing_queue
 from .._runtime_common import merge_headers
 from .._tls import client_tls
 
@@ -69,12 +69,18 @@ def declare_queues(
     conn: pika.BlockingConnection,
     own: Iterable[QueueSpec],
     user: Iterable[tuple[str, dict[str, Any]]] = (),
+    existing: Iterable[str] = (),
 ) -> None:
-    """Declare the user's queues (passively first) and ackkit's own queues, idempotently.
+    """Check that the `existing` queues (listeners with declare=False) are there, then
+    declare the user's queues (passively first) and ackkit's own queues, idempotently.
 
-    A queue that exists with conflicting arguments raises TopologyConflict
-    (the failed declare only costs a throwaway channel).
+    A missing `existing` queue raises TopologyConflict before anything is declared; so
+    does a queue that exists with conflicting arguments (the failed declare only costs a
+    throwaway channel).
     """
+    for name in existing:
+        if not _exists(conn, name):
+            raise TopologyConflict(missing_queue(name))
     for name, args in user:
         if not args and _exists(conn, name):
             continue

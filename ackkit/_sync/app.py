@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
+from .._handler import Binding
 from .._spec import AppBase
 from .runtime import Runtime
 
@@ -34,6 +35,14 @@ class App(AppBase):
         super().__init__(url, **kw)
         self._runtime: Runtime | None = None
         self._stopped = threading.Event()
+
+    def _check_handler(self, binding: Binding) -> None:
+        if binding.is_async:
+            raise TypeError(
+                f"{binding.name}: a coroutine handler (async def) on the pika App would never "
+                "run (calling it only creates a coroutine); make it a plain `def`, or register "
+                "it on AsyncApp"
+            )
 
     def start(self) -> None:
         """Connect, declare, start consuming; returns once every listener consumes."""

@@ -13,6 +13,7 @@ from typing import Any
 import pika
 import pika.exceptions
 
+from .._core import checks as C
 from .._core.actions import Ack, Action, Nack, Reject, Republish
 from .._core.errors import SettleNotAllowed
 from .._core.listener import ListenerCore
@@ -20,7 +21,7 @@ from .._core.policy import DLQ_DEFAULT, AckMode, FlushPolicy, ListenerPolicy
 from .._delivery import Delivery
 from .._runtime_common import FatalConnectError, publish_properties
 from .._tls import TLS, client_tls, tls_failure
-from .._url import mask_url
+from .._url import check_url, mask_url
 from . import _frames as frames
 from ._pika import copy_properties, declare_queues, parameters
 
@@ -38,7 +39,8 @@ class PullConnection:
     def __init__(
         self, url: str, *, heartbeat: int = 30, tls: TLS | ssl.SSLContext | None = None
     ) -> None:
-        self.url = url
+        self.url = check_url(url)
+        C.integer("heartbeat", heartbeat, 0, C.MAX_SHORT)
         self._params = parameters(
             url, heartbeat=heartbeat, name="ackkit-pull", tls=client_tls(url, tls)
         )

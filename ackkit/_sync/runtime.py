@@ -631,7 +631,8 @@ class Runtime:
             user = [
                 (c.spec.queue, c.spec.queue_arguments) for c in self.consumers if c.spec.declare
             ]
-            declare_queues(conn, own, user)  # TopologyConflict: fatal, raised by start()
+            existing = [c.spec.queue for c in self.consumers if not c.spec.declare]
+            declare_queues(conn, own, user, existing)  # TopologyConflict: fatal, from start()
         except pika.exceptions.AMQPError as exc:
             raise ConnectFailed(mask_text(repr(exc))) from None
         finally:
