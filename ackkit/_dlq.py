@@ -340,8 +340,9 @@ class DeadLetterQueue:
                     report.no_target += 1
                     held += 1
                     continue
-                copy = copy_properties(props, {})
-                copy.headers = replay_headers(props.headers, _now())
+                props.headers = replay_headers(props.headers, _now())
+                props.wire_headers = None  # the replay's headers, not the bytes received
+                copy = copy_properties(props, {}, purpose="restamp")
                 try:
                     ch.basic_publish("", target, body, copy, mandatory=True)
                 except (pika.exceptions.UnroutableError, pika.exceptions.NackError) as exc:

@@ -38,12 +38,13 @@ from .._runtime_common import (
     FatalConnectError,
     reconnect_logger,
     reconnect_wait,
+    short,
     split_reinvoke,
 )
 from .._spec import ListenerSpec
 from .._tls import handshake_hint, tls_failure
 from .._url import mask_text
-from ._pika import copy_properties, declare_queues, parameters
+from ._pika import FaithfulConnection, copy_options, copy_properties, declare_queues, parameters
 
 log = logging.getLogger("ackkit")
 
@@ -214,6 +215,13 @@ class Consumer:
             if acts:
                 self.outbox.append((self.core.generation, acts))
         self.flush()
+
+    def republish_failed(self, token: int, why: str) -> None:
+        """The copy could not be sent (holding `self.lock`): the core decides what now."""
+        acts = self.core.republished(token, False, error=why)
+        if acts:
+            self.outbox.append((self.core.generation, acts))
+            self.rt.call_soon(self.flush)
 
     # -- worker threads --------------------------------------------------------
 
@@ -401,8 +409,17 @@ class Publisher:
             )
             return
         d: Delivery = a.source
-        props = copy_properties(d.properties, a.set_headers)
-        ch.basic_publish(a.exchange, a.routing_key, d.body, props, mandatory=True)
+        try:
+            props = copy_properties(
+                None if a.minimal else d.properties, a.set_headers, **copy_options(a, ch)
+            )
+            ch.basic_publish(a.exchange, a.routing_key, d.body, props, mandatory=True)
+        except Exception as exc:  # never lose the I/O thread over one copy
+            why = f"{a.purpose} copy not publishable: {short(exc)}"
+            log.error("%s: %s", c.spec.name, why)
+            with c.lock:
+                c.republish_failed(a.token, why)
+            return
         self.seq += 1
         self.pending[self.seq] = (c, gen, a.token, a.routing_key)
 
@@ -572,7 +589,7 @@ class Runtime:
         self._topology(params)
         self._opened = False
         self._ready_count = 0
-        conn = pika.SelectConnection(
+        conn = FaithfulConnection(
             params,
             on_open_callback=self._on_open,
             on_open_error_callback=self._on_open_error,
