@@ -63,6 +63,8 @@ TEXT_LIMIT = 32768
 SHRINK_ORDER = (H.ERROR_TRACEBACK, H.ERROR_MESSAGE, H.REASON)
 """ackkit's own headers that give way first when a copy does not fit a frame."""
 SHRUNK_TO = 200
+NOTE_ROOM = 600
+"""Bytes kept free when shortening, for the ackkit-copy-note that says so."""
 
 Encoder = Callable[[Mapping[str, Any]], bytes]
 
@@ -164,7 +166,7 @@ def copy_properties(
 
     limit = frame_max - wire.FRAME_OVERHEAD if frame_max > 0 else 2**32
 
-    def build(with_theirs: bool) -> tuple[dict[str, Any], int] | None:
+    def build(ours: dict[str, Any], with_theirs: bool) -> tuple[dict[str, Any], int] | None:
         hdrs = {**theirs, **ours} if with_theirs else dict(ours)
         p = {**props, "headers": hdrs}
         try:
@@ -173,43 +175,10 @@ def copy_properties(
             return None
         return p, n
 
-    if theirs:
-        got = build(True)
-        if got is None:
-            notes.append("the original's headers could not be encoded")
-        else:
-            p, n = got
-            if n <= limit:
-                return Copy(p, n + wire.FRAME_OVERHEAD, tuple(notes))
-            full, noted = dict(ours), len(notes)
-            if _shrink(ours, n - limit, notes) is not None:
-                got = build(True)
-                if got is not None and got[1] <= limit:
-                    return Copy(got[0], got[1] + wire.FRAME_OVERHEAD, tuple(notes))
-            ours, notes[noted:] = full, []  # the original's headers give way instead
-        size = _table_size(theirs, encode)
-        ours[H.HEADERS_DROPPED] = size
-        notes.append(f"the original's headers ({size} bytes encoded) left off")
-        theirs = {}
-    got = build(False)
-    if got is None:  # cannot happen with cleaned values; be safe: text only
-        ours = {k: clean_text(str(v)) for k, v in ours.items()}
-        got = build(False)
-        assert got is not None
-    p, n = got
-    if n > limit:
-        _shrink(ours, n - limit, notes, floor=0)
-        got = build(False)
-        assert got is not None
-        p, n = got
-        if n > limit:
-            p = {"headers": p["headers"]}  # the original's properties too
-            n = len(encode(p))
-            notes.append("the original's properties left off")
-            if n > limit:
-                raise Unpublishable(
-                    f"frame_max {frame_max} is too small for ackkit's headers ({n} bytes)"
-                )
+    fitted = _fit(theirs, ours, notes, limit, build, encode)
+    if fitted is None:
+        raise Unpublishable(f"frame_max {frame_max} is too small for ackkit's headers")
+    p, n = fitted
     if notes:
         p["headers"][H.COPY_NOTE] = clean_text("; ".join(notes), 500)
         n2 = len(encode(p))
@@ -218,6 +187,53 @@ def copy_properties(
         else:
             n = n2
     return Copy(p, n + wire.FRAME_OVERHEAD, tuple(notes))
+
+
+def _fit(
+    theirs: dict[str, Any],
+    ours: dict[str, Any],
+    notes: list[str],
+    limit: int,
+    build: Callable[[dict[str, Any], bool], tuple[dict[str, Any], int] | None],
+    encode: Encoder,
+) -> tuple[dict[str, Any], int] | None:
+    """The copy's properties and their encoded size, within `limit` bytes; `ours` and
+    `notes` are changed in place (shortened headers, what was left off)."""
+    if theirs:
+        got = build(ours, True)
+        if got is None:
+            notes.append("the original's headers could not be encoded")
+        else:
+            if got[1] <= limit:
+                return got
+            full, noted = dict(ours), len(notes)
+            if _shrink(ours, got[1] - limit + NOTE_ROOM, notes) is not None:
+                got = build(ours, True)
+                if got is not None and got[1] <= limit:
+                    return got
+            ours.clear()
+            ours.update(full)  # the original's headers give way instead
+            del notes[noted:]
+        size = _table_size(theirs, encode)
+        ours[H.HEADERS_DROPPED] = size
+        notes.append(f"the original's headers ({size} bytes encoded) left off")
+    got = build(ours, False)
+    if got is None:  # cannot happen with cleaned values; be safe: text only
+        for k, v in list(ours.items()):
+            ours[k] = clean_text(str(v))
+        got = build(ours, False)
+        if got is None:
+            return None
+    if got[1] <= limit:
+        return got
+    _shrink(ours, got[1] - limit + NOTE_ROOM, notes, floor=0)
+    got = build(ours, False)
+    if got is not None and got[1] <= limit:
+        return got
+    p = {"headers": dict(ours)}  # the original's properties give way too
+    n = len(encode(p))
+    notes.append("the original's properties left off")
+    return (p, n) if n <= limit else None
 
 
 def _text(v: Any) -> str:

@@ -104,12 +104,12 @@ def measure(props: Mapping[str, Any]) -> bytes:
 
 def copy_options(a: Any, ch: Any) -> dict[str, Any]:
     """copy_properties keywords for Republish `a` published on pika channel `ch`."""
-    params = ch.connection.params
+    params = getattr(getattr(ch, "connection", None), "params", None)
     creds = getattr(params, "credentials", None)
     return {
         "purpose": a.purpose,
         "minimal": a.minimal,
-        "frame_max": params.frame_max,
+        "frame_max": getattr(params, "frame_max", 0),
         "user": getattr(creds, "username", None),
     }
 

@@ -217,11 +217,12 @@ class Consumer:
         self.flush()
 
     def republish_failed(self, token: int, why: str) -> None:
-        """The copy could not be sent (holding `self.lock`): the core decides what now."""
-        acts = self.core.republished(token, False, error=why)
-        if acts:
-            self.outbox.append((self.core.generation, acts))
-            self.rt.call_soon(self.flush)
+        """The copy could not be sent (I/O thread): the core decides what now."""
+        with self.lock:
+            acts = self.core.republished(token, False, error=why)
+            if acts:
+                self.outbox.append((self.core.generation, acts))
+        self.flush()
 
     # -- worker threads --------------------------------------------------------
 
@@ -417,8 +418,7 @@ class Publisher:
         except Exception as exc:  # never lose the I/O thread over one copy
             why = f"{a.purpose} copy not publishable: {short(exc)}"
             log.error("%s: %s", c.spec.name, why)
-            with c.lock:
-                c.republish_failed(a.token, why)
+            c.republish_failed(a.token, why)
             return
         self.seq += 1
         self.pending[self.seq] = (c, gen, a.token, a.routing_key)
