@@ -30,7 +30,7 @@ import pika.exceptions
 from ._core import checks as C
 from ._core import headers as H
 from ._sync import _frames as frames
-from ._sync._pika import copy_properties, parameters
+from ._sync._pika import blocking_connection, copy_properties, parameters
 from ._url import check_url, mask_text
 
 # -- runtime-neutral ---------------------------------------------------------------
@@ -427,7 +427,7 @@ class DeadLetterQueue:
         self.url = check_url(url)
         self.queue = C.queue_name("queue", queue, declared=False)
         # reads what pika cannot decode as salvaged properties (see _sync/_frames.py)
-        self._conn: Any = frames.blocking_connection(parameters(url, name=connection_name))
+        self._conn: Any = blocking_connection(parameters(url, name=connection_name))
 
     def __enter__(self) -> DeadLetterQueue:
         return self
@@ -571,8 +571,9 @@ class DeadLetterQueue:
         if target is None:
             return "no_target", dl, None, ""
         try:
-            copy = copy_properties(props, {})
-            copy.headers = replay_headers(props.headers, _now())
+            props.headers = replay_headers(props.headers, _now())
+            props.wire_headers = None  # the replay's headers, not the bytes received
+            copy = copy_properties(props, {}, purpose="restamp")
             ch.basic_publish("", target, body, copy, mandatory=True)
         except pika.exceptions.UnroutableError:
             return "failed", dl, target, "UnroutableError (no such queue?)"

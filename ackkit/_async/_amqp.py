@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import ssl
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import aio_pika
@@ -21,11 +21,12 @@ from aiormq.abc import AbstractChannel, AbstractConnection
 from pamqp import commands as spec
 from yarl import URL
 
+from .._core import copies, wire
 from .._core.actions import Ack, Action, Nack, Reject, Republish
 from .._core.errors import TopologyConflict
 from .._core.listener import QueueSpec, missing_queue
 from .._delivery import Delivery
-from .._runtime_common import ConnectFailed, FatalConnectError, merge_headers
+from .._runtime_common import ConnectFailed, FatalConnectError
 from .._tls import client_tls, handshake_hint, tls_failure
 from .._url import mask_text, mask_url
 from ._frames import SafeConnection
@@ -112,12 +113,76 @@ class ChannelNumbers:
         return n
 
 
-def copy_properties(props: Any, set_headers: dict[str, Any]) -> spec.Basic.Properties:
-    """A copy of aiormq/pamqp `props` with `set_headers` merged into its headers."""
-    kw: dict[str, Any] = {f: getattr(props, f, None) for f in PROPERTY_FIELDS}
-    kw.pop("cluster_id", None)
-    kw["headers"] = merge_headers(kw.get("headers"), set_headers)
-    return spec.Basic.Properties(**kw)
+_PAMQP_NAMES = {"message_type": "type"}
+
+
+class WireProperties(spec.Basic.Properties):
+    """Basic properties aiormq sends as ackkit's encoder wrote them (`wire`): pamqp
+    writes every float as a single-precision one and cannot encode `bytes`.
+
+    aiormq gives a copy without message_id a random one (it matches basic.return by
+    message_id): it is written too, so a returned copy is still recognised."""
+
+    def __init__(self, props: Mapping[str, Any]) -> None:
+        super().__init__(message_id=props.get("message_id"))
+        self.mapping = dict(props)
+
+    def marshal(self) -> bytes:
+        p = self.mapping
+        if p.get("message_id") is None and self.message_id:
+            p = {**p, "message_id": self.message_id}
+        return wire.encode_properties(p)
+
+
+def property_map(props: Any) -> dict[str, Any]:
+    """AMQP property name -> value of pamqp Basic.Properties."""
+    if props is None:
+        return {}
+    return {_PAMQP_NAMES.get(f, f): getattr(props, f, None) for f in PROPERTY_FIELDS}
+
+
+def measure(props: Mapping[str, Any]) -> bytes:
+    """What aiormq sends for a copy with `props` (a 32-character message_id when it
+    has none: aiormq adds one)."""
+    if props.get("message_id") is None:
+        props = {**props, "message_id": "0" * 32}
+    return wire.encode_properties(props)
+
+
+def copy_properties(
+    props: Any,
+    set_headers: Mapping[str, Any],
+    *,
+    purpose: str = "retry",
+    minimal: bool = False,
+    frame_max: int = 0,
+    user: str | None = None,
+) -> spec.Basic.Properties:
+    """The properties of a copy of a delivery with pamqp `props`: what
+    `ackkit._core.copies` decides, ready for aiormq."""
+    c = copies.copy_properties(
+        property_map(props),
+        set_headers,
+        purpose=purpose,
+        minimal=minimal,
+        frame_max=frame_max,
+        user=user,
+        encode=measure,
+    )
+    return WireProperties(c.properties)
+
+
+def copy_options(a: Republish, ch: AbstractChannel) -> dict[str, Any]:
+    """copy_properties keywords for Republish `a` published on aiormq channel `ch`."""
+    conn: Any = ch.connection
+    tune = getattr(conn, "connection_tune", None)
+    url = getattr(conn, "url", None)
+    return {
+        "purpose": a.purpose,
+        "minimal": a.minimal,
+        "frame_max": getattr(tune, "frame_max", 0) or 0,
+        "user": getattr(url, "user", None),
+    }
 
 
 async def send_settles(ch: AbstractChannel, acts: Iterable[Action]) -> None:
@@ -134,11 +199,20 @@ async def send_settles(ch: AbstractChannel, acts: Iterable[Action]) -> None:
 
 async def publish_copy(
     ch: AbstractChannel, a: Republish, timeout: float = 30.0
-) -> tuple[bool, bool]:
+) -> tuple[bool, bool, str | None]:
     """Publish the copy a Republish asks for on a confirm channel (declaring its queue
-    first when asked). Returns (confirmed, unroutable): unroutable when it came back
-    with basic.return, for `ListenerCore.republished(token, ok, unroutable=...)`."""
+    first when asked). Returns (confirmed, unroutable, error) for
+    `ListenerCore.republished(token, ok, unroutable=..., error=...)`: unroutable when
+    it came back with basic.return; error when it could not be built or sent."""
     d: Delivery = a.source
+    try:
+        props = copy_properties(
+            None if a.minimal else d.properties, a.set_headers, **copy_options(a, ch)
+        )
+    except Exception as exc:
+        why = f"{a.purpose} copy not publishable: {mask_text(repr(exc))[:300]}"
+        log.error("republish to %r: %s", a.routing_key, why)
+        return False, False, why
     try:
         if a.declare is not None:
             name, args = a.declare
@@ -147,20 +221,17 @@ async def publish_copy(
             d.body,
             exchange=a.exchange,
             routing_key=a.routing_key,
-            # minimal: the original's properties could not be read; the copy gets none
-            properties=copy_properties(
-                spec.Basic.Properties() if a.minimal else d.properties, a.set_headers
-            ),
+            properties=props,
             mandatory=True,
             timeout=timeout,
         )
     except aiormq.exceptions.PublishError as exc:
         log.warning("republish to %r returned by the broker: %s", a.routing_key, exc)
-        return False, True
+        return False, True, None
     except (TimeoutError, *CHANNEL_GONE) as exc:
         log.warning("republish to %r failed: %s", a.routing_key, mask_text(repr(exc)))
-        return False, False
-    return isinstance(conf, spec.Basic.Ack), False
+        return False, False, None
+    return isinstance(conf, spec.Basic.Ack), False, None
 
 
 async def declare_queues(

@@ -52,8 +52,8 @@ class Republish:
     source: Any = field(default=None, compare=False, repr=False)
     """The runtime's object for the original delivery (Tracked.payload)."""
     minimal: bool = False
-    """The original's properties could not be read: the copy carries its body and
-    `set_headers` only (no property of the original)."""
+    """The copy carries the original's body and `set_headers` only (no property of the
+    original): the fallback after a full copy could not be published."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,16 @@ DEAD_LETTERED_AT = "ackkit-dead-lettered-at"
 REPLAYED = "ackkit-replayed"
 """How often this message was replayed from a dead-letter queue (set by the DLQ tool)."""
 REPLAYED_AT = "ackkit-replayed-at"
+ORIGINAL_EXPIRATION = "ackkit-original-expiration"
+"""The per-message expiration the original carried (copies that drop it say what it was)."""
+ORIGINAL_USER_ID = "ackkit-original-user-id"
+"""The original's user_id, when it names another user than ackkit's connection (the
+broker refuses a publish whose user_id is not the publishing user)."""
+HEADERS_DROPPED = "ackkit-headers-dropped"
+"""Encoded size in bytes of the original's headers, left off a copy that could not
+carry them (too large for one frame, or not encodable)."""
+COPY_NOTE = "ackkit-copy-note"
+"""Why a copy differs from the original beyond the documented rules (shortened fields)."""
 
 X_DELIVERY_COUNT = "x-delivery-count"
 MAX_ATTEMPT_HEADER = 1_000_000

@@ -30,6 +30,9 @@ from .window import IN_FLIGHT, TagWindow
 
 _BATCHED = (AckMode.AUTO, AckMode.DUPS_OK, AckMode.TRANSACTED)
 _HANDLER_SETTLES = (AckMode.MANUAL, AckMode.CLIENT, AckMode.INDIVIDUAL)
+MAX_NACKS_IN_ROW = 3
+"""Copies in a row the broker may nack (each requeueing its original) before a failed
+copy is replaced by a minimal one and then the original rejected (ListenerCore._copy_failed)."""
 
 
 class Tracked:
@@ -158,6 +161,7 @@ class ListenerCore:
         self._last_flush = clock()
         self._declared: set[str] = set()
         self._trust_count = H.broker_counts_deliveries(policy.queue_type)
+        self._nacked_in_row = 0
 
     # -- topology ---------------------------------------------------------
 
@@ -241,9 +245,10 @@ class ListenerCore:
 
         `unreadable`: the client library could not decode the delivery's properties
         (why, in words). Such a delivery never reaches a handler: it is dead-lettered
-        with a minimal copy (its body and ackkit's reason; the properties are what
-        could not be read), or rejected without requeue when the listener has no
-        dead-letter queue, so the queue's own dead-letter route takes it whole.
+        (the copy carries its body, the properties the runtime could salvage, e.g. its
+        message_id, and ackkit's reason), or rejected without requeue when the
+        listener has no dead-letter queue, so the queue's own dead-letter route takes
+        it whole.
         """
         trust = self._trust_count
         try:
@@ -298,13 +303,7 @@ class ListenerCore:
             self._window.mark_gone(t.tag)
             self._emit(Stage.REJECTED, t, reason)
             return [Reject(t.tag, requeue=False)]
-        out: list[Action] = []
-        for a in self._dead_letter(t, reason, None, None):
-            if isinstance(a, Republish):
-                a = dataclasses.replace(a, minimal=True)
-                self._republish_acts[a.token] = a
-            out.append(a)
-        return out
+        return self._dead_letter(t, reason, None, None)
 
     def finish(
         self, t: Tracked, exc: BaseException | None = None, traceback: str | None = None
@@ -446,12 +445,20 @@ class ListenerCore:
             return True  # the broker forgot the original on send: the copy is all there is
         return t.generation == self.generation and self.open
 
-    def republished(self, token: int, ok: bool, *, unroutable: bool = False) -> list[Action]:
+    def republished(
+        self, token: int, ok: bool, *, unroutable: bool = False, error: str | None = None
+    ) -> list[Action]:
         """The broker confirmed (ok) or refused a Republish: settle the original.
 
         `unroutable`: the copy came back with basic.return (no queue bound): if
         the target is one of ackkit's own queues it is declared and the copy
-        published once more, instead of requeueing the original.
+        published once more. `error`: the copy could not be sent at all (the
+        client library raised while encoding or publishing it; why, in words).
+
+        A copy that failed is never retried forever (see `_copy_failed`): a broker
+        nack of a healthy copy requeues the original a few times in a row; any other
+        failure (or too many nacks) gets one minimal copy (body and ackkit's headers),
+        and when that fails too the original is rejected without requeue.
         """
         t = self._republishing.pop(token, None)
         act = self._republish_acts.pop(token, None)
@@ -471,12 +478,53 @@ class ListenerCore:
                 self._emit(Stage.REJECTED, t, "lost: no-ack delivery and the DLQ publish failed")
             return []
         if not ok:
-            self._window.mark_gone(t.tag)
-            self._emit(Stage.REQUEUED, t, "republish not confirmed")
-            return [Reject(t.tag, requeue=True)]
+            return self._copy_failed(t, act, unroutable, error)
+        self._nacked_in_row = 0
         if self.mode is AckMode.TRANSACTED:
             return self._ack(t, count=False)
         return self._ack_now(t)
+
+    def _copy_failed(
+        self, t: Tracked, act: Republish | None, unroutable: bool, error: str | None
+    ) -> list[Action]:
+        """The bounded rule for a copy that was not published.
+
+        1. The broker refused a copy that was sent (a nack, e.g. a full delay queue
+           that rejects publishes; or returned although its queue was just declared):
+           the original is requeued, while at most MAX_NACKS_IN_ROW copies in a row
+           were refused on this listener (a confirmed copy resets the count).
+        2. Otherwise (not encodable, the client raised, or refused too often):
+           one more copy, minimal (the body and ackkit's headers; the original's
+           properties and headers left off), to the same queue.
+        3. A minimal copy that fails: the original is rejected without requeue
+           (the queue's own dead-letter exchange takes it, if it has one).
+        """
+        if error is None:
+            why = "returned by the broker (unroutable)" if unroutable else "nacked by the broker"
+            self._nacked_in_row += 1
+            if self._nacked_in_row <= MAX_NACKS_IN_ROW:
+                self._window.mark_gone(t.tag)
+                self._emit(Stage.REQUEUED, t, f"copy {why}")
+                return [Reject(t.tag, requeue=True)]
+        else:
+            why = error
+        if act is not None and not act.minimal:
+            self._token += 1
+            hdrs = {**act.set_headers, H.COPY_NOTE: f"minimal copy: the full copy failed: {why}"}
+            again = dataclasses.replace(
+                act, token=self._token, minimal=True, set_headers=hdrs, source=t.payload
+            )
+            self._republishing[self._token] = t
+            self._republish_acts[self._token] = again
+            return [again]
+        purpose = act.purpose if act is not None else "republished"
+        self._window.mark_gone(t.tag)
+        self._emit(
+            Stage.REJECTED,
+            t,
+            f"{purpose} copy could not be published ({why}), not even a minimal one",
+        )
+        return [Reject(t.tag, requeue=False)]
 
     def _ack_now(self, t: Tracked) -> list[Action]:
         """Ack `t` at once, not with the next batch: its copy is confirmed, and until

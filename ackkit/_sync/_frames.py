@@ -138,8 +138,3 @@ def text(value: Any) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     return value or ""
-
-
-def blocking_connection(params: Any) -> pika.BlockingConnection:
-    """A BlockingConnection over SafeSelectConnection (pull mode, the DLQ tools)."""
-    return pika.BlockingConnection(params, _impl_class=SafeSelectConnection)

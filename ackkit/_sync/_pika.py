@@ -8,11 +8,13 @@ from typing import Any
 
 import pika
 import pika.exceptions
+import pika.frame
 
+from .._core import copies, wire
 from .._core.errors import TopologyConflict
 from .._core.listener import QueueSpec, missing_queue
-from .._runtime_common import merge_headers
 from .._tls import client_tls
+from ._frames import SafeSelectConnection
 
 PROPERTY_FIELDS = (
     "content_type",
@@ -52,17 +54,90 @@ def parameters(
     return params
 
 
-def copy_properties(props: Any, set_headers: Mapping[str, Any]) -> pika.BasicProperties:
-    """A copy of `props` (any object with the AMQP property attributes) with headers merged."""
+class WireProperties(pika.BasicProperties):  # type: ignore[misc]
+    """Basic properties that pika sends as ackkit's encoder wrote them (`wire`): pika
+    cannot encode a float header, and decodes float and double ones as ints."""
+
+    def __init__(self, props: Mapping[str, Any]) -> None:
+        super().__init__(headers=props.get("headers"))
+        self.wire = wire.encode_properties(props)
+        self.mapping = props
+
+    def encode(self) -> list[bytes]:
+        return [self.wire]
+
+
+class FaithfulConnection(SafeSelectConnection):
+    """The SelectConnection of every ackkit connection: an unreadable content header is
+    salvaged (SafeSelectConnection), and each readable delivery keeps its headers as they
+    were on the wire (`props.wire_headers`, {name: wire.Field}), so a copy can carry them
+    byte for byte."""
+
+    def _read_frame(self) -> Any:
+        consumed, fr = super()._read_frame()
+        if isinstance(fr, pika.frame.Header) and fr.properties.headers is not None:
+            try:
+                raw = wire.decode_properties(bytes(self._frame_buffer[19 : consumed - 1]))
+                fr.properties.wire_headers = raw.get("headers")
+            except (wire.EncodeError, IndexError, ValueError):  # pika decoded it: keep that
+                pass
+        return consumed, fr
+
+
+def blocking_connection(params: Any) -> pika.BlockingConnection:
+    """A BlockingConnection whose deliveries keep their raw headers (FaithfulConnection)."""
+    return pika.BlockingConnection(params, _impl_class=FaithfulConnection)
+
+
+def property_map(props: Any) -> dict[str, Any]:
+    """AMQP property name -> value of a pika BasicProperties (raw headers when kept)."""
+    if props is None:
+        return {}
     kw = {f: getattr(props, f, None) for f in PROPERTY_FIELDS}
-    kw["headers"] = merge_headers(kw.get("headers"), set_headers)
-    mode = kw.get("delivery_mode")
-    if mode is not None and hasattr(mode, "value"):
-        kw["delivery_mode"] = mode.value
-    ts = kw.get("timestamp")
-    if ts is not None and not isinstance(ts, int):
-        kw["timestamp"] = int(ts.timestamp()) if hasattr(ts, "timestamp") else None
-    return pika.BasicProperties(**kw)
+    raw = getattr(props, "wire_headers", None)
+    if raw is not None:
+        kw["headers"] = raw
+    return kw
+
+
+def measure(props: Mapping[str, Any]) -> bytes:
+    """What pika sends for a copy with `props` (the encoder copies fit to frame_max)."""
+    return b"".join(WireProperties(props).encode())
+
+
+def copy_options(a: Any, ch: Any) -> dict[str, Any]:
+    """copy_properties keywords for Republish `a` published on pika channel `ch`."""
+    params = getattr(getattr(ch, "connection", None), "params", None)
+    creds = getattr(params, "credentials", None)
+    return {
+        "purpose": a.purpose,
+        "minimal": a.minimal,
+        "frame_max": getattr(params, "frame_max", 0),
+        "user": getattr(creds, "username", None),
+    }
+
+
+def copy_properties(
+    props: Any,
+    set_headers: Mapping[str, Any],
+    *,
+    purpose: str = "retry",
+    minimal: bool = False,
+    frame_max: int = 0,
+    user: str | None = None,
+) -> pika.BasicProperties:
+    """The properties of a copy of a delivery with `props` (any object with the AMQP
+    property attributes): what `ackkit._core.copies` decides, ready for pika."""
+    c = copies.copy_properties(
+        property_map(props),
+        set_headers,
+        purpose=purpose,
+        minimal=minimal,
+        frame_max=frame_max,
+        user=user,
+        encode=measure,
+    )
+    return WireProperties(c.properties)
 
 
 def declare_queues(

@@ -23,7 +23,9 @@ from .._runtime_common import FatalConnectError, publish_properties
 from .._tls import TLS, client_tls, tls_failure
 from .._url import check_url, mask_url
 from . import _frames as frames
-from ._pika import copy_properties, declare_queues, parameters
+from ._pika import blocking_connection, copy_options, copy_properties, declare_queues, parameters
+
+log = logging.getLogger("ackkit")
 
 log = logging.getLogger("ackkit.pull")
 
@@ -55,7 +57,7 @@ class PullConnection:
 
     def _connect(self) -> Any:
         try:
-            return frames.blocking_connection(self._params)
+            return blocking_connection(self._params)
         except (pika.exceptions.AMQPConnectionError, ssl.SSLError) as exc:
             bad_tls = tls_failure(exc, self.url)
             if bad_tls is not None:
@@ -206,21 +208,25 @@ class PullConnection:
                 if a.declare is not None:
                     name, args = a.declare
                     ch.queue_declare(name, durable=True, arguments=args or None)
+                error: str | None = None
                 try:
-                    ch.basic_publish(
-                        a.exchange,
-                        a.routing_key,
-                        d.body,
-                        copy_properties(
-                            pika.BasicProperties() if a.minimal else d.properties, a.set_headers
-                        ),
-                        mandatory=True,
+                    props = copy_properties(
+                        None if a.minimal else d.properties,
+                        a.set_headers,
+                        **copy_options(a, ch._impl),
                     )
+                    ch.basic_publish(a.exchange, a.routing_key, d.body, props, mandatory=True)
                 except pika.exceptions.UnroutableError:
                     ok, unroutable = False, True
                 except pika.exceptions.NackError:
                     ok = False
-                self._execute(core, ch, core.republished(a.token, ok, unroutable=unroutable))
+                except (pika.exceptions.AMQPError, ValueError, TypeError) as exc:
+                    if not ch.is_open:
+                        raise
+                    ok, error = False, f"{a.purpose} copy not publishable: {exc!r:.300}"
+                    log.error("%s", error)
+                again = core.republished(a.token, ok, unroutable=unroutable, error=error)
+                self._execute(core, ch, again)
 
     def publish(
         self,

@@ -47,7 +47,14 @@ from .._tls import handshake_hint, tls_failure
 from .._url import mask_text
 from .._wire import describe
 from . import _frames as frames
-from ._pika import copy_properties, declare_queues, parameters
+from ._pika import (
+    FaithfulConnection,
+    blocking_connection,
+    copy_options,
+    copy_properties,
+    declare_queues,
+    parameters,
+)
 
 log = logging.getLogger("ackkit")
 
@@ -228,6 +235,14 @@ class Consumer:
                 self.outbox.append((self.core.generation, acts))
         self.flush()
 
+    def republish_failed(self, token: int, why: str) -> None:
+        """The copy could not be sent (I/O thread): the core decides what now."""
+        with self.lock:
+            acts = self.core.republished(token, False, error=why)
+            if acts:
+                self.outbox.append((self.core.generation, acts))
+        self.flush()
+
     # -- worker threads --------------------------------------------------------
 
     def send(self, gen: int, acts: list[Action]) -> None:
@@ -397,11 +412,16 @@ class Publisher:
             )
             return
         d: Delivery = a.source
-        # minimal: the original's properties could not be read; the copy gets none of them
-        props = copy_properties(
-            pika.BasicProperties() if a.minimal else d.properties, a.set_headers
-        )
-        ch.basic_publish(a.exchange, a.routing_key, d.body, props, mandatory=True)
+        try:
+            props = copy_properties(
+                None if a.minimal else d.properties, a.set_headers, **copy_options(a, ch)
+            )
+            ch.basic_publish(a.exchange, a.routing_key, d.body, props, mandatory=True)
+        except Exception as exc:  # never lose the I/O thread over one copy
+            why = f"{a.purpose} copy not publishable: {short(exc)}"
+            log.error("%s: %s", c.spec.name, why)
+            c.republish_failed(a.token, why)
+            return
         self.seq += 1
         self.pending[self.seq] = (c, gen, a.token, a.routing_key)
 
@@ -592,7 +612,7 @@ class Runtime:
         self._topology(params)
         self._opened = False
         self._ready_count = 0
-        conn = frames.SafeSelectConnection(
+        conn = FaithfulConnection(
             params,
             on_open_callback=self._on_open,
             on_open_error_callback=self._on_open_error,
@@ -614,7 +634,7 @@ class Runtime:
 
     def _topology(self, params: Any) -> None:
         try:
-            conn = frames.blocking_connection(params)
+            conn = blocking_connection(params)
         except pika.exceptions.ProbableAuthenticationError as exc:
             raise FatalConnectError(
                 f"authentication failed for {self.app.safe_url}: {exc}"

@@ -35,7 +35,13 @@ from .._core.errors import AckkitError, BadPayload, TopologyConflict
 from .._core.listener import ListenerCore, Tracked
 from .._core.policy import NO_RETRY, AckMode, FlushPolicy, ListenerPolicy
 from .._delivery import _validation_reason
-from .._sync._pika import copy_properties, declare_queues, parameters
+from .._sync._pika import (
+    FaithfulConnection,
+    copy_options,
+    copy_properties,
+    declare_queues,
+    parameters,
+)
 from .._url import mask_text, mask_url
 from ._options import KeyFrom, OnInvalid, SourceOptions
 from ._schema import RowMeta, header_text
@@ -290,7 +296,7 @@ class SourceConsumer:
         self._topology(params)
         self._closed.clear()
         self._opened = False
-        conn = pika.SelectConnection(
+        conn = FaithfulConnection(
             params,
             on_open_callback=self._on_open,
             on_open_error_callback=lambda c, err: c.ioloop.stop(),
@@ -535,9 +541,20 @@ class SourceConsumer:
             ch.queue_declare(name, durable=True, arguments=args or None, callback=declared)
             return
         props, body = a.source
-        ch.basic_publish(
-            a.exchange, a.routing_key, body, copy_properties(props, a.set_headers), mandatory=True
-        )
+        try:
+            copy = copy_properties(
+                None if a.minimal else props, a.set_headers, **copy_options(a, ch)
+            )
+            ch.basic_publish(a.exchange, a.routing_key, body, copy, mandatory=True)
+        except Exception as exc:  # never lose the I/O thread over one copy
+            why = f"{a.purpose} copy not publishable: {mask_text(repr(exc))[:300]}"
+            log.error("ackkit.spark: %s", why)
+            with self.lock:
+                acts = self.core.republished(a.token, False, error=why)
+                gen = self.core.generation
+            if acts:
+                self._execute(gen, acts)
+            return
         self._pub_seq += 1
         self._pub_pending[self._pub_seq] = a.token
 

@@ -159,9 +159,14 @@ def test_every_outcome_settles_every_delivery(
         assert retry.strategy is RetryStrategy.IN_PROCESS
         assert math.isfinite(out.delay) and 0 <= out.delay <= 24 * 3600
     # The broker confirms (or refuses) every copy; then all is flushed.
-    for a in list(broker.copies):
+    # A refused copy may be followed by another (a minimal one): bounded, then settled.
+    for _ in range(50):
+        if not broker.copies:
+            break
+        a = broker.copies.pop(0)
         assert a.set_headers.get(H.ERROR_MESSAGE, "") is not None
         broker.apply(c.republished(a.token, confirm))
+    assert not broker.copies, "copies kept coming"
     broker.apply(c.drain())
     left = {t.tag for t in out.rerun} | parked
     assert broker.outstanding == left, "a delivery is neither settled nor being retried"
