@@ -35,6 +35,7 @@ from .._core.errors import AckkitError, BadPayload, TopologyConflict
 from .._core.listener import ListenerCore, Tracked
 from .._core.policy import NO_RETRY, AckMode, FlushPolicy, ListenerPolicy
 from .._delivery import _validation_reason
+from .._sync import _frames as frames
 from .._sync._pika import (
     FaithfulConnection,
     copy_options,
@@ -423,16 +424,19 @@ class SourceConsumer:
                     parsed = self.model.model_validate_json(body).model_dump()
                 except ValidationError as exc:
                     error = _validation_reason(self.model, exc)
-        hdrs = props.headers
+        why = frames.unreadable(method, props)  # dead-lettered by the core's verdict
+        hdrs = None if why else props.headers
         ts = props.timestamp
+        exchange, rk = frames.text(method.exchange), frames.text(method.routing_key)
         with self.lock:
             t = self.core.receive(
                 method.delivery_tag,
                 method.redelivered,
                 hdrs,
-                method.exchange,
-                method.routing_key,
+                exchange,
+                rk,
                 mid,
+                unreadable=why,
             )
             t.attach((props, body))
             self.received += 1
@@ -446,8 +450,8 @@ class SourceConsumer:
                     mid,
                     body,
                     {k: header_text(v) for k, v in hdrs.items()} if hdrs else None,
-                    method.routing_key,
-                    method.exchange,
+                    rk,
+                    exchange,
                     bool(method.redelivered),
                     t.attempt,
                     props.content_type,
