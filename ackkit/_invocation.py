@@ -9,7 +9,7 @@ the core with the rest, and so is whatever the handler returned or raised.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._core.listener import ListenerCore, Tracked
@@ -93,3 +93,15 @@ class Invocation:
         if len(self.deliveries) == 1 and not self.binding.batch:
             return repr(self.deliveries[0])
         return f"<batch of {len(self.deliveries)} deliveries>"
+
+
+# -- instrumentation hooks (metrics, tracing) ---------------------------------
+
+HandlerDone = Callable[[BaseException | None], None]
+"""Called when a handler invocation has ended: None when it returned, else what it raised."""
+
+HandlerProbe = Callable[[Sequence[Delivery]], HandlerDone]
+"""Called just before a handler runs for these deliveries (one, or a batch), on the
+thread or task that runs it; the HandlerDone it returns is called there when the
+handler has returned or raised. Runtimes call a listener's probe only when it has
+one (`AppBase._instrument`), so an uninstrumented app pays nothing."""

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ._core.events import Event, Stage
+from ._core.tb import text_of
 from ._url import mask_text
 
 log = logging.getLogger("ackkit")
@@ -132,3 +133,53 @@ class LifecycleLog:
                 delivery_tag=ev.tag,
             ),
         )
+
+
+def short(exc: BaseException) -> str:
+    """One log-friendly line for an exception, credentials masked."""
+    s = f"{type(exc).__name__}: {text_of(exc)}"
+    return mask_text(s if len(s) < 300 else s[:297] + "...")
+
+
+class FailureLog:
+    """Warnings about failed handlers without a logging flood.
+
+    At most `burst` lines in every `window` seconds; the failures left out are
+    counted and the next line says how many there were. A poison flood of
+    10,000 messages then writes a few dozen lines instead of 10,000 (each
+    failure still reaches the observers, the counters and, when dead-lettered,
+    the DLQ with its traceback). A line about a Delivery carries its context as
+    `extra=` (listener, queue, message_id, attempt, outcome="failed", error_type).
+    """
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        burst: int = 10,
+        window: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.logger = logger
+        self._throttle = Throttle(burst, window, clock)
+
+    def failed(self, listener: str, what: object, exc: BaseException) -> None:
+        if not self.logger.isEnabledFor(logging.WARNING):
+            return
+        skipped = self._throttle.admit()
+        if skipped is None:
+            return
+        more = f" ({skipped} more failures not logged)" if skipped else ""
+        extra = delivery_extra(
+            listener,
+            getattr(what, "queue", ""),
+            getattr(what, "message_id", None),
+            getattr(what, "attempt", 0),
+            "failed",
+            error_type=type(exc).__name__,
+        )
+        self.logger.warning(
+            "%s: handler failed on %r: %s%s", listener, what, short(exc), more, extra=extra
+        )
+
+
+# -- instrumentation hooks (metrics, tracing) ---------------------------------

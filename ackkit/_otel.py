@@ -17,7 +17,7 @@ from ._spec import ListenerSpec
 
 if TYPE_CHECKING:
     from ._delivery import Delivery
-    from ._runtime_common import HandlerDone, HandlerProbe
+    from ._invocation import HandlerDone, HandlerProbe
 
 log = logging.getLogger("ackkit")
 

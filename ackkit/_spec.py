@@ -30,7 +30,7 @@ from ._url import check_url, mask_url
 if TYPE_CHECKING:
     from ._core.listener import ListenerCore
     from ._delivery import Delivery
-    from ._runtime_common import HandlerDone, HandlerProbe
+    from ._invocation import HandlerDone, HandlerProbe
 
 log = logging.getLogger("ackkit")
 F = TypeVar("F", bound=Callable[..., Any])

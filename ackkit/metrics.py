@@ -54,7 +54,7 @@ from ._spec import AppBase, ListenerSpec
 
 if TYPE_CHECKING:
     from ._delivery import Delivery
-    from ._runtime_common import HandlerDone, HandlerProbe
+    from ._invocation import HandlerDone, HandlerProbe
 
 __all__ = ["DURATION_BUCKETS", "MetricsServer", "PrometheusMetrics"]
 

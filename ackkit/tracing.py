@@ -30,7 +30,7 @@ from ._spec import AppBase, ListenerSpec
 
 if TYPE_CHECKING:
     from ._core.listener import ListenerCore
-    from ._runtime_common import HandlerProbe
+    from ._invocation import HandlerProbe
 
 __all__ = ["OpenTelemetryTracing"]
 

@@ -26,7 +26,7 @@ from .._core.actions import Ack, Action, Nack, Reject, Republish
 from .._core.errors import TopologyConflict
 from .._core.listener import QueueSpec, missing_queue
 from .._delivery import Delivery
-from .._runtime_common import ConnectFailed, FatalConnectError
+from .._io import ConnectFailed, FatalConnectError
 from .._tls import client_tls, handshake_hint, tls_failure
 from .._url import mask_text, mask_url
 from ._frames import SafeConnection

@@ -50,15 +50,8 @@ from .._core.outcome import EXIT_SIGNALS, Outcome
 from .._core.policy import AckMode
 from .._delivery import Delivery
 from .._invocation import Invocation
-from .._runtime_common import (
-    TICK,
-    ConnectFailed,
-    FailureLog,
-    FatalConnectError,
-    reconnect_logger,
-    reconnect_wait,
-    short,
-)
+from .._io import TICK, ConnectFailed, FatalConnectError, reconnect_logger, reconnect_wait
+from .._logs import FailureLog, short
 from .._spec import ListenerSpec
 from .._url import mask_text
 from .._wire import describe

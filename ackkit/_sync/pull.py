@@ -19,7 +19,7 @@ from .._core.errors import SettleNotAllowed
 from .._core.listener import ListenerCore
 from .._core.policy import DLQ_DEFAULT, AckMode, FlushPolicy, ListenerPolicy
 from .._delivery import Delivery
-from .._runtime_common import FatalConnectError, publish_properties
+from .._io import FatalConnectError, publish_properties
 from .._tls import TLS, client_tls, tls_failure
 from .._url import check_url, mask_url
 from . import _frames as frames

@@ -33,7 +33,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .messages import EXPECTED_REASON, kind_of
+from .messages import EXPECTED_REASON, HOSTILE_KINDS, kind_of
 
 LOST_LAST = "last one lost)"
 
@@ -158,6 +158,8 @@ def analyse(
                 fig["duplicates"] += 1
             continue
         fig[kind if kind in ("poison", "slow") else "bad"] += 1
+        if kind in HOSTILE_KINDS:
+            fig["hostile"] += 1
         want = EXPECTED_REASON[kind]
         if any(LOST_LAST in reason and want not in reason for reason, _ in s.dead):
             # Redelivered past max_attempts before its body was looked at: the attempt

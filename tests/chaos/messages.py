@@ -26,6 +26,13 @@ EXPECTED_REASON = {
     "oversized": "exceeds max_body_size",
     "bad_header": "invalid ackkit-attempt header",
     "content_type": "is not JSON",
+    # A hostile producer (another team, another language): poison messages whose
+    # headers try to break the counting or the copies, and messages the client
+    # library cannot decode at all.
+    "forged_count": "attempts exhausted",
+    "bad_xdeath": "attempts exhausted",
+    "huge_headers": "attempts exhausted",
+    "unreadable": "unreadable message",
 }
 BAD_KINDS = (
     "invalid_json",
@@ -36,6 +43,7 @@ BAD_KINDS = (
     "bad_header",
     "content_type",
 )
+HOSTILE_KINDS = ("forged_count", "bad_xdeath", "huge_headers", "unreadable")
 HANDLED_KINDS = ("good", "poison", "slow")
 """Kinds whose body decodes, so the handler runs (and records) for them."""
 
@@ -50,6 +58,8 @@ class Message:
     body: bytes
     headers: dict[str, Any] = field(default_factory=dict)
     content_type: str = "application/json"
+    raw_headers: bytes | None = None
+    """An encoded header table no client library would build (published raw)."""
 
 
 def kind_of(message_id: str) -> str:
@@ -62,6 +72,7 @@ def plan(
     *,
     poison: float = 0.10,
     bad: float = 0.035,
+    hostile: float = 0.02,
     slow: int = 2,
     seed: int = 7,
 ) -> list[Message]:
@@ -69,8 +80,10 @@ def plan(
     rnd = random.Random(seed)
     n_poison = round(total * poison)
     n_bad = round(total * bad)
+    n_hostile = round(total * hostile)
     kinds = ["poison"] * n_poison + ["slow"] * slow
     kinds += [BAD_KINDS[i % len(BAD_KINDS)] for i in range(n_bad)]
+    kinds += [HOSTILE_KINDS[i % len(HOSTILE_KINDS)] for i in range(n_hostile)]
     kinds += ["good"] * (total - len(kinds))
     rnd.shuffle(kinds)
     out = []
@@ -102,4 +115,36 @@ def _message(rnd: random.Random, mid: str, queue: str, kind: str, n: int) -> Mes
         return Message(mid, queue, kind, json.dumps(good).encode(), {"ackkit-attempt": attempt})
     if kind == "content_type":
         return Message(mid, queue, kind, json.dumps(good).encode(), content_type="text/plain")
+    return _hostile(mid, queue, kind, n, json.dumps({**good, "kind": "poison"}).encode())
+
+
+BAD_XDEATH: tuple[Any, ...] = (
+    "not a list",
+    [{"count": "many", "reason": 7, "queue": b"\xff", "time": "yesterday"}],
+    [1, 2, 3],
+    [{"count": -1, "routing-keys": "x"}],
+)
+
+
+def _hostile(mid: str, queue: str, kind: str, n: int, poison: bytes) -> Message:
+    """Messages of a producer that writes what it likes into the headers."""
+    if kind == "forged_count":
+        # Classic queues pass a publisher's x-delivery-count through: it must not stop
+        # ackkit from counting redeliveries.
+        return Message(mid, queue, kind, poison, {"x-delivery-count": n % 3})
+    if kind == "bad_xdeath":
+        return Message(mid, queue, kind, poison, {"x-death": BAD_XDEATH[n % len(BAD_XDEATH)]})
+    if kind == "huge_headers":
+        # Close to frame_max (131,072) already: ackkit's retry / dead-letter headers
+        # must still fit in the copy's content header.
+        return Message(mid, queue, kind, poison, {"pad": "h" * 126_000})
+    if kind == "unreadable":
+        from tests.adversarial.rawamqp import Field, encode_table
+
+        bad = (
+            encode_table({b"caf\xe9": 1})  # a header name that is not UTF-8
+            if n % 2
+            else encode_table({"at": Field("T", 2**62)})  # a timestamp past year 9999
+        )
+        return Message(mid, queue, kind, poison, raw_headers=bad)
     raise ValueError(kind)

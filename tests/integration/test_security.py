@@ -23,7 +23,7 @@ from _retry_support import drain, header_text, publish, wait_until
 import ackkit
 from ackkit import TLS, App, AsyncApp, Delivery, mask_url
 from ackkit._core import headers as H
-from ackkit._runtime_common import ConnectFailed, FatalConnectError
+from ackkit._io import ConnectFailed, FatalConnectError
 from ackkit.testing import BrokerHandle, BrokerUnavailable, NodeTLS, provision_broker
 
 pytestmark = pytest.mark.integration

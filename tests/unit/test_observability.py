@@ -13,7 +13,7 @@ from ackkit._core.actions import Republish
 from ackkit._core.events import FRAME_BUCKETS
 from ackkit._core.listener import ListenerCore
 from ackkit._core.policy import FlushPolicy, ListenerPolicy
-from ackkit._runtime_common import FailureLog
+from ackkit._logs import FailureLog
 from ackkit._spec import ListenerSpec
 
 

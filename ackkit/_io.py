@@ -1,0 +1,69 @@
+"""What both runtimes share about talking to a broker, whatever the client library.
+
+The connect errors (retried with backoff, or fatal), the reconnect backoff and
+its log line, the tick period of time-based ack flushing, and the keyword
+arguments of a pull-mode publish's properties (pika and aio-pika name the AMQP
+properties the same way).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from tenacity import wait_exponential, wait_random
+from tenacity.wait import wait_base
+
+from ._core.errors import AckkitError
+from ._url import mask_text
+
+log = logging.getLogger("ackkit")
+
+TICK = 0.05
+"""Seconds between core.tick() calls (time-based ack flushing)."""
+
+
+class ConnectFailed(AckkitError):
+    """The connection could not be opened (retried with backoff)."""
+
+
+class FatalConnectError(AckkitError):
+    """Connecting failed in a way retrying cannot fix (credentials, vhost, topology)."""
+
+
+def reconnect_wait(max_interval: float) -> wait_base:
+    """Backoff between connection attempts: 0.2 s doubling up to `max_interval`, plus jitter."""
+    return wait_exponential(multiplier=0.2, max=max_interval) + wait_random(0, 0.2)
+
+
+def reconnect_logger(safe_url: str) -> Callable[[Any], None]:
+    """tenacity before_sleep for both runtimes' reconnect loops (the URL already masked)."""
+
+    def before_sleep(rs: Any) -> None:
+        log.warning(
+            "ackkit: connecting to %s failed (attempt %d): %s; retrying",
+            safe_url,
+            rs.attempt_number,
+            mask_text(str(rs.outcome.exception()) if rs.outcome else ""),
+        )
+
+    return before_sleep
+
+
+def publish_properties(
+    headers: Mapping[str, Any] | None,
+    message_id: str | None,
+    content_type: str | None,
+    persistent: bool,
+    props: Mapping[str, Any],
+) -> dict[str, Any]:
+    """Keyword arguments of the basic properties for a pull-mode publish (both clients
+    name the AMQP properties the same way)."""
+    return {
+        "headers": dict(headers) if headers else None,
+        "message_id": message_id,
+        "content_type": content_type,
+        "delivery_mode": 2 if persistent else 1,
+        **props,
+    }
