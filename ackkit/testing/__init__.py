@@ -29,16 +29,11 @@ The pytest fixtures (``rabbitmq``, ``amqp_url``, ``queue_factory``,
 pytest loads automatically once ackkit is installed.
 """
 
-from ._broker import (
-    BrokerError,
-    BrokerHandle,
-    BrokerNotOwned,
-    BrokerUnavailable,
-    NodeTLS,
-    QueueCounts,
-    QueueNotFound,
-    provision_broker,
-)
+from ._broker import provision_broker
+from ._errors import BrokerError, BrokerNotOwned, BrokerUnavailable, QueueNotFound
+from ._handle import BrokerHandle
+from ._provider_node import NodeTLS
+from ._queries import QueueCounts
 from ._util import mask_url
 
 __all__ = [

@@ -36,7 +36,10 @@ from typing import Any
 
 import pytest
 
-from ._broker import ENV_MODE, ENV_URL, BrokerError, BrokerHandle, provision_broker
+from ._broker import provision_broker
+from ._env import ENV_MODE, ENV_URL
+from ._errors import BrokerError
+from ._handle import BrokerHandle
 from ._util import mask_url
 
 __all__ = [

@@ -1,0 +1,45 @@
+"""The environment variables the test kit reads, their defaults, and what it
+tells someone who has no broker."""
+
+from __future__ import annotations
+
+import os
+
+ENV_URL = "AMQP_URL"
+ENV_MODE = "ACKKIT_TEST_BROKER"  # auto | url | docker | own
+ENV_IMAGE = "ACKKIT_TEST_RABBITMQ_IMAGE"  # docker image, default below
+ENV_SERVER = "ACKKIT_RABBITMQ_SERVER"  # explicit path of the rabbitmq-server script
+ENV_NODE = "ACKKIT_TEST_NODE"  # node name rabbitmqctl should use for AMQP_URL brokers
+ENV_NODE_USER = "ACKKIT_TEST_NODE_USER"  # user an own node runs as when we are root
+ENV_NODE_DIR = "ACKKIT_TEST_NODE_DIR"  # parent directory of own nodes' data directories
+ENV_BOOT_TIMEOUT = "ACKKIT_TEST_BOOT_TIMEOUT"  # seconds, default 60
+
+DEFAULT_IMAGE = "rabbitmq:3.13"
+MODES = ("auto", "url", "docker", "own")
+
+_SBIN_DIRS = (
+    "/usr/sbin",
+    "/usr/local/sbin",
+    "/sbin",
+    "/opt/homebrew/sbin",
+    "/usr/lib/rabbitmq/bin",
+)
+
+HOW_TO_GET_A_BROKER = """\
+How to get a broker for the tests (any one of):
+  * point the tests at a running broker:  export AMQP_URL=amqp://guest:guest@127.0.0.1:5672/%2f
+  * start a Docker engine (the kit then runs the rabbitmq image through testcontainers)
+  * install the RabbitMQ server so the kit can start a throwaway node of its own:
+        sudo apt-get update && sudo apt-get install -y rabbitmq-server   (Debian/Ubuntu)
+        brew install rabbitmq                                           (macOS)
+Force one way with ACKKIT_TEST_BROKER=url|docker|own."""
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number") from None

@@ -1,0 +1,129 @@
+"""What the kit asks a node about its queues and exchanges, and how it reads the answers.
+
+Two ways to ask: an Erlang expression evaluated on the node through erl_call
+(fast, only for nodes of the kit's own), and rabbitmqctl's JSON output (every
+broker the kit can reach with rabbitmqctl). Both end in :class:`QueueCounts`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from ._errors import BrokerError
+
+__all__ = ["QueueCounts"]
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueCounts:
+    """Message counts of one queue, as the broker reports them right now."""
+
+    ready: int
+    unacked: int
+    total: int
+    consumers: int
+
+
+# --------------------------------------------------------------------------- Erlang (erl_call)
+
+
+def _erl_binary(text: str) -> str:
+    """An Erlang binary literal for ``text`` that needs no escaping: <<104,105>>."""
+    return "<<" + ",".join(str(b) for b in text.encode("utf-8")) + ">>"
+
+
+def _queue_counts_expr(vhost: str, queue: str) -> str:
+    """Answers "OK;r,u,t,c", "OK;missing" or "OK;error" for one queue."""
+    return (
+        "R = try case rabbit_amqqueue:lookup(rabbit_misc:r("
+        f"{_erl_binary(vhost)}, queue, {_erl_binary(queue)})) of "
+        "{ok, Q} -> I = rabbit_amqqueue:info(Q, [messages_ready, messages_unacknowledged, "
+        "messages, consumers]), "
+        'io_lib:format("~w,~w,~w,~w", [proplists:get_value(K, I) || K <- '
+        "[messages_ready, messages_unacknowledged, messages, consumers]]); "
+        '_ -> "missing" end catch _:_ -> "error" end, '
+        'lists:flatten(["OK;", R]).'
+    )
+
+
+def _read_queue_counts(out: str) -> QueueCounts | None:
+    """The counts in an answer to ``_queue_counts_expr`` (after "OK;"), else None."""
+    parts = out.split(",")
+    if len(parts) == 4 and all(p.isdigit() for p in parts):
+        return QueueCounts(*(int(p) for p in parts))
+    return None
+
+
+def _counts_all_expr(vhost: str) -> str:
+    """Answers "OK;" then "<hex name>,r,u,t,c;" for every queue of ``vhost``."""
+    return (
+        "L = rabbit_amqqueue:info_all("
+        f"{_erl_binary(vhost)}, [name, messages_ready, messages_unacknowledged, "
+        "messages, consumers]), "
+        'lists:flatten(["OK;" | [[[io_lib:format("~2.16.0b", [B]) || '
+        "<<B>> <= element(4, proplists:get_value(name, I))], "
+        'io_lib:format(",~w,~w,~w,~w;", [proplists:get_value(K, I) || K <- '
+        "[messages_ready, messages_unacknowledged, messages, consumers]])] || I <- L]])."
+    )
+
+
+def _read_counts_all(out: str) -> dict[str, QueueCounts]:
+    """The table in an answer to ``_counts_all_expr``; ValueError or TypeError when
+    the answer is not understood."""
+    result: dict[str, QueueCounts] = {}
+    for item in filter(None, out.split(";")):
+        hexname, *values = item.split(",")
+        name = bytes.fromhex(hexname).decode("utf-8")
+        result[name] = QueueCounts(*(int(v) for v in values))
+    return result
+
+
+def _exchange_names_expr(vhost: str) -> str:
+    """Answers "OK;" then "<hex name>;" for every exchange of ``vhost``."""
+    return (
+        'lists:flatten(["OK;" | [[[io_lib:format("~2.16.0b", [B]) || '
+        '<<B>> <= element(4, element(2, X))], ";"] || X <- rabbit_exchange:list('
+        f"{_erl_binary(vhost)})]])."
+    )
+
+
+def _read_exchange_names(out: str) -> list[str]:
+    """The sorted names in an answer to ``_exchange_names_expr``; ValueError when
+    the answer is not understood."""
+    return sorted(bytes.fromhex(h).decode("utf-8") for h in out.split(";") if h)
+
+
+# --------------------------------------------------------------------------- rabbitmqctl (JSON)
+
+
+def _parse_list_queues_json(text: str) -> dict[str, QueueCounts]:
+    text = text.strip()
+    start = text.find("[")
+    if start < 0:
+        raise BrokerError(f"unexpected list_queues output: {text[:500]!r}")
+    try:
+        rows = json.loads(text[start:])
+    except ValueError as exc:
+        raise BrokerError(f"unexpected list_queues output: {text[:500]!r}") from exc
+    result: dict[str, QueueCounts] = {}
+    for row in rows:
+        name = str(row["name"])
+        values = [
+            row.get(k)
+            for k in ("messages_ready", "messages_unacknowledged", "messages", "consumers")
+        ]
+        if not all(isinstance(v, int) for v in values):
+            raise BrokerError(f"queue {name!r} has no counts (is it down?): {row}")
+        result[name] = QueueCounts(*(int(v) for v in values))
+    return result
+
+
+def _parse_list_exchanges_json(text: str) -> list[str]:
+    """Sorted exchange names from ``rabbitmqctl list_exchanges --formatter json name``."""
+    start = text.find("[")
+    try:
+        rows = json.loads(text[start:]) if start >= 0 else []
+    except ValueError as exc:
+        raise BrokerError(f"unexpected list_exchanges output: {text[:500]!r}") from exc
+    return sorted(str(r["name"]) for r in rows)
