@@ -120,7 +120,7 @@ def _message(rnd: random.Random, mid: str, queue: str, kind: str, n: int) -> Mes
 
 BAD_XDEATH: tuple[Any, ...] = (
     "not a list",
-    [{"count": "many", "reason": 7, "queue": b"\xff", "time": "yesterday"}],
+    [{"count": "many", "reason": 7, "queue": ["q"], "time": "yesterday"}],
     [1, 2, 3],
     [{"count": -1, "routing-keys": "x"}],
 )

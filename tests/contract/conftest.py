@@ -264,8 +264,8 @@ class SyncPull:
     def __init__(self, conn: Any) -> None:
         self.conn = conn
 
-    def get(self, queue: str) -> Delivery | None:
-        d: Delivery | None = self.conn.get(queue)
+    def get(self, queue: str, **kw: Any) -> Delivery | None:
+        d: Delivery | None = self.conn.get(queue, **kw)
         return d
 
     def ack(self, d: Delivery) -> None:
@@ -325,8 +325,8 @@ class AsyncPull:
         self.conn = conn
         self.lt = lt
 
-    def get(self, queue: str) -> Delivery | None:
-        d: Delivery | None = self.lt.run(self.conn.get(queue))
+    def get(self, queue: str, **kw: Any) -> Delivery | None:
+        d: Delivery | None = self.lt.run(self.conn.get(queue, **kw), timeout=600)
         return d
 
     def ack(self, d: Delivery) -> None:
