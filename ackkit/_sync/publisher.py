@@ -47,20 +47,31 @@ class Pending:
     token: int
     exchange: str
     routing_key: str
+    body: bytes
     returned: bool = False
 
 
-def returned_publish(pending: Mapping[int, Pending], exchange: str, routing_key: str) -> int | None:
-    """The publish (sequence number) a basic.return of (exchange, routing key) is about.
+def returned_publish(
+    pending: Mapping[int, Pending], exchange: str, routing_key: str, body: bytes
+) -> int | None:
+    """The publish (sequence number) a basic.return is about, or None.
 
-    The broker sends a publish's basic.return before its basic.ack on the same channel,
-    and confirms publishes in order, so the return belongs to the oldest unconfirmed
-    publish to that exchange and routing key that has not been returned yet."""
+    The broker handles a channel's publishes in order and sends a publish's basic.return
+    before its basic.ack, so the return belongs to an unconfirmed publish to the same
+    exchange and routing key, not returned yet: the oldest such one. An older publish to
+    the same place may still wait for its confirm although it was routed (the queue was
+    deleted in between), so the body must match as well. Only two such copies with the
+    same body stay ambiguous: the older is marked (its original is copied once more, the
+    younger's original is acked: the target holds that body twice either way)."""
+    fallback = None
     for seq in sorted(pending):
         p = pending[seq]
         if not p.returned and p.exchange == exchange and p.routing_key == routing_key:
-            return seq
-    return None
+            if p.body == body:
+                return seq
+            if fallback is None:
+                fallback = seq
+    return fallback
 
 
 class Publisher:
@@ -131,11 +142,11 @@ class Publisher:
             owner.republish_failed(a.token, why)
             return
         self.seq += 1
-        self.pending[self.seq] = Pending(owner, gen, a.token, a.exchange, a.routing_key)
+        self.pending[self.seq] = Pending(owner, gen, a.token, a.exchange, a.routing_key, body)
 
     def _on_return(self, ch: Any, method: Any, props: Any, body: bytes) -> None:
         exchange, rk = frames.text(method.exchange), frames.text(method.routing_key)
-        seq = returned_publish(self.pending, exchange, rk)
+        seq = returned_publish(self.pending, exchange, rk, body)
         if seq is not None:
             self.pending[seq].returned = True
         log.warning(
