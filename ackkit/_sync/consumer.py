@@ -12,8 +12,8 @@ import logging
 import queue as _queue
 import threading
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from .._core.actions import Republish, TxSelect
 from .._core.events import Observer
@@ -23,21 +23,38 @@ from .._core.policy import AckMode
 from .._delivery import Delivery
 from .._invocation import Invocation
 from .._logs import FailureLog
-from .._spec import ListenerSpec
+from .._spec import AppBase, ListenerSpec
 from .._wire import describe
 from . import _frames as frames
 from .executor import Executor
-
-if TYPE_CHECKING:
-    from .runtime import Runtime
+from .publisher import Publisher
 
 log = logging.getLogger("ackkit")
+
+
+class Host(Protocol):
+    """What a consumer needs of the runtime that runs it (`Runtime`)."""
+
+    app: AppBase
+    connection: Any
+    stopping: bool
+    stop_event: threading.Event
+    unstarted: list[Delivery]
+
+    @property
+    def publisher(self) -> Publisher: ...
+
+    def call_soon(self, fn: Callable[[], None], /) -> object: ...
+
+    def consumer_ready(self, c: Consumer, /) -> None: ...
+
+    def fail(self, exc: BaseException, what: str, /) -> None: ...
 
 
 class Consumer(Executor):
     """One listener on one channel (re-opened as a new generation after a loss)."""
 
-    def __init__(self, rt: Runtime, spec: ListenerSpec, observer: Observer | None) -> None:
+    def __init__(self, rt: Host, spec: ListenerSpec, observer: Observer | None) -> None:
         super().__init__(spec.name, ListenerCore(spec.policy, observer=observer), rt, log)
         self.rt = rt
         self.spec = spec

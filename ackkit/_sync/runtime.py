@@ -12,19 +12,17 @@ import logging
 import queue as _queue
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._core.outcome import EXIT_SIGNALS
 from .._delivery import Delivery
 from .._io import ConnectFailed
 from .._logs import short
+from .._spec import AppBase
 from ._pika import declare_queues, parameters
 from .consumer import Consumer
 from .engine import Engine
 from .publisher import Publisher
-
-if TYPE_CHECKING:
-    from .app import App
 
 log = logging.getLogger("ackkit")
 
@@ -32,7 +30,7 @@ log = logging.getLogger("ackkit")
 class Runtime(Engine):
     """Runs the listeners of an App until stopped; reconnects with backoff."""
 
-    def __init__(self, app: App) -> None:
+    def __init__(self, app: AppBase) -> None:
         super().__init__(app.url, app.safe_url, app.reconnect_max_interval)
         self.app = app
         obs = app._observer()
