@@ -430,6 +430,11 @@ class ListenerCore:
             acts.extend(self._dead_letter(x, f"{kind} without requeue by handler", None, None))
         return acts
 
+    def current(self, generation: int) -> bool:
+        """Do actions decided for channel generation `generation` still belong on the
+        listener's channel (it is open and is that generation)?"""
+        return generation == self.generation and self.open
+
     def publishable(self, token: int) -> bool:
         """May the copy a Republish asks for still be published (just before sending it)?
 

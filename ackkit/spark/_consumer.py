@@ -4,8 +4,10 @@ It lives in Spark's `python_streaming_source_runner` process for the whole
 query, so delivery tags stay valid across micro-batches. pika is not
 thread-safe: every channel call happens on the I/O thread; the reader's
 thread (Spark asks it for batches) and the IPC thread (the foreachBatch
-wrapper says "written") hand it actions with `add_callback_threadsafe`, tagged
-with the channel generation they belong to. Every decision (what a batch
+wrapper says "written") hand it actions through the executor's outbox
+(`ackkit._sync.executor`), tagged with the channel generation they belong to.
+The connection's life is the shared pika `Engine`, the copies (dead letters)
+go through the shared confirm `Publisher`. Every decision (what a batch
 holds, which tags may be acked, what a poison message becomes) is the core's:
 `ListenerCore` and `BatchLedger`; this module only carries them out.
 """
@@ -13,8 +15,6 @@ holds, which tags may be acked, what a poison message becomes) is the core's:
 from __future__ import annotations
 
 import collections
-import contextlib
-import dataclasses
 import datetime as _dt
 import hashlib
 import logging
@@ -26,29 +26,25 @@ from typing import Any
 
 import pika
 import pika.exceptions
-from pika.spec import Basic
 from pydantic import BaseModel, ValidationError
 
-from .._core.actions import Ack, Action, Nack, Reject, Republish
+from .._core.actions import Ack, Action, Republish
 from .._core.batches import Admission, BatchLedger, BatchPlan
 from .._core.errors import AckkitError, BadPayload, TopologyConflict
 from .._core.listener import ListenerCore, Tracked
 from .._core.policy import NO_RETRY, AckMode, FlushPolicy, ListenerPolicy
 from .._delivery import _validation_reason
+from .._io import FatalConnectError
 from .._sync import _frames as frames
-from .._sync._pika import (
-    FaithfulConnection,
-    copy_options,
-    copy_properties,
-    declare_queues,
-    parameters,
-)
+from .._sync._pika import declare_queues, parameters
+from .._sync.engine import Engine
+from .._sync.executor import Executor
+from .._sync.publisher import Publisher
 from .._url import mask_text, mask_url
 from ._options import KeyFrom, OnInvalid, SourceOptions
 from ._schema import RowMeta, header_text
 
 log = logging.getLogger("ackkit.spark")
-TICK = 0.1
 
 
 class SourceFailed(AckkitError):
@@ -67,8 +63,11 @@ class Item:
     error: str | None = None
 
 
-class SourceConsumer:
-    """Consumes one queue with manual acks and a prefetch window for one streaming source."""
+class SourceConsumer(Engine, Executor):
+    """Consumes one queue with manual acks and a prefetch window for one streaming source:
+    the engine of its connection and the executor of its one listener."""
+
+    tick_interval = 0.1
 
     def __init__(
         self,
@@ -90,26 +89,15 @@ class SourceConsumer:
             # acks are left for the periodic flush.
             flush=FlushPolicy(max_pending=opts.prefetch + 1, interval=0.2),
         )
-        self.core = ListenerCore(policy)
+        Engine.__init__(self, opts.url, mask_url(opts.url), max_interval=5.0)
+        Executor.__init__(self, policy.name, ListenerCore(policy), self, log)
         self.ledger = BatchLedger(self.core, written_upto=written_upto)
-        self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)
         self.buffer: collections.deque[Item] = collections.deque()
-        self.fatal: BaseException | None = None
-        self.stopping = False
-        self.connection: Any = None
-        self.channel: Any = None
+        self.publisher = Publisher(self)
         self._consumer_tag: str | None = None
-        self._pub: Any = None
-        self._pub_seq = 0
-        self._pub_pending: dict[int, int] = {}  # publish seq -> core token
-        self._pub_returned: set[int] = set()
-        self._pub_waiting: list[Republish] = []
-        self._declaring: list[Republish] = []
         self._waiting = 0
-        self._thread: threading.Thread | None = None
         self._ready = threading.Event()
-        self._closed = threading.Event()
         self.connections = 0
         self.received = 0
         self.invalid = 0
@@ -120,8 +108,7 @@ class SourceConsumer:
     def start(self) -> None:
         """Start the I/O thread; it connects (and reconnects) on its own. Never blocks: a
         restarted query must be able to ack its replayed batch while the broker is slow."""
-        self._thread = threading.Thread(target=self._io_main, name="ackkit-spark-io", daemon=True)
-        self._thread.start()
+        self.start_io("ackkit-spark-io")
 
     def wait_ready(self, timeout: float) -> bool:
         """Wait until consuming (for tests and diagnostics); raises a fatal error."""
@@ -139,7 +126,7 @@ class SourceConsumer:
         self.stopping = True
         with self.cond:
             self.cond.notify_all()
-        self._call(self._close)
+        self.call_soon(self._close)
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -182,11 +169,10 @@ class SourceConsumer:
                     )
             plan = self.ledger.plan(start, [(it.tracked, it.key) for it in items])
             self.copies += sum(a in (Admission.HELD, Admission.SETTLED) for a in plan.admissions)
-            gen = self.core.generation
             if plan.rows:
                 seal([items[i] for i in plan.rows], plan)
-        if plan.actions:
-            self._send(gen, plan.actions)
+            if plan.actions:
+                self.send(self.core.generation, plan.actions)
         return plan
 
     def _raise_fatal(self) -> None:
@@ -212,18 +198,19 @@ class SourceConsumer:
         of a written batch at once)."""
         with self.lock:
             w = self.ledger.written(end)
-            gen = self.core.generation
+            if w.actions:
+                self.outbox.append((self.core.generation, w.actions))
         sent = True
         if w.actions:
             done = threading.Event()
 
             def run() -> None:
                 try:
-                    self._execute(gen, w.actions)
+                    self.flush()
                 finally:
                     done.set()
 
-            sent = self._call(run) and done.wait(timeout)
+            sent = self.call_soon(run) and done.wait(timeout)
         return {
             "acked": w.acked,
             "held": w.held,
@@ -251,75 +238,13 @@ class SourceConsumer:
                 "republishing": self.core.republishing,
             }
 
-    # -- cross-thread plumbing ----------------------------------------------------------
+    # -- the engine's hooks (I/O thread) ----------------------------------------------
 
-    def _call(self, fn: Callable[[], None]) -> bool:
-        conn = self.connection
-        if conn is None or self._closed.is_set():
-            return False
-        try:
-            conn.ioloop.add_callback_threadsafe(fn)
-        except Exception:  # the ioloop is gone
-            return False
-        return True
+    def parameters(self) -> Any:
+        o = self.opts
+        return parameters(o.url, heartbeat=o.heartbeat, name=f"ackkit-spark:{o.queue}")
 
-    def _send(self, gen: int, acts: list[Action]) -> None:
-        self._call(lambda: self._execute(gen, acts))
-
-    # -- I/O thread ---------------------------------------------------------------------
-
-    def _io_main(self) -> None:
-        backoff = 0.2
-        while not self.stopping:
-            opened = False
-            try:
-                opened = self._serve()
-            except SourceFailed as exc:
-                self.fatal = exc
-                break
-            except Exception as exc:
-                log.warning(
-                    "ackkit.spark: connection to %s failed: %s",
-                    mask_url(self.opts.url),
-                    mask_text(repr(exc)),
-                )
-            if self.stopping:
-                break
-            backoff = 0.2 if opened else min(backoff * 2, 5.0)
-            time.sleep(backoff)
-        with self.cond:
-            self.cond.notify_all()
-
-    def _serve(self) -> bool:
-        params = parameters(
-            self.opts.url, heartbeat=self.opts.heartbeat, name=f"ackkit-spark:{self.opts.queue}"
-        )
-        self._topology(params)
-        self._closed.clear()
-        self._opened = False
-        conn = FaithfulConnection(
-            params,
-            on_open_callback=self._on_open,
-            on_open_error_callback=lambda c, err: c.ioloop.stop(),
-            on_close_callback=self._on_close,
-        )
-        self.connection = conn
-        try:
-            conn.ioloop.start()
-        finally:
-            self._closed.set()
-            with contextlib.suppress(Exception):
-                conn.ioloop.close()
-        return self._opened
-
-    def _topology(self, params: Any) -> None:
-        try:
-            conn = pika.BlockingConnection(params)
-        except (
-            pika.exceptions.ProbableAuthenticationError,
-            pika.exceptions.ProbableAccessDeniedError,
-        ) as exc:
-            raise SourceFailed(f"cannot log in to {mask_url(self.opts.url)}: {exc!r}") from None
+    def declare(self, conn: pika.BlockingConnection) -> None:
         try:
             user: list[tuple[str, dict[str, Any]]] = (
                 [(self.opts.queue, {})] if self.opts.declare else []
@@ -339,29 +264,38 @@ class SourceConsumer:
                     ) from None
         except TopologyConflict as exc:
             raise SourceFailed(str(exc)) from None
-        finally:
-            if conn.is_open:
-                conn.close()
 
-    def _on_open(self, conn: Any) -> None:
-        self._opened = True
+    def opened(self, conn: Any) -> None:
         self.connections += 1
         conn.channel(on_open_callback=self._on_channel_open)
-        conn.channel(on_open_callback=self._on_pub_open)
-        conn.ioloop.call_later(TICK, self._tick)
+        self.publisher.open(conn)
 
-    def _on_close(self, conn: Any, reason: BaseException) -> None:
-        waiting, self._pub_waiting = self._pub_waiting, []
-        with self.lock:
-            for a in waiting:
-                self.core.republished(a.token, False)
+    def channels_lost(self, reason: BaseException) -> None:
         if self.channel is not None:
             self._on_channel_closed(self.channel, reason)
-        if self._pub is not None:
-            self._on_pub_closed(self._pub, reason)
-        if not self.stopping:
-            log.warning("ackkit.spark: connection lost (%s); reconnecting", mask_text(repr(reason)))
-        conn.ioloop.stop()
+
+    def closed(self, reason: BaseException) -> None:
+        self.channels_lost(reason)
+        if self.publisher.channel is not None:
+            self.publisher._on_closed(self.publisher.channel, reason)
+
+    def tick(self) -> None:
+        if self.channel is not None:
+            self.decide(self.core.tick)
+
+    def retryable(self, exc: BaseException) -> bool:
+        # Anything but a refusal is tried again: the query outlives a broker's bad day.
+        fatal = (SourceFailed, FatalConnectError, TopologyConflict)
+        return isinstance(exc, Exception) and not isinstance(exc, fatal)
+
+    def refused(self, exc: FatalConnectError | TopologyConflict) -> None:
+        self.fatal = SourceFailed(str(exc))
+
+    def finished(self) -> None:
+        with self.cond:
+            self.cond.notify_all()
+
+    # -- the consumer's channel (I/O thread) ---------------------------------------------
 
     def _on_channel_open(self, ch: Any) -> None:
         self.channel = ch
@@ -462,157 +396,22 @@ class SourceConsumer:
                     len(self.buffer) == 1 or len(self.buffer) >= o.max_batch or error
                 ):
                     self.cond.notify_all()
-            gen = t.generation
-        if acts:
-            self._execute(gen, acts)
-
-    def _execute(self, gen: int, acts: list[Action]) -> None:
-        """Carry out actions on the channel of generation `gen` (I/O thread only)."""
-        ch = self.channel
-        if ch is None or not ch.is_open or gen != self.core.generation or not self.core.open:
-            if any(not isinstance(a, Republish) for a in acts):
-                log.info("ackkit.spark: dropped %d settles for a closed channel", len(acts))
-            return
-        for a in acts:
-            if type(a) is Ack:
-                ch.basic_ack(a.tag, a.multiple)
-            elif type(a) is Reject:
-                ch.basic_reject(a.tag, a.requeue)
-            elif type(a) is Nack:
-                ch.basic_nack(a.tag, a.multiple, a.requeue)
-            elif type(a) is Republish:
-                self._publish(a)
-
-    def _tick(self) -> None:
-        conn = self.connection
-        if conn is None or not conn.is_open:
-            return
-        if self.channel is not None:
-            with self.lock:
-                acts = self.core.tick()
-                gen = self.core.generation
             if acts:
-                self._execute(gen, acts)
-        conn.ioloop.call_later(TICK, self._tick)
+                self.outbox.append((t.generation, acts))
+        self.flush()
 
     def _close(self) -> None:
         conn = self.connection
         if conn is None or not conn.is_open:
             return
-        with self.lock:
-            acts = self.core.drain()
-            gen = self.core.generation
-        if acts:
-            self._execute(gen, acts)
+        self.decide(self.core.drain)
         conn.close()
 
-    # -- dead-letter publishes with confirms (I/O thread) ---------------------------------
+    # -- the executor's hooks ------------------------------------------------------------
 
-    def _on_pub_open(self, ch: Any) -> None:
-        ch.add_on_close_callback(self._on_pub_closed)
-        ch.add_on_return_callback(self._on_return)
-        ch.confirm_delivery(self._on_confirm, callback=lambda _f: self._pub_ready(ch))
+    def _publish(self, gen: int, a: Republish) -> None:
+        self.publisher.publish(self, gen, a)
 
-    def _pub_ready(self, ch: Any) -> None:
-        self._pub = ch
-        self._pub_seq = 0
-        waiting, self._pub_waiting = self._pub_waiting, []
-        for a in waiting:
-            self._publish(a)
-
-    def _publish(self, a: Republish) -> None:
-        with self.lock:
-            current = self.core.publishable(a.token)
-        if not current:  # the original's channel closed since: the broker requeued it
-            self._report(a.token, False)
-            return
-        ch = self._pub
-        if ch is None or not ch.is_open:
-            self._pub_waiting.append(a)
-            return
-        if a.declare is not None:
-            # The core asks for its own queue to be declared (the first copy came back
-            # unroutable: e.g. the dead-letter queue did not exist yet).
-            name, args = a.declare
-            plain = dataclasses.replace(a, declare=None)
-            self._declaring.append(plain)
-
-            def declared(_frame: Any) -> None:
-                if plain in self._declaring:
-                    self._declaring.remove(plain)
-                    self._publish(plain)
-
-            ch.queue_declare(name, durable=True, arguments=args or None, callback=declared)
-            return
+    def original(self, a: Republish) -> tuple[Any, bytes]:
         props, body = a.source
-        try:
-            copy = copy_properties(
-                None if a.minimal else props, a.set_headers, **copy_options(a, ch)
-            )
-            ch.basic_publish(a.exchange, a.routing_key, body, copy, mandatory=True)
-        except Exception as exc:  # never lose the I/O thread over one copy
-            why = f"{a.purpose} copy not publishable: {mask_text(repr(exc))[:300]}"
-            log.error("ackkit.spark: %s", why)
-            with self.lock:
-                acts = self.core.republished(a.token, False, error=why)
-                gen = self.core.generation
-            if acts:
-                self._execute(gen, acts)
-            return
-        self._pub_seq += 1
-        self._pub_pending[self._pub_seq] = a.token
-
-    def _report(self, token: int, ok: bool, unroutable: bool = False) -> None:
-        """A copy was confirmed or refused: carry out what the core decides about it."""
-        with self.lock:
-            acts = self.core.republished(token, ok, unroutable=unroutable)
-            gen = self.core.generation
-        if acts:
-            self._execute(gen, acts)
-
-    def _on_return(self, ch: Any, method: Any, props: Any, body: bytes) -> None:
-        # Returns precede their confirm: the oldest unconfirmed publish is the one returned.
-        for seq in sorted(self._pub_pending):
-            if seq not in self._pub_returned:
-                self._pub_returned.add(seq)
-                break
-        log.warning(
-            "ackkit.spark: dead-letter publish to %r returned: %s (ackkit's own queue is "
-            "declared and the copy published again; otherwise the original is requeued)",
-            method.routing_key,
-            method.reply_text,
-        )
-
-    def _on_confirm(self, frame: Any) -> None:
-        m = frame.method
-        ok = isinstance(m, Basic.Ack)
-        seqs = (
-            [s for s in self._pub_pending if s <= m.delivery_tag]
-            if m.multiple
-            else [m.delivery_tag]
-        )
-        for s in seqs:
-            token = self._pub_pending.pop(s, None)
-            if token is None:
-                continue
-            returned = s in self._pub_returned
-            self._pub_returned.discard(s)
-            self._report(token, ok and not returned, unroutable=returned)
-
-    def _on_pub_closed(self, ch: Any, reason: BaseException) -> None:
-        if ch is not self._pub:
-            return
-        self._pub = None
-        tokens = list(self._pub_pending.values()) + [a.token for a in self._declaring]
-        self._pub_pending = {}
-        self._declaring = []
-        self._pub_returned.clear()
-        for token in tokens:
-            self._report(token, False)
-        conn = self.connection
-        if not self.stopping and conn is not None and conn.is_open:
-            conn.ioloop.call_later(0.5, lambda: self._reopen_pub(conn))
-
-    def _reopen_pub(self, conn: Any) -> None:
-        if conn.is_open and not self.stopping and self._pub is None:
-            conn.channel(on_open_callback=self._on_pub_open)
+        return props, body

@@ -287,7 +287,7 @@ def test_sync_runtime_sends_frames_in_decision_order() -> None:
     """A worker's straggler acks were handed to the I/O thread with call_soon after the
     worker let go of the lock; the I/O thread's own decisions (a confirm's multiple-ack)
     ran at once and overtook them: unknown delivery tag, the channel closed (chaos run)."""
-    from ackkit._sync.runtime import Consumer
+    from ackkit._sync.consumer import Consumer
 
     app = App("amqp://guest:guest@localhost:1/%2f")
 
@@ -334,7 +334,7 @@ def test_sync_runtime_sends_frames_in_decision_order() -> None:
 
 def test_sync_runtime_ignores_a_queued_callback_after_the_flush() -> None:
     """A worker's call_soon that runs after the I/O thread already flushed finds nothing."""
-    from ackkit._sync.runtime import Consumer
+    from ackkit._sync.consumer import Consumer
 
     app = App("amqp://guest:guest@localhost:1/%2f")
 
@@ -406,7 +406,8 @@ def test_async_runtime_sends_frames_in_decision_order() -> None:
 def test_sync_publisher_drops_a_waiting_copy_of_a_closed_channel() -> None:
     """Copies waiting for the publisher channel are dropped if their delivery's channel
     closed meanwhile (they used to be published on the next connection: duplicates)."""
-    from ackkit._sync.runtime import Consumer, Publisher
+    from ackkit._sync.consumer import Consumer
+    from ackkit._sync.publisher import Publisher
 
     app = App("amqp://guest:guest@localhost:1/%2f")
 
@@ -439,7 +440,8 @@ def test_sync_publisher_closing_with_its_connection_does_not_settle_stale_tags()
     unconfirmed copies were reported before the consumers' channels were marked closed,
     and the requeue of their originals went to a dead connection (ConnectionWrongStateError
     in the I/O thread: the consumer process exited on every connection cut)."""
-    from ackkit._sync.runtime import Consumer, Publisher
+    from ackkit._sync.consumer import Consumer
+    from ackkit._sync.publisher import Publisher
 
     app = App("amqp://guest:guest@localhost:1/%2f")
 
@@ -479,7 +481,7 @@ def test_sync_publisher_closing_with_its_connection_does_not_settle_stale_tags()
 
 def test_threads_deciding_concurrently_still_send_in_decision_order() -> None:
     """Several workers finishing at once: the outbox keeps the frames valid."""
-    from ackkit._sync.runtime import Consumer
+    from ackkit._sync.consumer import Consumer
 
     app = App("amqp://guest:guest@localhost:1/%2f")
 
@@ -581,7 +583,7 @@ def test_a_delivery_of_a_closed_channel_does_not_start() -> None:
 
 
 def test_sync_worker_skips_deliveries_of_a_closed_channel() -> None:
-    from ackkit._sync.runtime import Consumer
+    from ackkit._sync.consumer import Consumer
 
     app = App("amqp://guest:guest@localhost:1/%2f")
     ran: list[int] = []

@@ -1,0 +1,275 @@
+"""The App's consumer: one listener on one pika channel, its handler worker threads.
+
+pika is not thread-safe, so every channel call happens on the I/O thread.
+Workers run handlers and report outcomes to the listener's core under its
+lock; whatever actions come back wait in the executor's outbox for the I/O
+thread, tagged with the channel generation they belong to (`Executor`).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue as _queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from .._core.actions import Republish, TxSelect
+from .._core.events import Observer
+from .._core.listener import ListenerCore, Tracked
+from .._core.outcome import Outcome
+from .._core.policy import AckMode
+from .._delivery import Delivery
+from .._invocation import Invocation
+from .._logs import FailureLog
+from .._spec import AppBase, ListenerSpec
+from .._wire import describe
+from . import _frames as frames
+from .executor import Executor
+from .publisher import Publisher
+
+log = logging.getLogger("ackkit")
+
+
+class Host(Protocol):
+    """What a consumer needs of the runtime that runs it (`Runtime`)."""
+
+    app: AppBase
+    connection: Any
+    stopping: bool
+    stop_event: threading.Event
+    unstarted: list[Delivery]
+
+    @property
+    def publisher(self) -> Publisher: ...
+
+    def call_soon(self, fn: Callable[[], None], /) -> object: ...
+
+    def consumer_ready(self, c: Consumer, /) -> None: ...
+
+    def fail(self, exc: BaseException, what: str, /) -> None: ...
+
+
+class Consumer(Executor):
+    """One listener on one channel (re-opened as a new generation after a loss)."""
+
+    def __init__(self, rt: Host, spec: ListenerSpec, observer: Observer | None) -> None:
+        super().__init__(spec.name, ListenerCore(spec.policy, observer=observer), rt, log)
+        self.rt = rt
+        self.spec = spec
+        self.inbox: _queue.SimpleQueue[Delivery | None] = _queue.SimpleQueue()
+        self.consumer_tag: str | None = None
+        self.workers: list[threading.Thread] = []
+        self.in_handler = 0
+        self.cancelled = threading.Event()
+        self.binding = spec.binding
+        self.no_ack = spec.policy.mode is AckMode.NONE
+        self.failures = FailureLog(log)
+        self.probe = rt.app._instrument(spec, self.core)  # metrics, tracing: None when off
+
+    # -- I/O thread ----------------------------------------------------------
+
+    def open(self, conn: Any) -> None:
+        conn.channel(on_open_callback=self._on_channel_open)
+
+    def _reopen(self, conn: Any) -> None:
+        if conn.is_open and not self.rt.stopping:
+            self.open(conn)
+
+    def _on_channel_open(self, ch: Any) -> None:
+        if self.rt.stopping:
+            ch.close()
+            return
+        self.channel = ch
+        ch.add_on_close_callback(self._on_channel_closed)
+        with self.lock:
+            acts = self.core.channel_opened()
+        for a in acts:
+            if isinstance(a, TxSelect):
+                ch.tx_select()
+        prefetch = self.spec.policy.prefetch
+        ch.basic_qos(prefetch_count=prefetch, callback=lambda _f: self._consume(ch))
+
+    def _consume(self, ch: Any) -> None:
+        self.cancelled.clear()
+        self.consumer_tag = ch.basic_consume(
+            self.spec.queue, self._on_message, auto_ack=self.no_ack
+        )
+        self.rt.consumer_ready(self)
+
+    def _on_channel_closed(self, ch: Any, reason: BaseException) -> None:
+        if ch is not self.channel:
+            return
+        with self.lock:
+            lost = self.core.channel_closed()
+        self.channel = None
+        self.cancelled.set()
+        if lost:
+            log.info(
+                "%s: channel closed with %d deliveries unsettled (broker requeues them)",
+                self.spec.name,
+                lost,
+            )
+        code = getattr(reason, "reply_code", 0)
+        if code not in (0, 200, 320):
+            log.error("%s: channel closed by broker: %s", self.spec.name, reason)
+        conn = self.rt.connection
+        if not self.rt.stopping and conn is not None and conn.is_open:
+            conn.ioloop.call_later(1.0, lambda: self._reopen(conn))
+
+    def _on_message(self, ch: Any, method: Any, props: Any, body: bytes) -> None:
+        exchange, rk = frames.text(method.exchange), frames.text(method.routing_key)
+        why = frames.unreadable(method, props)
+        with self.lock:
+            try:
+                t = self.core.receive(
+                    method.delivery_tag,
+                    method.redelivered,
+                    None if why else props.headers,
+                    exchange,
+                    rk,
+                    None if why else props.message_id,
+                    unreadable=why,
+                )
+            except Exception as exc:  # never let one delivery take the connection down
+                why = f"receiving it failed: {describe(exc)}"
+                t = self.core.receive(
+                    method.delivery_tag, method.redelivered, None, exchange, rk, unreadable=why
+                )
+        d = Delivery(
+            body,
+            props,
+            t,
+            self,
+            exchange=exchange,
+            routing_key=rk,
+            redelivered=method.redelivered,
+            queue=self.spec.queue,
+            decoder=self.binding.decoder,
+        )
+        if t.verdict is not None:
+            with self.lock:
+                self.outbox.append((t.generation, t.verdict))
+            self.flush()
+            return
+        self.inbox.put(d)
+
+    def tick(self) -> None:
+        if self.channel is not None:
+            self.decide(self.core.tick)
+
+    def _publish(self, gen: int, a: Republish) -> None:
+        self.rt.publisher.publish(self, gen, a)
+
+    def original(self, a: Republish) -> tuple[Any, bytes]:
+        d: Delivery = a.source
+        return d.properties, d.body
+
+    # -- worker threads --------------------------------------------------------
+
+    def settle(self, delivery: Delivery, kind: str, requeue: bool, multiple: bool) -> None:
+        """Delivery.ack()/nack()/reject() from a handler (Settler protocol)."""
+        with self.lock:
+            acts = self.core.settle(delivery.tracked, kind, requeue=requeue, multiple=multiple)
+            if acts:
+                self.send(self.core.generation, acts)
+
+    def start_workers(self) -> None:
+        for i in range(self.spec.concurrency):
+            th = threading.Thread(
+                target=self._worker, name=f"ackkit-{self.spec.name}-{i}", daemon=True
+            )
+            th.start()
+            self.workers.append(th)
+
+    def _worker(self) -> None:
+        try:
+            if self.spec.batch_size:
+                self._take_batches()
+            else:
+                self._take_one_by_one()
+        except BaseException as exc:  # a bug of ours: stop visibly, never a silent zombie
+            self.rt.fail(exc, f"{self.spec.name}: worker thread failed")
+
+    def _take_one_by_one(self) -> None:
+        inbox = self.inbox
+        while True:
+            d = inbox.get()
+            if d is None:
+                return
+            self._run([d])
+
+    def _take_batches(self) -> None:
+        size = self.spec.batch_size or 1
+        timeout = self.spec.batch_timeout
+        while True:
+            first = self.inbox.get()
+            if first is None:
+                return
+            batch = [first]
+            deadline = time.monotonic() + timeout
+            while len(batch) < size:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    nxt = self.inbox.get(timeout=left)
+                except _queue.Empty:
+                    break
+                if nxt is None:
+                    self.inbox.put(None)
+                    break
+                batch.append(nxt)
+            self._run(batch)
+
+    def _run(self, ds: list[Delivery]) -> None:
+        """Run the handler for `ds` (one delivery, or a batch) until the core is done with it."""
+        if self.rt.stopping:
+            self.rt.unstarted.extend(ds)
+            return
+        with self.lock:  # a delivery whose channel closed while it waited: requeued already
+            ds = [d for d in ds if self.core.startable(d.tracked)]
+        if not ds:
+            return
+        inv = Invocation(self.binding, ds)
+        while True:
+            out = self._attempt(inv)
+            if not out.rerun:
+                return
+            inv = inv.again(out.rerun)
+            if self.rt.stop_event.wait(out.delay):  # stopping during the backoff
+                self._release(out.rerun)
+                return
+
+    def _attempt(self, inv: Invocation) -> Outcome:
+        """Call the handler once, then carry out what the core makes of it."""
+        result: object = None
+        exc: BaseException | None = None
+        ds = inv.deliveries
+        done = self.probe(ds) if self.probe is not None and ds else None
+        self.in_handler += 1
+        try:
+            if ds:
+                result = self.binding.fn(*inv.args())
+        except BaseException as e:  # SystemExit and KeyboardInterrupt too: settled, then stop
+            exc = e  # the core formats the traceback if it dead-letters
+        finally:
+            self.in_handler -= 1
+        if done is not None:
+            done(exc)
+        if exc is not None:
+            self.failures.failed(self.spec.name, inv, exc)  # before the core moves attempt
+        with self.lock:
+            out = inv.outcome(self.core, result, exc)
+            if out.actions:
+                self.send(self.core.generation, out.actions)
+        if out.stop is not None:
+            self.rt.fail(out.stop, f"{self.spec.name}: handler raised {type(out.stop).__name__}")
+        return out
+
+    def _release(self, ts: Sequence[Tracked]) -> None:
+        with self.lock:
+            acts = [a for t in ts for a in self.core.release(t)]
+            if acts:
+                self.send(self.core.generation, acts)

@@ -1,0 +1,147 @@
+"""Carry out a listener's core actions on its pika channel, in the order decided.
+
+Shared by the App's consumers and the Spark source. Actions are decided under
+the listener's lock, on any thread, and wait in `outbox` in decision order;
+the I/O thread (the only one that may touch pika) takes them out oldest first
+and carries them out on the channel of the generation they were decided for,
+or drops them when that channel is gone: a delivery tag is channel-scoped, and
+a stale one closes the new channel with PRECONDITION_FAILED.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import pika.exceptions
+
+from .._core.actions import Ack, Action, Nack, Reject, Republish, TxCommit, TxSelect
+from .._core.listener import ListenerCore
+
+
+class IoThread(Protocol):
+    """What an executor needs of the engine that owns its connection."""
+
+    @property
+    def connection(self) -> Any: ...
+
+    def call_soon(self, fn: Callable[[], None], /) -> object: ...
+
+
+class Executor:
+    """One listener's side of its channel: the outbox of decided actions and the one rule
+    for whether they may still be sent (`valid`). Subclasses say how a copy is
+    published (`_publish`) and what it is a copy of (`original`)."""
+
+    def __init__(self, name: str, core: ListenerCore, io: IoThread, log: logging.Logger) -> None:
+        self.name = name
+        self.core = core
+        self.io = io
+        self.log = log
+        self.lock = threading.Lock()
+        self.channel: Any = None
+        # Decided actions wait here for the I/O thread, in decision order (see send()).
+        self.outbox: deque[tuple[int, list[Action]]] = deque()
+        self._flushing = False
+
+    # -- any thread -------------------------------------------------------------
+
+    def send(self, gen: int, acts: list[Action]) -> None:
+        """From any thread, holding `self.lock` right after the core decided `acts`:
+        queue them for the I/O thread.
+
+        Frames must reach the channel in the order the core decided them: a straggler's
+        single ack overtaken by a later multiple-ack that covers it would be an unknown
+        delivery tag to the broker (it closes the channel), and a requeue overtaken by
+        such an ack would ack a message that was meant to go back to the queue.
+        """
+        self.outbox.append((gen, acts))
+        self.io.call_soon(self.flush)
+
+    # -- I/O thread -------------------------------------------------------------
+
+    def decide(self, ask: Callable[[], list[Action]]) -> None:
+        """Ask the core (under the lock) and carry out what it decides, in order."""
+        with self.lock:
+            acts = ask()
+            if acts:
+                self.outbox.append((self.core.generation, acts))
+        self.flush()
+
+    def republished(self, gen: int, token: int, ok: bool, unroutable: bool = False) -> None:
+        """The broker confirmed (ok) or refused a copy: the core decides what now."""
+        self.decide(lambda: self.core.republished(token, ok, unroutable=unroutable))
+
+    def republish_failed(self, token: int, why: str) -> None:
+        """The copy could not be sent at all: the core decides what now."""
+        self.decide(lambda: self.core.republished(token, False, error=why))
+
+    def flush(self) -> None:
+        """Carry out the queued actions, oldest first."""
+        if self._flushing:
+            return  # called from inside execute(): the running loop picks them up
+        self._flushing = True
+        try:
+            while True:
+                with self.lock:
+                    if not self.outbox:
+                        return
+                    gen, acts = self.outbox.popleft()
+                self.execute(gen, acts)
+        finally:
+            self._flushing = False
+
+    def valid(self, gen: int) -> bool:
+        """May actions decided for channel generation `gen` be sent now? Only on that
+        channel, open, on an open connection (one going down closes its channels next:
+        their tags are stale)."""
+        ch = self.channel
+        conn = self.io.connection
+        return (
+            ch is not None
+            and ch.is_open
+            and conn is not None
+            and conn.is_open
+            and self.core.current(gen)
+        )
+
+    def execute(self, gen: int, acts: list[Action]) -> None:
+        """Carry out actions on the channel of generation `gen`, or drop them."""
+        if not self.valid(gen):
+            if any(not isinstance(a, Republish) for a in acts):
+                self.log.info(
+                    "%s: dropped %d settle actions for a closed channel", self.name, len(acts)
+                )
+            return
+        ch = self.channel
+        try:
+            for a in acts:
+                if type(a) is Ack:
+                    ch.basic_ack(a.tag, a.multiple)
+                elif type(a) is Reject:
+                    ch.basic_reject(a.tag, a.requeue)
+                elif type(a) is Nack:
+                    ch.basic_nack(a.tag, a.multiple, a.requeue)
+                elif type(a) is Republish:
+                    self._publish(gen, a)
+                elif type(a) is TxCommit:
+                    ch.tx_commit()
+                elif type(a) is TxSelect:
+                    ch.tx_select()
+        except (pika.exceptions.ChannelWrongStateError, pika.exceptions.ConnectionWrongStateError):
+            # Closed under us: the broker requeues what was not settled; the close
+            # callback that follows marks the generation stale.
+            self.log.info("%s: channel closed while settling", self.name)
+
+    # -- what subclasses say ------------------------------------------------------
+
+    def _publish(self, gen: int, a: Republish) -> None:
+        """Hand the copy `a` to the confirm publisher."""
+        raise NotImplementedError
+
+    def original(self, a: Republish) -> tuple[Any, bytes]:
+        """(pika properties, body) of the delivery `a` is a copy of."""
+        raise NotImplementedError

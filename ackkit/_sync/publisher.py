@@ -1,0 +1,186 @@
+"""The confirm-mode channel that publishes the copies the core asks for.
+
+One per connection, shared by every listener on it (the App's consumers, the
+Spark source). Retry copies and dead letters are published with `mandatory`,
+so a copy no queue takes comes back with basic.return; each publish is then
+confirmed (basic.ack) or refused (basic.nack), and the listener's core decides
+what that means for the original (`ListenerCore.republished`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pika.spec import Basic
+
+from .._core.actions import Republish
+from .._logs import short
+from . import _frames as frames
+from ._pika import copy_options, copy_properties
+from .executor import Executor
+
+log = logging.getLogger("ackkit")
+
+
+class Host(Protocol):
+    """What the publisher needs of the engine that owns its connection."""
+
+    @property
+    def connection(self) -> Any: ...
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def channels_lost(self, reason: BaseException, /) -> None: ...
+
+
+@dataclass(slots=True)
+class Pending:
+    """A copy published and not yet confirmed."""
+
+    owner: Executor
+    gen: int
+    token: int
+    exchange: str
+    routing_key: str
+    body: bytes
+    returned: bool = False
+
+
+def returned_publish(
+    pending: Mapping[int, Pending], exchange: str, routing_key: str, body: bytes
+) -> int | None:
+    """The publish (sequence number) a basic.return is about, or None.
+
+    The broker handles a channel's publishes in order and sends a publish's basic.return
+    before its basic.ack, so the return belongs to an unconfirmed publish to the same
+    exchange and routing key, not returned yet: the oldest such one. An older publish to
+    the same place may still wait for its confirm although it was routed (the queue was
+    deleted in between), so the body must match as well. Only two such copies with the
+    same body stay ambiguous: the older is marked (its original is copied once more, the
+    younger's original is acked: the target holds that body twice either way)."""
+    fallback = None
+    for seq in sorted(pending):
+        p = pending[seq]
+        if not p.returned and p.exchange == exchange and p.routing_key == routing_key:
+            if p.body == body:
+                return seq
+            if fallback is None:
+                fallback = seq
+    return fallback
+
+
+class Publisher:
+    """A confirm-mode channel for the copies of deliveries (retry delays, dead letters)."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        self.channel: Any = None
+        self.seq = 0
+        self.pending: dict[int, Pending] = {}
+        # Copies waiting for the channel to be ready, and for a queue to be declared.
+        self.waiting: list[tuple[Executor, int, Republish]] = []
+        self.declaring: list[tuple[Executor, int, Republish]] = []
+
+    def open(self, conn: Any) -> None:
+        conn.channel(on_open_callback=self._on_open)
+
+    def _reopen(self, conn: Any) -> None:
+        if conn.is_open and not self.host.stopping and self.channel is None:
+            self.open(conn)
+
+    def _on_open(self, ch: Any) -> None:
+        ch.add_on_close_callback(self._on_closed)
+        ch.add_on_return_callback(self._on_return)
+        ch.confirm_delivery(self._on_confirm, callback=lambda _f: self._ready(ch))
+
+    def _ready(self, ch: Any) -> None:
+        self.channel = ch
+        self.seq = 0
+        waiting, self.waiting = self.waiting, []
+        for owner, gen, a in waiting:
+            self.publish(owner, gen, a)
+
+    def publish(self, owner: Executor, gen: int, a: Republish) -> None:
+        """Publish the copy `a` of one of `owner`'s deliveries (I/O thread)."""
+        with owner.lock:
+            current = owner.core.publishable(a.token)
+        if not current:  # the original's channel closed since: the broker requeued it
+            owner.republished(gen, a.token, False)
+            return
+        ch = self.channel
+        if ch is None or not ch.is_open:
+            self.waiting.append((owner, gen, a))
+            return
+        if a.declare is not None:
+            # The core asks for one of its own queues to be declared first (the copy
+            # came back unroutable: e.g. the dead-letter queue did not exist yet).
+            name, args = a.declare
+            entry = (owner, gen, dataclasses.replace(a, declare=None))
+            self.declaring.append(entry)
+
+            def declared(_frame: Any) -> None:
+                if any(e is entry for e in self.declaring):
+                    self.declaring.remove(entry)
+                    self.publish(*entry)
+
+            ch.queue_declare(name, durable=True, arguments=args or None, callback=declared)
+            return
+        props, body = owner.original(a)
+        try:
+            copy = copy_properties(
+                None if a.minimal else props, a.set_headers, **copy_options(a, ch)
+            )
+            ch.basic_publish(a.exchange, a.routing_key, body, copy, mandatory=True)
+        except Exception as exc:  # never lose the I/O thread over one copy
+            why = f"{a.purpose} copy not publishable: {short(exc)}"
+            owner.log.error("%s: %s", owner.name, why)
+            owner.republish_failed(a.token, why)
+            return
+        self.seq += 1
+        self.pending[self.seq] = Pending(owner, gen, a.token, a.exchange, a.routing_key, body)
+
+    def _on_return(self, ch: Any, method: Any, props: Any, body: bytes) -> None:
+        exchange, rk = frames.text(method.exchange), frames.text(method.routing_key)
+        seq = returned_publish(self.pending, exchange, rk, body)
+        if seq is not None:
+            self.pending[seq].returned = True
+        log.warning(
+            "copy published to %r returned by the broker: %s (an ackkit queue is declared "
+            "again and the copy republished; otherwise the original is requeued)",
+            rk,
+            method.reply_text,
+        )
+
+    def _on_confirm(self, frame: Any) -> None:
+        m = frame.method
+        ok = isinstance(m, Basic.Ack)
+        tags = [s for s in self.pending if s <= m.delivery_tag] if m.multiple else [m.delivery_tag]
+        for s in tags:
+            p = self.pending.pop(s, None)
+            if p is not None:
+                p.owner.republished(p.gen, p.token, ok and not p.returned, p.returned)
+
+    def _on_closed(self, ch: Any, reason: BaseException) -> None:
+        if self.channel is not None and ch is not self.channel:
+            return  # an earlier channel's late callback
+        self.channel = None
+        conn = self.host.connection
+        if conn is None or not conn.is_open:
+            # The whole connection is going down (pika closes its channels in number
+            # order, maybe this one first): the listeners' channels are gone as well, so
+            # their deliveries are stale before the unconfirmed copies are reported.
+            self.host.channels_lost(reason)
+        pending, self.pending = self.pending, {}
+        declaring, self.declaring = self.declaring, []
+        for p in pending.values():
+            p.owner.republished(p.gen, p.token, False)
+        for owner, gen, a in declaring:
+            owner.republished(gen, a.token, False)
+        if not self.host.stopping and conn is not None and conn.is_open:
+            log.warning("publisher channel closed: %s; reopening", reason)
+            conn.ioloop.call_later(0.5, lambda: self._reopen(conn))
