@@ -142,6 +142,10 @@ class _Reader:
         if size > _NAME_MAX:
             self.note(key, f"not a name ({size} bytes, at most {_NAME_MAX})")
             return None
+        if any(ord(c) < 32 or ord(c) == 127 for c in value):
+            # ackkit refuses such queue names itself; shown escaped, never routed to
+            self.note(key, f"not a name (control characters): {_short_repr(value)}")
+            return None
         return value
 
     def int(self, key: str, value: Any) -> int | None:

@@ -129,6 +129,11 @@ class Engine:
             if bad_tls is not None:
                 raise FatalConnectError(bad_tls) from None
             raise ConnectFailed(mask_text(repr(exc)) + handshake_hint(exc, self.url)) from None
+        except (OSError, ValueError) as exc:
+            # pika's own connect workflow can raise these when the socket dies half-way
+            # (seen during a broker restart: "Expected connected socket, but getpeername()
+            # failed"): a failed attempt like any other, not a reason to stop the app.
+            raise ConnectFailed(mask_text(repr(exc))) from None
         try:
             self.declare(conn)
         except pika.exceptions.AMQPError as exc:
