@@ -19,15 +19,9 @@ from ._core.errors import (
 )
 from ._core.events import Event, Stage
 from ._core.policy import AckMode, FlushPolicy, Retry, RetryStrategy, Unsettled
+from ._dead_letters import DeadLetter, ReplayFilter, ReplayReport
 from ._delivery import Delivery
-from ._dlq import (
-    DeadLetter,
-    DeadLetterQueue,
-    ReplayFilter,
-    ReplayReport,
-    inspect_dead_letters,
-    replay_dead_letters,
-)
+from ._dlq import DeadLetterQueue, inspect_dead_letters, replay_dead_letters
 from ._handler import AckIndex
 from ._sync.app import App
 from ._sync.pull import PullConnection, connect

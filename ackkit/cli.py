@@ -134,7 +134,8 @@ def build_cli() -> typer.Typer:
     from rich.table import Table
     from rich.text import Text
 
-    from ._dlq import DeadLetterQueue, ReplayFilter, safe_error
+    from ._dead_letters import ReplayFilter
+    from ._dlq import DeadLetterQueue, safe_error
     from ._queues import SOURCES, QueueSourceError, list_queues
 
     out = Console()
