@@ -89,55 +89,88 @@ class FrameFilter:
     """The asyncio.StreamReader aiormq reads from, rewriting frames pamqp cannot decode.
 
     Implements what aiormq's frame receiver calls: readexactly(), read(), at_eof().
+    Method and content header frames on a channel are read whole and checked (most
+    pass by a cheap test, see `_check`); the payload of every other frame (bodies,
+    heartbeats, connection methods) is read straight from the socket's reader.
     """
 
     def __init__(self, reader: asyncio.StreamReader, reasons: Reasons) -> None:
         self._reader = reader
         self._reasons = reasons
-        self._buf = bytearray()
+        self._buf = b""  # the checked frame being handed out, from _pos on
+        self._pos = 0
+        self._through = 0  # bytes of the current frame still to read from the reader
         self._started = False
 
     def at_eof(self) -> bool:
-        return not self._buf and self._reader.at_eof()
+        return self._pos >= len(self._buf) and self._reader.at_eof()
 
     async def read(self, n: int = -1) -> bytes:
-        if self._buf:
-            out = bytes(self._buf if n < 0 else self._buf[:n])
-            del self._buf[: len(out)]
+        buf, pos = self._buf, self._pos
+        if pos < len(buf):
+            out = buf[pos:] if n < 0 else buf[pos : pos + n]
+            self._pos = pos + len(out)
             return out
-        return await self._reader.read(n)
+        out = await self._reader.read(n)
+        self._through = max(0, self._through - len(out))
+        return out
 
     async def readexactly(self, n: int) -> bytes:
-        while len(self._buf) < n:
-            try:
-                await self._next_frame()
-            except asyncio.IncompleteReadError as exc:
-                partial = bytes(self._buf) + exc.partial
-                self._buf.clear()
-                raise asyncio.IncompleteReadError(partial, n) from None
-        out = bytes(self._buf[:n])
-        del self._buf[:n]
-        return out
+        buf, pos = self._buf, self._pos
+        end = pos + n
+        if end <= len(buf):
+            self._pos = end
+            return buf if pos == 0 and end == len(buf) else buf[pos:end]
+        if pos >= len(buf) and n <= self._through:
+            self._through -= n
+            return await self._reader.readexactly(n)
+        return await self._gather(n)
+
+    async def _gather(self, n: int) -> bytes:
+        """readexactly(n) across frame boundaries (not aiormq's way of reading)."""
+        out = bytearray(self._buf[self._pos :])
+        self._buf, self._pos = b"", 0
+        try:
+            while len(out) < n:
+                need = n - len(out)
+                if self._through:
+                    k = min(need, self._through)
+                    out += await self._reader.readexactly(k)
+                    self._through -= k
+                else:
+                    await self._next_frame()
+                    k = min(need, len(self._buf))
+                    out += self._buf[:k]
+                    self._pos = k
+        except asyncio.IncompleteReadError as exc:
+            raise asyncio.IncompleteReadError(bytes(out) + exc.partial, n) from None
+        return bytes(out)
 
     async def _next_frame(self) -> None:
         head = await self._reader.readexactly(7)
+        self._buf, self._pos = head, 0
         if not self._started and head.startswith(b"AMQP"):  # the broker's protocol header
-            self._buf += head
             return
         self._started = True
-        ftype, channel, size = struct.unpack(">BHI", head)
+        ftype, channel, size = _FRAME_HEAD.unpack(head)
+        if not (channel and ftype in (FRAME_METHOD, FRAME_HEADER)):
+            self._through = size + 1
+            return
         rest = await self._reader.readexactly(size + 1)
-        if channel and ftype in (FRAME_METHOD, FRAME_HEADER):
-            fixed = self._check(ftype, channel, rest[:-1])
-            if fixed is not None:
-                self._buf += pamqp.frame.marshal(fixed, channel)
-                return
-        self._buf += head
-        self._buf += rest
+        fixed = self._check(ftype, channel, rest[:-1])
+        if fixed is not None:
+            self._buf = pamqp.frame.marshal(fixed, channel)
+        else:
+            self._buf = head + rest
 
     def _check(self, ftype: int, channel: int, payload: bytes) -> Any:
         """A replacement for a frame pamqp cannot decode, else None."""
         if ftype == FRAME_METHOD:
+            if payload.startswith(_BASIC_DELIVER):
+                tag = _ascii_delivery_tag(payload)
+                if tag is not None:  # every name decodes: nothing to rewrite
+                    self._reasons._last_tag[channel] = tag
+                    return None
             m = read_delivery_method(payload)
             if m is None:
                 return None
@@ -152,6 +185,8 @@ class FrameFilter:
             return spec.Basic.GetOk(
                 m.delivery_tag, m.redelivered, m.exchange, m.routing_key, m.message_count
             )
+        if _plain_header(payload):
+            return None
         try:
             ContentHeader().unmarshal(payload)
             return None
@@ -170,6 +205,53 @@ class FrameFilter:
         except Exception:
             props = spec.Basic.Properties()
         return ContentHeader(0, s.body_size, props)
+
+
+_FRAME_HEAD = struct.Struct(">BHI")
+_TAG = struct.Struct(">Q")
+_BASIC_DELIVER = b"\x00\x3c\x00\x3c"
+
+
+def _ascii_delivery_tag(payload: bytes) -> int | None:
+    """The delivery tag of a basic.deliver payload whose exchange and routing key are
+    ASCII (so `read_delivery_method` finds no problem); None: ask it."""
+    try:
+        pos = 5 + payload[4]  # after the consumer tag
+        (tag,) = _TAG.unpack_from(payload, pos)
+        pos += 9  # the tag and the redelivered bit
+        payload[pos + 1 + payload[pos]]  # the routing key's length is there to read
+    except (struct.error, IndexError):
+        return None
+    return int(tag) if payload[pos:].isascii() else None
+
+
+# Content header properties pamqp reads in flag order, and whether each is a shortstr
+# (else an octet): everything but headers (a table), timestamp and continued flags.
+_PLAIN_PROPERTIES = tuple(
+    (1 << bit, bit not in (12, 11)) for bit in (15, 14, 12, 11, 10, 9, 8, 7, 5, 4, 3, 2)
+)
+_NOT_PLAIN = 1 << 13 | 1 << 6 | 1  # headers, timestamp, more flags follow
+_plain_layouts: dict[int, tuple[bool, ...]] = {}
+
+
+def _plain_header(payload: bytes) -> bool:
+    """True when pamqp surely reads this content header: no headers table, no timestamp,
+    every property there to read (pamqp fails on a missing one) and the properties
+    all ASCII (every shortstr decodes). False means: ask pamqp."""
+    if len(payload) < 14 or not payload[14:].isascii():
+        return False
+    flags = payload[12] << 8 | payload[13]
+    layout = _plain_layouts.get(flags)
+    if layout is None:
+        if flags & _NOT_PLAIN:
+            return False
+        layout = _plain_layouts[flags] = tuple(s for bit, s in _PLAIN_PROPERTIES if flags & bit)
+    pos, size = 14, len(payload)
+    for is_str in layout:
+        if pos >= size:
+            return False
+        pos += 1 + payload[pos] if is_str else 1
+    return True
 
 
 class SafeTransportFactory(TransportFactory):
