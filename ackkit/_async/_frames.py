@@ -116,6 +116,11 @@ class FrameFilter:
         return out
 
     async def readexactly(self, n: int) -> bytes:
+        if self._pos >= len(self._buf) and not self._through:  # at a frame boundary
+            try:
+                await self._next_frame()
+            except asyncio.IncompleteReadError as exc:
+                raise asyncio.IncompleteReadError(exc.partial, n) from None
         buf, pos = self._buf, self._pos
         end = pos + n
         if end <= len(buf):
