@@ -56,10 +56,17 @@ class Reasons:
         self._by_tag[(channel, tag)] = f"{old}; {why}" if old else why
 
     def pop(self, channel: int, tag: int) -> str | None:
+        if not self._by_tag:  # the usual case: every delivery could be read
+            return None
         return self._by_tag.pop((channel, tag), None)
 
 
 _REASONS: weakref.WeakKeyDictionary[Any, Reasons] = weakref.WeakKeyDictionary()
+
+
+def reasons_of(connection: AbstractConnection | None) -> Reasons | None:
+    """The unreadable deliveries of `connection` (None: not read through a FrameFilter)."""
+    return _REASONS.get(connection) if connection is not None else None
 
 
 def unreadable(connection: AbstractConnection | None, channel: int, tag: int) -> str | None:

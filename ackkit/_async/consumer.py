@@ -112,6 +112,7 @@ class AsyncConsumer(ChannelSettler):
         self.batch_timer: asyncio.TimerHandle | None = None
         self.pool: ThreadPoolExecutor | None = None
         self._opening = False
+        self._reasons: frames.Reasons | None = None  # of the channel's connection
         self.failures = FailureLog(log)
         # metrics, tracing: None when off
         self.probe = instrument(spec, self.core) if instrument is not None else None
@@ -133,6 +134,7 @@ class AsyncConsumer(ChannelSettler):
                 return
             acts = self.core.channel_opened()
             self.channel = ch
+            self._reasons = frames.reasons_of(conn)
             ch.closing.add_done_callback(functools.partial(self._on_channel_closed, ch))
             if any(type(a) is TxSelect for a in acts):
                 await ch.tx_select()
@@ -211,7 +213,8 @@ class AsyncConsumer(ChannelSettler):
         exchange = dv.exchange or ""
         rk = dv.routing_key or ""
         redelivered = bool(dv.redelivered)
-        why = frames.unreadable(msg.channel.connection, msg.channel.number, dv.delivery_tag)
+        reasons = self._reasons
+        why = reasons.pop(msg.channel.number, dv.delivery_tag) if reasons is not None else None
         try:
             t = core.receive(
                 dv.delivery_tag,
