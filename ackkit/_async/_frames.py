@@ -237,19 +237,22 @@ def _ascii_delivery_tag(payload: bytes) -> int | None:
     return int(tag) if payload[pos:].isascii() else None
 
 
-# Content header properties pamqp reads in flag order, and whether each is a shortstr
-# (else an octet): everything but headers (a table), timestamp and continued flags.
+# Content header properties in the order pamqp reads them, by flag bit, and their kind:
+# everything but timestamp and continued flags (a headers table only when empty).
+_OCTET, _SHORTSTR, _TABLE = 0, 1, 2
 _PLAIN_PROPERTIES = tuple(
-    (1 << bit, bit not in (12, 11)) for bit in (15, 14, 12, 11, 10, 9, 8, 7, 5, 4, 3, 2)
+    (1 << bit, _TABLE if bit == 13 else _OCTET if bit in (12, 11) else _SHORTSTR)
+    for bit in (15, 14, 13, 12, 11, 10, 9, 8, 7, 5, 4, 3, 2)
 )
-_NOT_PLAIN = 1 << 13 | 1 << 6 | 1  # headers, timestamp, more flags follow
-_plain_layouts: dict[int, tuple[bool, ...]] = {}
+_NOT_PLAIN = 1 << 6 | 1  # timestamp, more flags follow
+_EMPTY_TABLE = b"\x00\x00\x00\x00"
+_plain_layouts: dict[int, tuple[int, ...]] = {}
 
 
 def _plain_header(payload: bytes) -> bool:
-    """True when pamqp surely reads this content header: no headers table, no timestamp,
-    every property there to read (pamqp fails on a missing one) and the properties
-    all ASCII (every shortstr decodes). False means: ask pamqp."""
+    """True when pamqp surely reads this content header: no timestamp, an empty headers
+    table if any, every property there to read (pamqp fails on a missing one) and the
+    properties all ASCII (every shortstr decodes). False means: ask pamqp."""
     if len(payload) < 14 or not payload[14:].isascii():
         return False
     flags = payload[12] << 8 | payload[13]
@@ -257,12 +260,19 @@ def _plain_header(payload: bytes) -> bool:
     if layout is None:
         if flags & _NOT_PLAIN:
             return False
-        layout = _plain_layouts[flags] = tuple(s for bit, s in _PLAIN_PROPERTIES if flags & bit)
+        layout = _plain_layouts[flags] = tuple(k for bit, k in _PLAIN_PROPERTIES if flags & bit)
     pos, size = 14, len(payload)
-    for is_str in layout:
+    for kind in layout:
         if pos >= size:
             return False
-        pos += 1 + payload[pos] if is_str else 1
+        if kind == _SHORTSTR:
+            pos += 1 + payload[pos]
+        elif kind == _OCTET:
+            pos += 1
+        elif payload[pos : pos + 4] == _EMPTY_TABLE:
+            pos += 4
+        else:
+            return False  # a table with fields in it: pamqp decides
     return True
 
 

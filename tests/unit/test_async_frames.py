@@ -46,6 +46,8 @@ def headers(draw: st.DrawFn) -> bytes:
             props[octet] = draw(st.integers(0, 255))
     if draw(st.booleans()):
         props["timestamp"] = draw(st.integers(0, 2**64 - 1))
+    if draw(st.booleans()):
+        props["headers"] = draw(st.sampled_from([{}, {"a": 1}, {"k": "v"}]))
     size = draw(st.integers(0, 2**64 - 1))
     payload = struct.pack(">HHQ", 60, 0, size) + encode_properties(props)
     cut = draw(st.integers(0, len(payload)))
@@ -72,6 +74,10 @@ def test_plain_headers_take_the_cheap_path_and_others_do_not() -> None:
     plain = size + encode_properties({"delivery_mode": 2, "message_id": "m-1"})
     assert aframes._plain_header(plain) and pamqp_reads(plain)
     assert aframes._plain_header(plain[:-1]) and pamqp_reads(plain[:-1])  # pamqp is lenient
+    aio_pika_default = size + encode_properties(
+        {"headers": {}, "delivery_mode": 2, "priority": 0, "cluster_id": ""}
+    )
+    assert aframes._plain_header(aio_pika_default) and pamqp_reads(aio_pika_default)
     for other in (
         size + encode_properties({"message_id": b"\xff"}),  # pamqp fails: not UTF-8
         size + encode_properties({"headers": {"a": 1}}),  # a table: pamqp decides
