@@ -56,10 +56,17 @@ class Reasons:
         self._by_tag[(channel, tag)] = f"{old}; {why}" if old else why
 
     def pop(self, channel: int, tag: int) -> str | None:
+        if not self._by_tag:  # the usual case: every delivery could be read
+            return None
         return self._by_tag.pop((channel, tag), None)
 
 
 _REASONS: weakref.WeakKeyDictionary[Any, Reasons] = weakref.WeakKeyDictionary()
+
+
+def reasons_of(connection: AbstractConnection | None) -> Reasons | None:
+    """The unreadable deliveries of `connection` (None: not read through a FrameFilter)."""
+    return _REASONS.get(connection) if connection is not None else None
 
 
 def unreadable(connection: AbstractConnection | None, channel: int, tag: int) -> str | None:
@@ -89,55 +96,93 @@ class FrameFilter:
     """The asyncio.StreamReader aiormq reads from, rewriting frames pamqp cannot decode.
 
     Implements what aiormq's frame receiver calls: readexactly(), read(), at_eof().
+    Method and content header frames on a channel are read whole and checked (most
+    pass by a cheap test, see `_check`); the payload of every other frame (bodies,
+    heartbeats, connection methods) is read straight from the socket's reader.
     """
 
     def __init__(self, reader: asyncio.StreamReader, reasons: Reasons) -> None:
         self._reader = reader
         self._reasons = reasons
-        self._buf = bytearray()
+        self._buf = b""  # the checked frame being handed out, from _pos on
+        self._pos = 0
+        self._through = 0  # bytes of the current frame still to read from the reader
         self._started = False
 
     def at_eof(self) -> bool:
-        return not self._buf and self._reader.at_eof()
+        return self._pos >= len(self._buf) and self._reader.at_eof()
 
     async def read(self, n: int = -1) -> bytes:
-        if self._buf:
-            out = bytes(self._buf if n < 0 else self._buf[:n])
-            del self._buf[: len(out)]
+        buf, pos = self._buf, self._pos
+        if pos < len(buf):
+            out = buf[pos:] if n < 0 else buf[pos : pos + n]
+            self._pos = pos + len(out)
             return out
-        return await self._reader.read(n)
+        out = await self._reader.read(n)
+        self._through = max(0, self._through - len(out))
+        return out
 
     async def readexactly(self, n: int) -> bytes:
-        while len(self._buf) < n:
+        if self._pos >= len(self._buf) and not self._through:  # at a frame boundary
             try:
                 await self._next_frame()
             except asyncio.IncompleteReadError as exc:
-                partial = bytes(self._buf) + exc.partial
-                self._buf.clear()
-                raise asyncio.IncompleteReadError(partial, n) from None
-        out = bytes(self._buf[:n])
-        del self._buf[:n]
-        return out
+                raise asyncio.IncompleteReadError(exc.partial, n) from None
+        buf, pos = self._buf, self._pos
+        end = pos + n
+        if end <= len(buf):
+            self._pos = end
+            return buf if pos == 0 and end == len(buf) else buf[pos:end]
+        if pos >= len(buf) and n <= self._through:
+            self._through -= n
+            return await self._reader.readexactly(n)
+        return await self._gather(n)
+
+    async def _gather(self, n: int) -> bytes:
+        """readexactly(n) across frame boundaries (not aiormq's way of reading)."""
+        out = bytearray(self._buf[self._pos :])
+        self._buf, self._pos = b"", 0
+        try:
+            while len(out) < n:
+                need = n - len(out)
+                if self._through:
+                    k = min(need, self._through)
+                    out += await self._reader.readexactly(k)
+                    self._through -= k
+                else:
+                    await self._next_frame()
+                    k = min(need, len(self._buf))
+                    out += self._buf[:k]
+                    self._pos = k
+        except asyncio.IncompleteReadError as exc:
+            raise asyncio.IncompleteReadError(bytes(out) + exc.partial, n) from None
+        return bytes(out)
 
     async def _next_frame(self) -> None:
         head = await self._reader.readexactly(7)
+        self._buf, self._pos = head, 0
         if not self._started and head.startswith(b"AMQP"):  # the broker's protocol header
-            self._buf += head
             return
         self._started = True
-        ftype, channel, size = struct.unpack(">BHI", head)
+        ftype, channel, size = _FRAME_HEAD.unpack(head)
+        if not (channel and ftype in (FRAME_METHOD, FRAME_HEADER)):
+            self._through = size + 1
+            return
         rest = await self._reader.readexactly(size + 1)
-        if channel and ftype in (FRAME_METHOD, FRAME_HEADER):
-            fixed = self._check(ftype, channel, rest[:-1])
-            if fixed is not None:
-                self._buf += pamqp.frame.marshal(fixed, channel)
-                return
-        self._buf += head
-        self._buf += rest
+        fixed = self._check(ftype, channel, rest[:-1])
+        if fixed is not None:
+            self._buf = pamqp.frame.marshal(fixed, channel)
+        else:
+            self._buf = head + rest
 
     def _check(self, ftype: int, channel: int, payload: bytes) -> Any:
         """A replacement for a frame pamqp cannot decode, else None."""
         if ftype == FRAME_METHOD:
+            if payload.startswith(_BASIC_DELIVER):
+                tag = _ascii_delivery_tag(payload)
+                if tag is not None:  # every name decodes: nothing to rewrite
+                    self._reasons._last_tag[channel] = tag
+                    return None
             m = read_delivery_method(payload)
             if m is None:
                 return None
@@ -152,6 +197,8 @@ class FrameFilter:
             return spec.Basic.GetOk(
                 m.delivery_tag, m.redelivered, m.exchange, m.routing_key, m.message_count
             )
+        if _plain_header(payload):
+            return None
         try:
             ContentHeader().unmarshal(payload)
             return None
@@ -170,6 +217,63 @@ class FrameFilter:
         except Exception:
             props = spec.Basic.Properties()
         return ContentHeader(0, s.body_size, props)
+
+
+_FRAME_HEAD = struct.Struct(">BHI")
+_TAG = struct.Struct(">Q")
+_BASIC_DELIVER = b"\x00\x3c\x00\x3c"
+
+
+def _ascii_delivery_tag(payload: bytes) -> int | None:
+    """The delivery tag of a basic.deliver payload whose exchange and routing key are
+    ASCII (so `read_delivery_method` finds no problem); None: ask it."""
+    try:
+        pos = 5 + payload[4]  # after the consumer tag
+        (tag,) = _TAG.unpack_from(payload, pos)
+        pos += 9  # the tag and the redelivered bit
+        payload[pos + 1 + payload[pos]]  # the routing key's length is there to read
+    except (struct.error, IndexError):
+        return None
+    return int(tag) if payload[pos:].isascii() else None
+
+
+# Content header properties in the order pamqp reads them, by flag bit, and their kind:
+# everything but timestamp and continued flags (a headers table only when empty).
+_OCTET, _SHORTSTR, _TABLE = 0, 1, 2
+_PLAIN_PROPERTIES = tuple(
+    (1 << bit, _TABLE if bit == 13 else _OCTET if bit in (12, 11) else _SHORTSTR)
+    for bit in (15, 14, 13, 12, 11, 10, 9, 8, 7, 5, 4, 3, 2)
+)
+_NOT_PLAIN = 1 << 6 | 1  # timestamp, more flags follow
+_EMPTY_TABLE = b"\x00\x00\x00\x00"
+_plain_layouts: dict[int, tuple[int, ...]] = {}
+
+
+def _plain_header(payload: bytes) -> bool:
+    """True when pamqp surely reads this content header: no timestamp, an empty headers
+    table if any, every property there to read (pamqp fails on a missing one) and the
+    properties all ASCII (every shortstr decodes). False means: ask pamqp."""
+    if len(payload) < 14 or not payload[14:].isascii():
+        return False
+    flags = payload[12] << 8 | payload[13]
+    layout = _plain_layouts.get(flags)
+    if layout is None:
+        if flags & _NOT_PLAIN:
+            return False
+        layout = _plain_layouts[flags] = tuple(k for bit, k in _PLAIN_PROPERTIES if flags & bit)
+    pos, size = 14, len(payload)
+    for kind in layout:
+        if pos >= size:
+            return False
+        if kind == _SHORTSTR:
+            pos += 1 + payload[pos]
+        elif kind == _OCTET:
+            pos += 1
+        elif payload[pos : pos + 4] == _EMPTY_TABLE:
+            pos += 4
+        else:
+            return False  # a table with fields in it: pamqp decides
+    return True
 
 
 class SafeTransportFactory(TransportFactory):

@@ -15,7 +15,7 @@ from typing import Any
 from .._handler import Binding, annotated
 from .._spec import AppBase
 from .delivery import AsyncDelivery
-from .runtime import AsyncRuntime
+from .runtime import AsyncRuntime, RuntimeSettings
 
 log = logging.getLogger("ackkit")
 
@@ -76,7 +76,12 @@ class AsyncApp(AppBase):
         if not self.specs:
             raise RuntimeError("AsyncApp has no listeners: register one with @app.listener(...)")
         self._stop_request = asyncio.Event()
-        rt = AsyncRuntime(self)
+        rt = AsyncRuntime(
+            RuntimeSettings.of(self),
+            self.specs,
+            observer=self._observer(),
+            instrument=self._instrument,
+        )
         self._runtime = rt
         try:
             await rt.start()
@@ -155,4 +160,4 @@ class AsyncApp(AppBase):
         rt = self._runtime
         if rt is None:
             return {}
-        return {c.spec.name: c.core.counters.snapshot() for c in rt.consumers}
+        return rt.stats()

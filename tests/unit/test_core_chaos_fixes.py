@@ -360,7 +360,7 @@ def test_sync_runtime_ignores_a_queued_callback_after_the_flush() -> None:
 def test_async_runtime_sends_frames_in_decision_order() -> None:
     """The same race on asyncio: a task's straggler ack waits for room in aiormq's write
     queue while a later task's multiple-ack goes out first."""
-    from ackkit._async.runtime import AsyncConsumer
+    from ackkit._async.consumer import AsyncConsumer
 
     app = AsyncApp("amqp://guest:guest@localhost:1/%2f")
 

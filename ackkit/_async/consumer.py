@@ -1,0 +1,374 @@
+"""AsyncConsumer: one listener's deliveries on its own aiormq channel, from arrival to settle.
+
+Every decision comes from the listener's `ListenerCore`; this module only
+carries the actions out on the channel (aio-pika's transport, aiormq):
+
+* Deliveries arrive through `basic_consume` on the listener's own channel.
+  aiormq already runs each consumer callback as a task of that channel, so a
+  delivery costs no extra task here: the callback runs the handler itself when
+  a concurrency slot is free, else parks the delivery in a backlog that the
+  running callbacks work off in delivery order.
+* Tags are fenced by channel generation: every action list is executed only if
+  the core's generation is still the one it was decided for and the channel
+  object is the one of that generation; the check is repeated after every
+  await. Channel numbers are never reused on a connection (`ChannelNumbers`),
+  so a frame queued for a closed channel cannot reach its successor.
+* Frames leave in the order the core decided them (`ChannelSettler`).
+* Handlers complete out of order with `max_concurrency` > 1. The core's window
+  then acks the contiguous settled prefix with one multiple-ack and, at flush
+  time (count, `tick()` interval, drain), acks stragglers behind an unfinished
+  delivery one by one: a multiple-ack never covers a delivery still in a
+  handler, and acked work is not held back by one slow handler.
+* A lost channel cancels the handler tasks of its deliveries (aiormq cancels a
+  channel's tasks on close): the broker has requeued those deliveries and
+  their outcome could no longer be acknowledged anyway. Cancellation is never
+  a failure: the delivery is released (requeued), not retried or dead-lettered.
+
+The consumer sees the runtime that owns it only through `ConsumerHost`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import traceback
+from collections import deque
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+import aiormq.exceptions
+from aiormq.abc import AbstractChannel, AbstractConnection, DeliveredMessage
+
+from .._core.actions import Action, TxSelect
+from .._core.events import Observer
+from .._core.listener import ListenerCore
+from .._core.outcome import Outcome
+from .._core.policy import AckMode
+from .._delivery import Delivery
+from .._invocation import Invocation
+from .._logs import FailureLog, short
+from .._spec import Instrument, ListenerSpec
+from .._wire import describe
+from . import _frames as frames
+from ._amqp import CHANNEL_GONE, ChannelNumbers
+from .delivery import AsyncDelivery
+from .settling import ChannelSettler, SettlerHost
+
+log = logging.getLogger("ackkit")
+CANCEL_TIMEOUT = 5.0
+CHANNEL_REOPEN_DELAY = 1.0
+
+Unit = Delivery | list[Delivery]
+"""What one handler invocation gets: a delivery, or a batch of them."""
+
+
+class ConsumerHost(SettlerHost, Protocol):
+    """What an AsyncConsumer needs from the runtime that owns it."""
+
+    @property
+    def stopping(self) -> bool: ...
+    @property
+    def amqp(self) -> AbstractConnection | None: ...
+    @property
+    def numbers(self) -> ChannelNumbers: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]: ...
+    def fail(self, exc: BaseException, what: str) -> None: ...
+    async def pause(self, delay: float) -> bool: ...
+
+
+class AsyncConsumer(ChannelSettler):
+    """One listener on one channel (re-opened as a new generation after a loss).
+
+    Its deliveries settle through the `ChannelSettler` it is: `await d.ack()` in
+    async handlers, a blocking `d.ack()` in `def` handlers on its thread pool.
+    """
+
+    def __init__(
+        self,
+        rt: ConsumerHost,
+        spec: ListenerSpec,
+        observer: Observer | None,
+        instrument: Instrument | None = None,
+    ) -> None:
+        super().__init__(rt, spec.name, ListenerCore(spec.policy, observer=observer))
+        self.rt: ConsumerHost = rt
+        self.spec = spec
+        self.binding = spec.binding
+        self.is_async = spec.binding.is_async
+        self.delivery_cls = AsyncDelivery if self.is_async else Delivery
+        self.no_ack = spec.policy.mode is AckMode.NONE
+        self.queue = spec.queue
+        self.limit = spec.concurrency
+        self.consumer_tag: str | None = None
+        self.running = 0
+        self.backlog: deque[Unit] = deque()
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.batch_size = spec.batch_size or 0
+        self.batch_buf: list[Delivery] = []
+        self.batch_timer: asyncio.TimerHandle | None = None
+        self.pool: ThreadPoolExecutor | None = None
+        self._opening = False
+        self._reasons: frames.Reasons | None = None  # of the channel's connection
+        self.failures = FailureLog(log)
+        # metrics, tracing: None when off
+        self.probe = instrument(spec, self.core) if instrument is not None else None
+        if not self.is_async:
+            self.pool = ThreadPoolExecutor(
+                max_workers=spec.concurrency, thread_name_prefix=f"ackkit-{spec.name}"
+            )
+
+    # -- channel lifecycle -------------------------------------------------------
+
+    async def open(self, conn: AbstractConnection, numbers: ChannelNumbers) -> None:
+        if self._opening or (self.channel is not None and not self.channel.is_closed):
+            return
+        self._opening = True
+        try:
+            ch = await conn.channel(numbers.take(), publisher_confirms=False)
+            if self.rt.stopping:
+                await ch.close()
+                return
+            acts = self.core.channel_opened()
+            self.channel = ch
+            self._reasons = frames.reasons_of(conn)
+            ch.closing.add_done_callback(functools.partial(self._on_channel_closed, ch))
+            if any(type(a) is TxSelect for a in acts):
+                await ch.tx_select()
+            await ch.basic_qos(prefetch_count=self.spec.policy.prefetch)
+            ok = await ch.basic_consume(self.queue, self._on_message, no_ack=self.no_ack)
+            self.consumer_tag = ok.consumer_tag
+        finally:
+            self._opening = False
+
+    def _on_channel_closed(self, ch: AbstractChannel, fut: asyncio.Future[Any]) -> None:
+        reason = None if fut.cancelled() else fut.exception()
+        if ch is not self.channel:
+            return
+        self.lost(reason)
+        conn = self.rt.amqp
+        if not self.rt.stopping and conn is not None and not conn.is_closed:
+            if isinstance(reason, aiormq.exceptions.ChannelClosed):
+                log.error("%s: channel closed by the broker: %s", self.spec.name, short(reason))
+            self.rt.spawn(self._reopen_later(conn))
+
+    def lost(self, reason: BaseException | None) -> None:
+        """The channel is gone: its tags are stale, its unstarted deliveries too."""
+        if self.channel is None:
+            return
+        lost = self.core.channel_closed()
+        self.channel = None
+        self.consumer_tag = None
+        self.backlog.clear()  # their tags died with the channel; the broker requeued them
+        self.batch_buf = []
+        if self.batch_timer is not None:
+            self.batch_timer.cancel()
+            self.batch_timer = None
+        if lost:
+            log.info(
+                "%s: channel closed with %d deliveries unsettled (broker requeues them)",
+                self.spec.name,
+                lost,
+            )
+
+    async def _reopen_later(self, conn: AbstractConnection) -> None:
+        await asyncio.sleep(CHANNEL_REOPEN_DELAY)
+        if self.rt.stopping or self.rt.amqp is not conn or conn.is_closed:
+            return
+        try:
+            await self.open(conn, self.rt.numbers)
+        except (TimeoutError, *CHANNEL_GONE) as exc:
+            log.warning("%s: reopening the channel failed: %s", self.spec.name, short(exc))
+            if self.channel is None:
+                self.rt.spawn(self._reopen_later(conn))
+
+    async def cancel(self) -> None:
+        ch, tag = self.channel, self.consumer_tag
+        if ch is None or ch.is_closed or tag is None:
+            return
+        with contextlib.suppress(*CHANNEL_GONE, TimeoutError):
+            await ch.basic_cancel(tag, timeout=CANCEL_TIMEOUT)
+        self.consumer_tag = None
+
+    # -- deliveries ----------------------------------------------------------------
+
+    async def _on_message(self, msg: DeliveredMessage) -> None:
+        """aiormq's consumer callback (already a task of the channel)."""
+        try:
+            await self._deliver(msg)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # a bug of ours: stop visibly, never a silent zombie
+            self.rt.fail(exc, f"{self.spec.name}: delivery task failed")
+
+    async def _deliver(self, msg: DeliveredMessage) -> None:
+        if msg.channel is not self.channel:
+            return  # a late delivery of a closed channel: the broker requeued it
+        dv: Any = msg.delivery
+        props = msg.header.properties
+        core = self.core
+        exchange = dv.exchange or ""
+        rk = dv.routing_key or ""
+        redelivered = bool(dv.redelivered)
+        reasons = self._reasons
+        why = reasons.pop(msg.channel.number, dv.delivery_tag) if reasons is not None else None
+        try:
+            t = core.receive(
+                dv.delivery_tag,
+                redelivered,
+                None if why else props.headers,
+                exchange,
+                rk,
+                None if why else props.message_id,
+                unreadable=why,
+            )
+        except Exception as exc:  # never let one delivery stop the queue
+            why = f"receiving it failed: {describe(exc)}"
+            t = core.receive(dv.delivery_tag, redelivered, None, exchange, rk, unreadable=why)
+        d = self.delivery_cls(
+            msg.body,
+            props,
+            t,
+            self,
+            exchange=exchange,
+            routing_key=rk,
+            redelivered=redelivered,
+            queue=self.queue,
+            decoder=self.binding.decoder,
+        )
+        if t.verdict is not None:
+            await self.execute(t.generation, t.verdict)
+            return
+        if self.rt.stopping:
+            await self.release([d])
+            return
+        unit: Unit = d
+        if self.batch_size:
+            batch = self._batch_add(d)
+            if batch is None:
+                return
+            unit = batch
+        if self.running >= self.limit:
+            self.backlog.append(unit)
+            return
+        await self._run(unit)
+
+    async def _run(self, unit: Unit) -> None:
+        """Run a handler for `unit`, then for backlog items while there are any."""
+        self.running += 1
+        task = asyncio.current_task(self.rt.loop)
+        if task is not None:
+            self.tasks.add(task)
+        try:
+            while True:
+                await self._handle(unit if isinstance(unit, list) else [unit])
+                if not self.backlog or self.rt.stopping:
+                    return
+                unit = self.backlog.popleft()
+        finally:
+            self.running -= 1
+            if task is not None:
+                self.tasks.discard(task)
+
+    async def _handle(self, ds: list[Delivery]) -> None:
+        """Run the handler for `ds` (one delivery, or a batch) until the core is done with it."""
+        inv = Invocation(self.binding, ds)
+        try:
+            while True:
+                out = await self._attempt(inv)
+                if not out.rerun:
+                    return
+                inv = inv.again(out.rerun)
+                if await self.rt.pause(out.delay):  # stopping during the backoff
+                    await self.release(inv.deliveries)
+                    return
+        except asyncio.CancelledError:  # shutdown or a lost channel: requeue, not a failure
+            await self.release(inv.deliveries)
+            raise
+
+    async def _attempt(self, inv: Invocation) -> Outcome:
+        """Call the handler once, then carry out what the core makes of it."""
+        b = self.binding
+        result: object = None
+        exc: BaseException | None = None
+        tb = None
+        ds = inv.deliveries
+        done = self.probe(ds) if self.probe is not None and ds else None
+        try:
+            if not ds:
+                pass
+            elif self.is_async:
+                result = await b.fn(*inv.args())
+            else:
+                result = await self.rt.loop.run_in_executor(self.pool, _call, b.fn, inv.args)
+        except asyncio.CancelledError as e:  # released by _handle, not a failure
+            if done is not None:
+                done(e)
+            raise
+        except BaseException as e:  # SystemExit and KeyboardInterrupt too: settled, then stop
+            exc = e
+            tb = traceback.format_exc()
+            self.failures.failed(self.spec.name, inv, e)  # before the core moves attempt
+        if done is not None:
+            done(exc)
+        core = self.core
+        out = inv.outcome(core, result, exc, tb)
+        if out.actions:
+            await self.execute(core.generation, out.actions)
+        if out.stop is not None:
+            self.rt.fail(out.stop, f"{self.spec.name}: handler raised {type(out.stop).__name__}")
+        return out
+
+    def _batch_add(self, d: Delivery) -> list[Delivery] | None:
+        buf = self.batch_buf
+        buf.append(d)
+        if len(buf) >= self.batch_size:
+            self.batch_buf = []
+            if self.batch_timer is not None:
+                self.batch_timer.cancel()
+                self.batch_timer = None
+            return buf
+        if len(buf) == 1:
+            self.batch_timer = self.rt.loop.call_later(self.spec.batch_timeout, self._batch_due)
+        return None
+
+    def _batch_due(self) -> None:
+        self.batch_timer = None
+        buf, self.batch_buf = self.batch_buf, []
+        if not buf:
+            return
+        if self.rt.stopping:
+            self.rt.spawn(self.release(buf))
+        elif self.running >= self.limit:
+            self.backlog.append(buf)
+        else:
+            self.rt.spawn(self._run(buf))
+
+    async def release(self, ds: list[Delivery]) -> None:
+        """Requeue deliveries whose handler never ran to the end (shutdown)."""
+        core = self.core
+        acts: list[Action] = []
+        for d in ds:
+            acts.extend(core.release(d.tracked))
+        if acts:
+            await self.execute(core.generation, acts)
+
+    async def release_unstarted(self) -> None:
+        units = list(self.backlog)
+        self.backlog.clear()
+        if self.batch_buf:
+            units.append(self.batch_buf)
+            self.batch_buf = []
+        if self.batch_timer is not None:
+            self.batch_timer.cancel()
+            self.batch_timer = None
+        ds = [d for u in units for d in (u if isinstance(u, list) else [u])]
+        if ds:
+            await self.release(ds)
+
+
+def _call(fn: Any, args: Any) -> Any:
+    return fn(*args())

@@ -1,0 +1,105 @@
+"""AsyncPublisher: the confirm-mode channel that publishes the copies listeners' cores ask for.
+
+A copy (retry delay, dead letter) is published on its own task; whether it was
+confirmed, returned or not publishable at all goes back to the listener's core
+(`ListenerCore.republished`), which decides how its original is settled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from typing import Protocol
+
+from aiormq.abc import AbstractChannel, AbstractConnection
+
+from .._core.actions import Republish
+from .._logs import short
+from ._amqp import CHANNEL_GONE, ChannelNumbers, publish_copy
+from .settling import ChannelSettler
+
+log = logging.getLogger("ackkit")
+
+
+class PublisherHost(Protocol):
+    """What an AsyncPublisher needs from the runtime that owns it: its connection."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+    @property
+    def amqp(self) -> AbstractConnection | None: ...
+    @property
+    def numbers(self) -> ChannelNumbers: ...
+
+
+class AsyncPublisher:
+    """A confirm-mode channel for republishes (retry delays, dead letters)."""
+
+    def __init__(self, rt: PublisherHost) -> None:
+        self.rt = rt
+        self.channel: AbstractChannel | None = None
+        self.lock = asyncio.Lock()
+        self.pending: set[asyncio.Task[None]] = set()
+        self.declaring: dict[str, asyncio.Future[None]] = {}
+
+    def submit(self, c: ChannelSettler, a: Republish) -> None:
+        task = self.rt.loop.create_task(self._publish(c, a))
+        self.pending.add(task)
+        task.add_done_callback(self.pending.discard)
+
+    async def _channel(self) -> AbstractChannel:
+        async with self.lock:
+            ch = self.channel
+            if ch is None or ch.is_closed:
+                conn = self.rt.amqp
+                if conn is None or conn.is_closed:
+                    raise ConnectionError("not connected")
+                ch = await conn.channel(self.rt.numbers.take(), publisher_confirms=True)
+                self.channel = ch
+            return ch
+
+    async def _publish(self, c: ChannelSettler, a: Republish) -> None:
+        ok = unroutable = False
+        error: str | None = None
+        try:
+            ch = await self._channel()
+            if a.declare is not None:
+                a = await self._declare(ch, a)
+            else:
+                pending = self.declaring.get(a.routing_key)
+                if pending is not None:  # its queue is being declared: publish after that
+                    await asyncio.shield(pending)
+            if c.core.publishable(a.token):  # else its channel closed while we waited
+                ok, unroutable, error = await publish_copy(ch, a)
+        except (TimeoutError, *CHANNEL_GONE) as exc:
+            log.warning("republish to %r failed: %s", a.routing_key, short(exc))
+        except Exception as exc:  # the original must still be settled
+            log.exception("republish to %r failed", a.routing_key)
+            error = f"{a.purpose} copy not publishable: {short(exc)}"
+        core = c.core
+        acts = core.republished(a.token, ok, unroutable=unroutable, error=error)
+        if acts:
+            await c.execute(core.generation, acts)
+
+    async def _declare(self, ch: AbstractChannel, a: Republish) -> Republish:
+        """Declare the queue a Republish asks for, once at a time per queue; publishes
+        to it wait for that declare (frames of concurrent tasks are not ordered)."""
+        assert a.declare is not None
+        name, args = a.declare
+        pending = self.declaring.get(name)
+        if pending is not None:
+            await asyncio.shield(pending)
+            return dataclasses.replace(a, declare=None)
+        done = self.declaring[name] = self.rt.loop.create_future()
+        try:
+            await ch.queue_declare(name, durable=True, arguments=args or None)
+        finally:
+            done.set_result(None)
+            if self.declaring.get(name) is done:
+                del self.declaring[name]
+        return dataclasses.replace(a, declare=None)
+
+    async def wait(self, timeout: float) -> None:
+        if self.pending:
+            await asyncio.wait(set(self.pending), timeout=timeout)

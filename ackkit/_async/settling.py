@@ -1,0 +1,138 @@
+"""ChannelSettler: a listener core's actions carried out on its channel, in decision order.
+
+The listener's `ListenerCore` decides every ack, nack, reject, copy and
+transaction frame; `ChannelSettler` (the settling half of `AsyncConsumer`)
+only sends them:
+
+* on the channel of the generation they were decided for, or not at all: a
+  delivery tag is channel-scoped, and a stale one closes the new channel with
+  PRECONDITION_FAILED. The check is repeated before every frame, since each
+  send may await;
+* one action list at a time, in the order the core decided them (the
+  `settling` lock, FIFO): a straggler's single ack overtaken by a later
+  multiple-ack that covers it would be an unknown delivery tag.
+
+Copies (`Republish`) go to the runtime's confirm publisher, which reports
+back to the core (`ListenerCore.republished`) and settles through `execute`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Protocol, cast
+
+from aiormq.abc import AbstractChannel
+
+from .._core.actions import Action, Republish, TxCommit, TxSelect
+from .._core.listener import ListenerCore
+from .._delivery import Delivery
+from .._logs import short
+from ._amqp import CHANNEL_GONE, send_settles
+
+log = logging.getLogger("ackkit")
+
+
+class Republisher(Protocol):
+    """Publishes the copies a listener's core asks for (retry delays, dead letters)."""
+
+    def submit(self, c: ChannelSettler, a: Republish) -> None: ...
+
+
+class SettlerHost(Protocol):
+    """What a ChannelSettler needs from the runtime: its loop and its copy publisher."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+    @property
+    def publisher(self) -> Republisher: ...
+
+
+class ChannelSettler:
+    """Carries out one listener core's actions on the listener's current channel.
+
+    Implements both settler protocols: `asettle` for AsyncDelivery (async
+    handlers), `settle` for the plain Delivery of a `def` handler running in
+    a thread pool (it hands the settle to the loop and waits).
+    """
+
+    def __init__(self, rt: SettlerHost, name: str, core: ListenerCore) -> None:
+        self.rt = rt
+        self.name = name
+        self.core = core
+        self.channel: AbstractChannel | None = None
+        # Settle frames leave in the order the core decided them (asyncio.Lock is FIFO and
+        # every caller enters execute() right after deciding, without awaiting in between).
+        self.settling = asyncio.Lock()
+
+    async def execute(self, gen: int, acts: list[Action]) -> None:
+        """Carry out actions on the channel of generation `gen`, or drop them.
+
+        One at a time, in decision order: a straggler's single ack overtaken (while it
+        waits for room in the connection's write queue) by a later multiple-ack that
+        covers it is an unknown delivery tag, and the broker closes the channel.
+        """
+        async with self.settling:
+            await self._execute(gen, acts)
+
+    async def _execute(self, gen: int, acts: list[Action]) -> None:
+        core = self.core
+        ch = self.channel
+        for a in acts:
+            if ch is None or ch is not self.channel or ch.is_closed or gen != core.generation:
+                if any(type(x) is not Republish for x in acts):
+                    log.info(
+                        "%s: dropped %d settle actions for a closed channel",
+                        self.name,
+                        len(acts),
+                    )
+                return
+            ta = type(a)
+            try:
+                if ta is Republish:
+                    self.rt.publisher.submit(self, cast(Republish, a))
+                elif ta is TxCommit:
+                    await ch.tx_commit()
+                elif ta is TxSelect:
+                    await ch.tx_select()
+                else:
+                    await send_settles(ch, (a,))
+            except CHANNEL_GONE as exc:
+                log.info("%s: channel lost while settling: %s", self.name, short(exc))
+                return
+
+    async def asettle(self, delivery: Delivery, kind: str, requeue: bool, multiple: bool) -> None:
+        """`await AsyncDelivery.ack()/nack()/reject()` (AsyncSettler protocol)."""
+        core = self.core
+        acts = core.settle(delivery.tracked, kind, requeue=requeue, multiple=multiple)
+        if acts:
+            await self.execute(core.generation, acts)
+
+    def settle(self, delivery: Delivery, kind: str, requeue: bool, multiple: bool) -> None:
+        """`Delivery.ack()` from a `def` handler in the thread pool (Settler protocol)."""
+        loop = self.rt.loop
+        try:
+            current = asyncio.get_running_loop()
+        except RuntimeError:
+            current = None
+        if current is loop:
+            raise RuntimeError(
+                "a blocking Delivery.ack() on the event loop would deadlock; "
+                "async handlers get an AsyncDelivery: use `await delivery.ack()`"
+            )
+        coro = self.asettle(delivery, kind, requeue, multiple)
+        asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+    async def tick(self) -> None:
+        core = self.core
+        if self.channel is None or not core.open:
+            return
+        acts = core.tick()
+        if acts:
+            await self.execute(core.generation, acts)
+
+    async def drain(self) -> None:
+        core = self.core
+        acts = core.drain()
+        if acts:
+            await self.execute(core.generation, acts)
