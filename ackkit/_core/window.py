@@ -35,7 +35,7 @@ class TagWindow:
         self.base = 0
         self.pending = 0
         self.shared = shared
-        self.last = 0  # the newest tag seen
+        self.last = 0  # shared: the newest tag seen
         self.foreign = sys.maxsize  # shared: the lowest tag of this channel delivered elsewhere
 
     def may_cover(self, tag: int) -> bool:
@@ -47,13 +47,13 @@ class TagWindow:
 
     def add(self, tag: int) -> None:
         """Track a newly delivered tag (tags on a channel only grow)."""
-        last = self.last
-        if tag > last + 1 and self.shared:
-            # Tags last+1 .. tag-1 went elsewhere on this channel (another queue's get):
-            # maybe still outstanding, never ours to settle, so never under a multiple frame.
-            self.foreign = min(self.foreign, last + 1)
-        if tag > last:
-            self.last = tag
+        if self.shared:
+            last = self.last
+            if tag > last + 1:
+                # Tags last+1 .. tag-1 went elsewhere on this channel (another queue's get):
+                # maybe still outstanding, never ours to settle, never under a multiple frame.
+                self.foreign = min(self.foreign, last + 1)
+            self.last = max(last, tag)
         states = self._states
         if not states:
             self.base = tag
@@ -114,14 +114,21 @@ class TagWindow:
         states = self._states
         top = 0
         n = 0
-        while states and states[0] != IN_FLIGHT:
-            if states[0] == ACK_PENDING:
-                if n and self.base >= self.foreign:
-                    break  # a multiple frame up to here would cover a tag not ours
-                top = self.base
-                n += 1
-            states.popleft()
-            self.base += 1
+        if self.foreign == sys.maxsize:  # every tag of the channel up to here is ours
+            while states and states[0] != IN_FLIGHT:
+                if states.popleft() == ACK_PENDING:
+                    top = self.base
+                    n += 1
+                self.base += 1
+        else:
+            while states and states[0] != IN_FLIGHT:
+                if states[0] == ACK_PENDING:
+                    if n and self.base >= self.foreign:
+                        break  # a multiple frame up to here would cover a tag not ours
+                    top = self.base
+                    n += 1
+                states.popleft()
+                self.base += 1
         self.pending -= n
         return top, n
 
