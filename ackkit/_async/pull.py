@@ -131,7 +131,7 @@ class AsyncPullConnection:
                 dead_letter=dead_letter,
                 flush=FlushPolicy(max_pending=1, interval=0.0),
             )
-            core = ListenerCore(policy)
+            core = ListenerCore(policy, shared_channel=True)  # every queue's gets: one channel
             await self._channel()
             assert self._amqp is not None
             core.channel_opened()

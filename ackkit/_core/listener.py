@@ -139,8 +139,12 @@ class ListenerCore:
         clock: Callable[[], float] = time.monotonic,
         wallclock: Callable[[], float] = time.time,
         observer: Observer | None = None,
+        shared_channel: bool = False,
     ) -> None:
         self.policy = policy
+        # Other consumers take tags on this core's channel (pull mode: one channel, one
+        # core per queue): a multiple frame never covers a tag this core did not receive.
+        self.shared_channel = shared_channel
         self.mode = policy.mode
         self._flush = policy.flush_policy
         self._clock = clock
@@ -152,7 +156,7 @@ class ListenerCore:
         self.counters = Counters()
         self.generation = 0
         self.open = False
-        self._window = TagWindow()
+        self._window = TagWindow(self.shared_channel)
         self._tracked: dict[int, Tracked] = {}
         self._republishing: dict[int, Tracked] = {}
         self._republish_acts: dict[int, Republish] = {}
@@ -209,7 +213,7 @@ class ListenerCore:
     def channel_opened(self) -> list[Action]:
         self.generation += 1
         self.open = True
-        self._window = TagWindow()
+        self._window = TagWindow(self.shared_channel)
         self._tracked = {}
         self._parked = 0
         self._last_flush = self._clock()
@@ -224,7 +228,7 @@ class ListenerCore:
         n = len(self._tracked)
         # Their handlers may still settle them: that is dropped (and counted) then.
         self._tracked = {}
-        self._window = TagWindow()
+        self._window = TagWindow(self.shared_channel)
         self._parked = 0
         return n
 
@@ -414,7 +418,7 @@ class ListenerCore:
         targets = self._take_upto(t.tag) if multiple else [self._take(t)]
         acts: list[Action] = []
         if requeue:
-            if multiple and covered == {x.tag for x in targets}:
+            if multiple and covered == {x.tag for x in targets} and self._window.may_cover(t.tag):
                 acts.extend(self._flush_acks(force=True))
                 self._window.mark_gone_upto(t.tag)
                 acts.append(Nack(t.tag, multiple=True, requeue=True))

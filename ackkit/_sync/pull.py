@@ -107,7 +107,7 @@ class PullConnection:
                 dead_letter=dead_letter,
                 flush=FlushPolicy(max_pending=1, interval=0.0),
             )
-            core = ListenerCore(policy)
+            core = ListenerCore(policy, shared_channel=True)  # every queue's gets: one channel
             self.channel  # noqa: B018 - open the channel first
             core.channel_opened()
             declare_queues(self._conn, core.topology())
