@@ -6,15 +6,15 @@ state and turns events into actions, with its parts in their own modules:
 - `ledger.Ledger`: channel generations, the tag window and when acks go out;
 - `failure.decide`: what a failed delivery becomes (requeue, retry, dead-letter);
 - `copy_headers`: the headers each retry, dead-letter and restamp copy carries;
-- `topology`: the queues the listener needs (dead-letter queue, delay tiers).
+- `topology`: the queues the listener needs (dead-letter queue, delay tiers);
+- `republish.Confirms`: copies awaiting the broker's confirm, and what that settles.
 
 What stays here is the lifecycle that ties them together: receive, finish,
-settle, the copies awaiting the broker's confirm, and the events and counters.
+settle, release, and the events and counters.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -39,15 +39,13 @@ from .failure import Fate, decide
 from .ledger import Ledger
 from .outcome import Outcome
 from .policy import AckMode, ListenerPolicy, Unsettled
+from .republish import MAX_NACKS_IN_ROW, Confirms
 from .topology import QueueSpec, missing_queue
 from .tracked import Tracked
 
 __all__ = ["MAX_NACKS_IN_ROW", "ListenerCore", "QueueSpec", "Tracked", "missing_queue"]
 
 _BATCHED = (AckMode.AUTO, AckMode.DUPS_OK, AckMode.TRANSACTED)
-MAX_NACKS_IN_ROW = 3
-"""Copies in a row the broker may nack (each requeueing its original) before a failed
-copy is replaced by a minimal one and then the original rejected (ListenerCore._copy_failed)."""
 
 
 class ListenerCore:
@@ -80,12 +78,9 @@ class ListenerCore:
         self.ledger = Ledger(
             policy.mode, policy.flush_policy, policy.prefetch, self.counters, clock
         )
-        self._republishing: dict[int, Tracked] = {}
-        self._republish_acts: dict[int, Republish] = {}
-        self._token = 0
+        self.confirms = Confirms(policy, self.ledger, self.counters, self._emit)
         self._declared: set[str] = set()
         self._trust_count = H.broker_counts_deliveries(policy.queue_type)
-        self._nacked_in_row = 0
 
     @property
     def generation(self) -> int:
@@ -351,12 +346,7 @@ class ListenerCore:
         so a copy published now would be a duplicate (a second retry lineage, a second
         dead letter). Report such a token with `republished(token, ok=False)`.
         """
-        t = self._republishing.get(token)
-        if t is None:
-            return False
-        if self.mode is AckMode.NONE:
-            return True  # the broker forgot the original on send: the copy is all there is
-        return self.ledger.current(t)
+        return self.confirms.publishable(token)
 
     def republished(
         self, token: int, ok: bool, *, unroutable: bool = False, error: str | None = None
@@ -368,90 +358,12 @@ class ListenerCore:
         published once more. `error`: the copy could not be sent at all (the
         client library raised while encoding or publishing it; why, in words).
 
-        A copy that failed is never retried forever (see `_copy_failed`): a broker
-        nack of a healthy copy requeues the original a few times in a row; any other
-        failure (or too many nacks) gets one minimal copy (body and ackkit's headers),
-        and when that fails too the original is rejected without requeue.
+        A copy that failed is never retried forever (see `republish.Confirms._failed`):
+        a broker nack of a healthy copy requeues the original a few times in a row; any
+        other failure (or too many nacks) gets one minimal copy (body and ackkit's
+        headers), and when that fails too the original is rejected without requeue.
         """
-        t = self._republishing.pop(token, None)
-        act = self._republish_acts.pop(token, None)
-        if t is None:
-            return []
-        if t.generation != self.generation and self.mode is AckMode.NONE:
-            return []
-        if not self.ledger.current(t):
-            self._emit(Stage.DROPPED_STALE, t, "channel closed before the republish confirm")
-            return []
-        if not ok and unroutable and act is not None:
-            again = self._republish_declaring(t, act)
-            if again is not None:
-                return [again]
-        if self.mode is AckMode.NONE:
-            if not ok:
-                self._emit(Stage.REJECTED, t, "lost: no-ack delivery and the DLQ publish failed")
-            return []
-        if not ok:
-            return self._copy_failed(t, act, unroutable, error)
-        self._nacked_in_row = 0
-        if self.mode is AckMode.TRANSACTED:
-            return self.ledger.ack(t)
-        return self.ledger.ack_now(t)
-
-    def _copy_failed(
-        self, t: Tracked, act: Republish | None, unroutable: bool, error: str | None
-    ) -> list[Action]:
-        """The bounded rule for a copy that was not published.
-
-        1. The broker refused a copy that was sent (a nack, e.g. a full delay queue
-           that rejects publishes; or returned although its queue was just declared):
-           the original is requeued, while at most MAX_NACKS_IN_ROW copies in a row
-           were refused on this listener (a confirmed copy resets the count).
-        2. Otherwise (not encodable, the client raised, or refused too often):
-           one more copy, minimal (the body and ackkit's headers; the original's
-           properties and headers left off), to the same queue.
-        3. A minimal copy that fails: the original is rejected without requeue
-           (the queue's own dead-letter exchange takes it, if it has one).
-        """
-        if error is None:
-            why = "returned by the broker (unroutable)" if unroutable else "nacked by the broker"
-            self._nacked_in_row += 1
-            if self._nacked_in_row <= MAX_NACKS_IN_ROW:
-                self.ledger.window.mark_gone(t.tag)
-                self._emit(Stage.REQUEUED, t, f"copy {why}")
-                return [Reject(t.tag, requeue=True)]
-        else:
-            why = error
-        if act is not None and not act.minimal:
-            hdrs = {**act.set_headers, H.COPY_NOTE: f"minimal copy: the full copy failed: {why}"}
-            return [self._again(t, act, minimal=True, set_headers=hdrs)]
-        purpose = act.purpose if act is not None else "republished"
-        self.ledger.window.mark_gone(t.tag)
-        self._emit(
-            Stage.REJECTED,
-            t,
-            f"{purpose} copy could not be published ({why}), not even a minimal one",
-        )
-        return [Reject(t.tag, requeue=False)]
-
-    def _republish_declaring(self, t: Tracked, act: Republish) -> Republish | None:
-        """A refused copy to one of our own queues: publish it once more, declaring the
-        queue first. The usual cause is the queue having been deleted while we run
-        (every copy comes back unroutable); requeueing the original would then loop
-        through the handler as fast as the broker can redeliver."""
-        if act.declare is not None:
-            return None  # declared and still refused: requeue
-        spec = _topology.own_queue(self.policy, act.routing_key)
-        if spec is None:
-            return None
-        return self._again(t, act, declare=(spec.name, spec.arguments))
-
-    def _again(self, t: Tracked, act: Republish, **changes: Any) -> Republish:
-        """`act` once more, under a new token, with `changes`."""
-        self._token += 1
-        again = dataclasses.replace(act, token=self._token, source=t.payload, **changes)
-        self._republishing[self._token] = t
-        self._republish_acts[self._token] = again
-        return again
+        return self.confirms.confirmed(token, ok, unroutable, error)
 
     # -- time and shutdown -------------------------------------------------
 
@@ -473,7 +385,7 @@ class ListenerCore:
 
     @property
     def republishing(self) -> int:
-        return len(self._republishing)
+        return len(self.confirms)
 
     def unsettled(self) -> list[Tracked]:
         return self.ledger.unsettled()
@@ -547,11 +459,10 @@ class ListenerCore:
             return [Reinvoke(t.tag, f.delay, t.attempt)]
         extra = self.extra_delay_queue(f.delay_ms / 1000) if f.asked else None
         hdrs = CH.retry_headers(t, exc, self._wallclock())
-        act = self._republish(t, self.policy.delay_queue(f.delay_ms), hdrs, CopyPurpose.RETRY)
+        act = self.confirms.issue(t, self.policy.delay_queue(f.delay_ms), hdrs, CopyPurpose.RETRY)
         if extra is not None:
             self._declared.add(extra.name)
-            act = dataclasses.replace(act, declare=(extra.name, extra.arguments))
-            self._republish_acts[act.token] = act
+            act = self.confirms.declaring(act, extra)
         return [act]
 
     def _dead_letter(
@@ -567,7 +478,7 @@ class ListenerCore:
             return self._reject(t, reason)
         hdrs = CH.dead_letter_headers(t, self.policy, reason, exc, tb, self._wallclock(), attempts)
         self._emit(Stage.DEAD_LETTERED, t, reason, count=False)
-        return [self._republish(t, dlq, hdrs, CopyPurpose.DEAD_LETTER)]
+        return [self.confirms.issue(t, dlq, hdrs, CopyPurpose.DEAD_LETTER)]
 
     def _restamp(self, t: Tracked) -> Republish:
         """A redelivery from a queue that does not count deliveries goes back to its
@@ -581,18 +492,4 @@ class ListenerCore:
         """
         self._emit(Stage.REQUEUED, t, f"redelivered: attempt {t.attempt} stamped on a copy")
         hdrs = CH.restamp_headers(t)
-        return self._republish(t, self.policy.queue, hdrs, CopyPurpose.RESTAMP)
-
-    def _republish(
-        self, t: Tracked, queue: str, hdrs: dict[str, Any], purpose: CopyPurpose
-    ) -> Republish:
-        if t.carry:
-            hdrs = {**t.carry, **hdrs}
-        self.ledger.take(t)
-        self._token += 1
-        self._republishing[self._token] = t
-        if purpose is CopyPurpose.DEAD_LETTER:
-            self.counters.counts[Stage.DEAD_LETTERED] += 1
-        act = Republish(self._token, t.tag, "", queue, hdrs, purpose=purpose, source=t.payload)
-        self._republish_acts[self._token] = act
-        return act
+        return self.confirms.issue(t, self.policy.queue, hdrs, CopyPurpose.RESTAMP)
