@@ -3,7 +3,37 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
+
+
+class CopyPurpose(str, Enum):
+    """Why ackkit publishes a copy of a delivery (Republish.purpose)."""
+
+    RETRY = "retry"
+    """A broker retry: the copy waits in a delay queue, then goes back to the origin queue."""
+    DEAD_LETTER = "dead-letter"
+    """The dead letter: the copy goes to the listener's dead-letter queue with its reason."""
+    RESTAMP = "restamp"
+    """A redelivery from a queue that does not count deliveries: the copy goes back to
+    the same queue carrying its attempt number."""
+
+    def __str__(self) -> str:  # "retry", not "CopyPurpose.RETRY", in messages
+        return self.value
+
+
+class SettleKind(str, Enum):
+    """How a handler settles a delivery itself (Delivery.ack / nack / reject)."""
+
+    ACK = "ack"
+    """basic.ack: processed."""
+    NACK = "nack"
+    """basic.nack: not processed; requeued, or dead-lettered without requeue."""
+    REJECT = "reject"
+    """basic.reject: like nack, for one delivery at a time."""
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +76,7 @@ class Republish:
     exchange: str
     routing_key: str
     set_headers: dict[str, Any] = field(default_factory=dict)
-    purpose: str = "retry"
+    purpose: CopyPurpose = CopyPurpose.RETRY
     declare: tuple[str, dict[str, Any]] | None = None
     """A queue (name, arguments) to declare before publishing, when not declared yet."""
     source: Any = field(default=None, compare=False, repr=False)

@@ -43,6 +43,7 @@ from typing import Any
 
 from . import headers as H
 from . import wire
+from .actions import CopyPurpose
 
 BROKER_OWNED = frozenset(
     {
@@ -56,7 +57,7 @@ BROKER_OWNED = frozenset(
 )
 BROKER_OWNED_PREFIXES = ("x-first-death-", "x-last-death-")
 
-DROPS_EXPIRATION = frozenset({"retry", "dead-letter"})
+DROPS_EXPIRATION = frozenset({CopyPurpose.RETRY, CopyPurpose.DEAD_LETTER})
 
 TEXT_LIMIT = 32768
 """Longest text value (characters) of a header ackkit sets, before any frame fitting."""
@@ -117,7 +118,7 @@ def copy_properties(
     original: Mapping[str, Any] | None,
     set_headers: Mapping[str, Any],
     *,
-    purpose: str = "retry",
+    purpose: str = CopyPurpose.RETRY,
     minimal: bool = False,
     frame_max: int = 131072,
     user: str | None = None,

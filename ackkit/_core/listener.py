@@ -1,124 +1,51 @@
-"""ListenerCore: every settlement decision for one listener, without I/O."""
+"""ListenerCore: every settlement decision for one listener, without I/O.
+
+The core is the one entry point a runtime talks to; it holds the listener's
+state and turns events into actions, with its parts in their own modules:
+
+- `ledger.Ledger`: channel generations, the tag window and when acks go out;
+- `failure.decide`: what a failed delivery becomes (requeue, retry, dead-letter);
+- `copy_headers`: the headers each retry, dead-letter and restamp copy carries;
+- `topology`: the queues the listener needs (dead-letter queue, delay tiers);
+- `republish.Confirms`: copies awaiting the broker's confirm, and what that settles.
+
+What stays here is the lifecycle that ties them together: receive, finish,
+settle, release, and the events and counters.
+"""
 
 from __future__ import annotations
 
-import dataclasses
-import datetime as _dt
-import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from . import copy_headers as CH
 from . import headers as H
 from . import outcome as _outcome
-from .actions import Ack, Action, Nack, Reinvoke, Reject, Republish, TxCommit, TxSelect
-from .errors import (
-    AlreadySettled,
-    BadPayload,
-    DeadLetterMessage,
-    RejectMessage,
-    RequeueMessage,
-    RetryLater,
-    SettleNotAllowed,
+from . import topology as _topology
+from .actions import (
+    Action,
+    CopyPurpose,
+    Nack,
+    Reinvoke,
+    Reject,
+    Republish,
+    SettleKind,
+    TxSelect,
 )
+from .errors import AlreadySettled, BadPayload, RetryLater, SettleNotAllowed
 from .events import HOT_STAGES, Counters, Event, Observer, Stage
+from .failure import Fate, decide
+from .ledger import Ledger
 from .outcome import Outcome
-from .policy import AckMode, ListenerPolicy, RetryStrategy, Unsettled
-from .tb import format_traceback, text_of
-from .window import IN_FLIGHT, TagWindow
+from .policy import AckMode, ListenerPolicy, Unsettled
+from .republish import MAX_NACKS_IN_ROW, Confirms
+from .topology import QueueSpec, missing_queue
+from .tracked import Tracked
+
+__all__ = ["MAX_NACKS_IN_ROW", "ListenerCore", "QueueSpec", "Tracked", "missing_queue"]
 
 _BATCHED = (AckMode.AUTO, AckMode.DUPS_OK, AckMode.TRANSACTED)
-_HANDLER_SETTLES = (AckMode.MANUAL, AckMode.CLIENT, AckMode.INDIVIDUAL)
-MAX_NACKS_IN_ROW = 3
-"""Copies in a row the broker may nack (each requeueing its original) before a failed
-copy is replaced by a minimal one and then the original rejected (ListenerCore._copy_failed)."""
-
-
-class Tracked:
-    """The core's record of one delivery. Runtimes hold it inside their Delivery."""
-
-    __slots__ = (
-        "attempt",
-        "carry",
-        "exchange",
-        "first_failure",
-        "generation",
-        "headers",
-        "message_id",
-        "parked",
-        "payload",
-        "routing_key",
-        "settled",
-        "tag",
-        "verdict",
-    )
-
-    def __init__(
-        self,
-        tag: int,
-        generation: int,
-        attempt: int,
-        headers: Mapping[str, Any] | None,
-        exchange: str,
-        routing_key: str,
-        message_id: str | None = None,
-    ) -> None:
-        self.tag = tag
-        self.generation = generation
-        self.attempt = attempt
-        self.headers = headers
-        self.exchange = exchange
-        self.routing_key = routing_key
-        self.message_id = message_id
-        # Headers set on every copy republished for this delivery (retry, dead letter):
-        # e.g. the trace context of the span that handled it.
-        self.carry: Mapping[str, Any] | None = None
-        self.settled = False
-        self.parked = False
-        self.payload: Any = None  # the runtime's own object for this delivery (opaque here)
-        self.verdict: list[Action] | None = None
-        self.first_failure: str | None = None  # in-process retries: when attempt 1 failed
-
-    def attach(self, payload: Any) -> None:
-        """Attach the runtime's object for this delivery (its Delivery).
-
-        A verdict decided in `receive()` (dead-letter a forged attempt header, or a
-        redelivery past max attempts) was made before the runtime had built that
-        object; its Republish actions get it here as their source.
-        """
-        self.payload = payload
-        if self.verdict:
-            self.verdict = [
-                dataclasses.replace(a, source=payload)
-                if isinstance(a, Republish) and a.source is None
-                else a
-                for a in self.verdict
-            ]
-
-    def __repr__(self) -> str:
-        return f"Tracked(tag={self.tag}, gen={self.generation}, attempt={self.attempt})"
-
-
-@dataclass(frozen=True, slots=True)
-class QueueSpec:
-    """A queue the listener needs (dead-letter queue, delay tier); declared idempotently."""
-
-    name: str
-    arguments: dict[str, Any]
-    purpose: str
-
-
-def missing_queue(name: str) -> str:
-    """Why start() fails when a listener's declare=False queue does not exist."""
-    return (
-        f"queue {name!r} does not exist, and its listener has declare=False: declare the "
-        "queue first, or let ackkit declare it (declare=True)"
-    )
-
-
-def _iso(ts: float) -> str:
-    return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
 class ListenerCore:
@@ -146,91 +73,62 @@ class ListenerCore:
         # core per queue): a multiple frame never covers a tag this core did not receive.
         self.shared_channel = shared_channel
         self.mode = policy.mode
-        self._flush = policy.flush_policy
-        self._clock = clock
         self._wallclock = wallclock
         self.observer = observer
         # RECEIVED and ACKED happen once per healthy message: emitted only to observers
         # that want them (see Observer).
         self._hot = observer is not None and getattr(observer, "hot", True)
         self.counters = Counters()
-        self.generation = 0
-        self.open = False
-        self._window = TagWindow(self.shared_channel)
-        self._tracked: dict[int, Tracked] = {}
-        self._republishing: dict[int, Tracked] = {}
-        self._republish_acts: dict[int, Republish] = {}
-        self._token = 0
-        self._parked = 0
-        self._last_flush = clock()
+        self.ledger = Ledger(
+            policy.mode,
+            policy.flush_policy,
+            policy.prefetch,
+            self.counters,
+            clock,
+            shared_channel,
+        )
+        self.confirms = Confirms(policy, self.ledger, self.counters, self._emit)
         self._declared: set[str] = set()
         self._trust_count = H.broker_counts_deliveries(policy.queue_type)
-        self._nacked_in_row = 0
+
+    @property
+    def generation(self) -> int:
+        """The current channel's generation (one more per channel opened)."""
+        return self.ledger.generation
+
+    @property
+    def open(self) -> bool:
+        """Is the listener's channel open now?"""
+        return self.ledger.open
 
     # -- topology ---------------------------------------------------------
 
     def topology(self) -> list[QueueSpec]:
         """Queues ackkit declares for this listener: the DLQ and the retry delay tiers."""
-        p = self.policy
-        specs = []
-        dlq = p.dead_letter_queue
-        if dlq is not None:
-            specs.append(QueueSpec(dlq, {}, "dead-letter"))
-        if p.retry.strategy is RetryStrategy.BROKER and p.retry.max_attempts > 1:
-            for ms in p.retry.delay_tiers_ms():
-                specs.append(self._delay_spec(ms))
-        return specs
-
-    def _delay_spec(self, ms: int) -> QueueSpec:
-        args: dict[str, Any] = {
-            "x-message-ttl": ms,
-            "x-dead-letter-exchange": "",
-            "x-dead-letter-routing-key": self.policy.queue,
-        }
-        if self.policy.queue_type == "quorum":
-            # A classic queue dead-letters at-most-once: copies waiting in it when the
-            # broker restarted never made it back into a quorum queue (the chaos run
-            # lost 90 poison messages that way). A quorum queue with this strategy
-            # keeps each copy until the origin queue has it (RabbitMQ 3.10+).
-            args["x-queue-type"] = "quorum"
-            args["x-dead-letter-strategy"] = "at-least-once"
-            args["x-overflow"] = "reject-publish"  # at-least-once needs it
-        return QueueSpec(self.policy.delay_queue(ms), args, "retry-delay")
+        return _topology.topology(self.policy)
 
     def extra_delay_queue(self, delay: float) -> QueueSpec | None:
-        """The delay queue a RetryLater(delay=...) needs, if it is not one of the tiers."""
-        ms = _round_delay_ms(delay)
-        name = self.policy.delay_queue(ms)
-        if name in self._declared or ms in self.policy.retry.delay_tiers_ms():
-            return None
-        return self._delay_spec(ms)
+        """The delay queue a RetryLater(delay=...) needs, if it is not one of the tiers
+        and not declared yet."""
+        return _topology.extra_delay_queue(self.policy, delay, self._declared)
 
     def declared(self, name: str) -> None:
+        """The runtime declared queue `name` (one not in `topology()`)."""
         self._declared.add(name)
 
     # -- channel lifecycle -----------------------------------------------
 
     def channel_opened(self) -> list[Action]:
-        self.generation += 1
-        self.open = True
-        self._window = TagWindow(self.shared_channel)
-        self._tracked = {}
-        self._parked = 0
-        self._last_flush = self._clock()
+        self.ledger.opened()
         return [TxSelect()] if self.mode is AckMode.TRANSACTED else []
 
     def channel_closed(self) -> int:
         """The channel is gone: every outstanding delivery of it is now stale.
 
         Returns how many deliveries had not been acked; the broker has requeued them.
+        Their handlers may still settle them: that is dropped (and counted) then.
         """
-        self.open = False
-        n = len(self._tracked)
-        # Their handlers may still settle them: that is dropped (and counted) then.
-        self._tracked = {}
-        self._window = TagWindow(self.shared_channel)
-        self._parked = 0
-        return n
+        return self.ledger.closed()
 
     # -- deliveries -------------------------------------------------------
 
@@ -261,8 +159,7 @@ class ListenerCore:
         except H.BadAttemptHeader as exc:
             attempt, bad = 1, str(exc)
         t = Tracked(tag, self.generation, attempt, headers, exchange, routing_key, message_id)
-        c = self.counters.counts
-        c[Stage.RECEIVED] += 1
+        self.counters.counts[Stage.RECEIVED] += 1
         if self._hot:
             self._emit(Stage.RECEIVED, t, "", count=False)
         if self.mode is AckMode.NONE:
@@ -271,8 +168,7 @@ class ListenerCore:
                 t.settled = False
                 t.verdict = self._unreadable(t, unreadable)
             return t
-        self._window.add(tag)
-        self._tracked[tag] = t
+        self.ledger.track(t)
         if unreadable is not None:
             t.verdict = self._unreadable(t, unreadable)
         elif bad is not None:
@@ -298,15 +194,10 @@ class ListenerCore:
 
     def _unreadable(self, t: Tracked, why: str) -> list[Action]:
         reason = f"unreadable message: {why}"
-        if self.policy.dead_letter_queue is None:
-            if self.mode is AckMode.NONE:
-                self._emit(Stage.REJECTED, t, f"lost (no-ack, no DLQ): {reason}")
-                t.settled = True
-                return []
-            self._take(t)
-            self._window.mark_gone(t.tag)
-            self._emit(Stage.REJECTED, t, reason)
-            return [Reject(t.tag, requeue=False)]
+        if self.policy.dead_letter_queue is None and self.mode is AckMode.NONE:
+            self._emit(Stage.REJECTED, t, f"lost (no-ack, no DLQ): {reason}")
+            t.settled = True
+            return []
         return self._dead_letter(t, reason, None, None)
 
     def finish(
@@ -319,14 +210,10 @@ class ListenerCore:
         """
         if self.mode is AckMode.NONE:
             # The broker already forgot the message; a copy in the DLQ is the only net left.
-            if exc is None or self.policy.dead_letter_queue is None:
-                if exc is not None:
-                    self._emit(Stage.REJECTED, t, f"lost (no-ack, no DLQ): {_describe(exc)}")
-                return []
-            return self._dead_letter(t, f"handler failed: {_describe(exc)}", exc, traceback)
+            return [] if exc is None else self._failure(t, exc, traceback)
         if t.settled:
             return []
-        if t.generation != self.generation or not self.open:
+        if not self.ledger.current(t):
             t.settled = True
             self._emit(Stage.DROPPED_STALE, t, "channel closed")
             return []
@@ -335,9 +222,8 @@ class ListenerCore:
                 return self._ack(t)
             return self._unsettled(t)
         if self.mode is AckMode.TRANSACTED:
-            return self._requeue_pending("transaction rolled back") + self._failure(
-                t, exc, traceback
-            )
+            # The transaction rolls back: its pending acks become requeues.
+            return self.ledger.requeue_pending() + self._failure(t, exc, traceback)
         return self._failure(t, exc, traceback)
 
     def finish_batch(
@@ -390,7 +276,7 @@ class ListenerCore:
     def settle(
         self, t: Tracked, kind: str, *, requeue: bool = False, multiple: bool = False
     ) -> list[Action]:
-        """The handler settles `t` itself: kind is 'ack', 'nack' or 'reject'."""
+        """The handler settles `t` itself: kind is a SettleKind ('ack', 'nack' or 'reject')."""
         if self.mode is AckMode.NONE:
             raise SettleNotAllowed(
                 f"AckMode.NONE: the broker settled this delivery when it sent it; nothing to {kind}"
@@ -399,45 +285,72 @@ class ListenerCore:
             raise AlreadySettled(f"delivery tag {t.tag} was already settled")
         if multiple and self.mode is AckMode.INDIVIDUAL:
             raise SettleNotAllowed("AckMode.INDIVIDUAL settles one delivery at a time")
-        if t.generation != self.generation or not self.open:
+        ledger = self.ledger
+        if not ledger.current(t):
             # Its channel is gone and the broker has requeued it: never send its tag.
             t.settled = True
             self._emit(Stage.DROPPED_STALE, t, "channel closed before settle")
             return []
-        if kind == "ack":
+        try:
+            how = SettleKind(kind)
+        except ValueError:
+            raise ValueError(f"unknown settle kind {kind!r}") from None
+        if how is SettleKind.ACK:
             if multiple or self.mode is AckMode.CLIENT:
                 return self._ack_upto(t.tag)
             return self._ack(t)
-        if kind not in ("nack", "reject"):
-            raise ValueError(f"unknown settle kind {kind!r}")
         # A multiple frame covers every outstanding tag up to t.tag at the broker; it may
         # only go out when each of them is one of ours to settle now. A delivery already
         # decided (its retry or dead-letter copy awaiting the broker's confirm) must not
         # be requeued under it: the copy and the requeued original would both live on.
-        covered = set(self._window.in_flight_upto(t.tag)) if multiple else set()
-        targets = self._take_upto(t.tag) if multiple else [self._take(t)]
+        covered = set(ledger.window.in_flight_upto(t.tag)) if multiple else set()
+        targets = ledger.take_upto(t.tag) if multiple else [ledger.take(t)]
         acts: list[Action] = []
         if requeue:
-            if multiple and covered == {x.tag for x in targets} and self._window.may_cover(t.tag):
-                acts.extend(self._flush_acks(force=True))
-                self._window.mark_gone_upto(t.tag)
+            if multiple and covered == {x.tag for x in targets} and ledger.window.may_cover(t.tag):
+                acts.extend(ledger.flush(force=True))
+                ledger.window.mark_gone_upto(t.tag)
                 acts.append(Nack(t.tag, multiple=True, requeue=True))
             else:
                 for x in targets:
-                    self._window.mark_gone(x.tag)
-                    acts.append(Nack(x.tag) if kind == "nack" else Reject(x.tag, requeue=True))
+                    ledger.window.mark_gone(x.tag)
+                    acts.append(Nack(x.tag) if how is SettleKind.NACK else Reject(x.tag, True))
             for x in targets:
-                self._emit(Stage.REQUEUED, x, f"{kind} requeue by handler")
+                self._emit(Stage.REQUEUED, x, f"{how} requeue by handler")
             return acts
         for x in targets:
             x.settled = False  # _dead_letter settles it
-            acts.extend(self._dead_letter(x, f"{kind} without requeue by handler", None, None))
+            acts.extend(self._dead_letter(x, f"{how} without requeue by handler", None, None))
         return acts
 
     def current(self, generation: int) -> bool:
         """Do actions decided for channel generation `generation` still belong on the
         listener's channel (it is open and is that generation)?"""
-        return generation == self.generation and self.open
+        return self.ledger.current_generation(generation)
+
+    def startable(self, t: Tracked) -> bool:
+        """May a handler start on `t` now (called just before)? Not when its channel closed
+        since it was delivered: the broker has requeued it, so running the handler would
+        only duplicate the work its redelivery will do (and delay that redelivery)."""
+        if self.mode is AckMode.NONE:
+            return True  # the broker forgot it on send: this is the only chance
+        if t.settled:
+            return False
+        if not self.ledger.current(t):
+            t.settled = True
+            self._emit(Stage.DROPPED_STALE, t, "channel closed before the handler started")
+            return False
+        return True
+
+    def release(self, t: Tracked) -> list[Action]:
+        """Return a prefetched delivery whose handler never started (shutdown)."""
+        if t.settled or not self.ledger.current(t):
+            return []
+        self.ledger.gone(t)
+        self._emit(Stage.RETURNED, t, "shutdown before start")
+        return [Nack(t.tag, requeue=True)]
+
+    # -- copies awaiting the broker's confirm ------------------------------
 
     def publishable(self, token: int) -> bool:
         """May the copy a Republish asks for still be published (just before sending it)?
@@ -447,12 +360,7 @@ class ListenerCore:
         so a copy published now would be a duplicate (a second retry lineage, a second
         dead letter). Report such a token with `republished(token, ok=False)`.
         """
-        t = self._republishing.get(token)
-        if t is None:
-            return False
-        if self.mode is AckMode.NONE:
-            return True  # the broker forgot the original on send: the copy is all there is
-        return t.generation == self.generation and self.open
+        return self.confirms.publishable(token)
 
     def republished(
         self, token: int, ok: bool, *, unroutable: bool = False, error: str | None = None
@@ -464,176 +372,37 @@ class ListenerCore:
         published once more. `error`: the copy could not be sent at all (the
         client library raised while encoding or publishing it; why, in words).
 
-        A copy that failed is never retried forever (see `_copy_failed`): a broker
-        nack of a healthy copy requeues the original a few times in a row; any other
-        failure (or too many nacks) gets one minimal copy (body and ackkit's headers),
-        and when that fails too the original is rejected without requeue.
+        A copy that failed is never retried forever (see `republish.Confirms._failed`):
+        a broker nack of a healthy copy requeues the original a few times in a row; any
+        other failure (or too many nacks) gets one minimal copy (body and ackkit's
+        headers), and when that fails too the original is rejected without requeue.
         """
-        t = self._republishing.pop(token, None)
-        act = self._republish_acts.pop(token, None)
-        if t is None:
-            return []
-        if t.generation != self.generation and self.mode is AckMode.NONE:
-            return []
-        if t.generation != self.generation or not self.open:
-            self._emit(Stage.DROPPED_STALE, t, "channel closed before the republish confirm")
-            return []
-        if not ok and unroutable and act is not None:
-            again = self._republish_declaring(t, act)
-            if again is not None:
-                return [again]
-        if self.mode is AckMode.NONE:
-            if not ok:
-                self._emit(Stage.REJECTED, t, "lost: no-ack delivery and the DLQ publish failed")
-            return []
-        if not ok:
-            return self._copy_failed(t, act, unroutable, error)
-        self._nacked_in_row = 0
-        if self.mode is AckMode.TRANSACTED:
-            return self._ack(t, count=False)
-        return self._ack_now(t)
-
-    def _copy_failed(
-        self, t: Tracked, act: Republish | None, unroutable: bool, error: str | None
-    ) -> list[Action]:
-        """The bounded rule for a copy that was not published.
-
-        1. The broker refused a copy that was sent (a nack, e.g. a full delay queue
-           that rejects publishes; or returned although its queue was just declared):
-           the original is requeued, while at most MAX_NACKS_IN_ROW copies in a row
-           were refused on this listener (a confirmed copy resets the count).
-        2. Otherwise (not encodable, the client raised, or refused too often):
-           one more copy, minimal (the body and ackkit's headers; the original's
-           properties and headers left off), to the same queue.
-        3. A minimal copy that fails: the original is rejected without requeue
-           (the queue's own dead-letter exchange takes it, if it has one).
-        """
-        if error is None:
-            why = "returned by the broker (unroutable)" if unroutable else "nacked by the broker"
-            self._nacked_in_row += 1
-            if self._nacked_in_row <= MAX_NACKS_IN_ROW:
-                self._window.mark_gone(t.tag)
-                self._emit(Stage.REQUEUED, t, f"copy {why}")
-                return [Reject(t.tag, requeue=True)]
-        else:
-            why = error
-        if act is not None and not act.minimal:
-            self._token += 1
-            hdrs = {**act.set_headers, H.COPY_NOTE: f"minimal copy: the full copy failed: {why}"}
-            again = dataclasses.replace(
-                act, token=self._token, minimal=True, set_headers=hdrs, source=t.payload
-            )
-            self._republishing[self._token] = t
-            self._republish_acts[self._token] = again
-            return [again]
-        purpose = act.purpose if act is not None else "republished"
-        self._window.mark_gone(t.tag)
-        self._emit(
-            Stage.REJECTED,
-            t,
-            f"{purpose} copy could not be published ({why}), not even a minimal one",
-        )
-        return [Reject(t.tag, requeue=False)]
-
-    def _ack_now(self, t: Tracked) -> list[Action]:
-        """Ack `t` at once, not with the next batch: its copy is confirmed, and until
-        this ack reaches the broker a lost connection leaves both (a duplicate)."""
-        self._take(t)
-        w = self._window
-        w.mark_ack(t.tag)
-        top, n = w.take_prefix()
-        acts: list[Action] = []
-        if n:
-            acts.append(Ack(top, multiple=n > 1))
-            self.counters.ack_frame(n)
-        if top < t.tag:  # an earlier delivery is still in flight: this one alone
-            w.mark_gone(t.tag)
-            acts.append(Ack(t.tag))
-            self.counters.ack_frame(1)
-        return acts
-
-    def _republish_declaring(self, t: Tracked, act: Republish) -> Republish | None:
-        """A refused copy to one of our own queues: publish it once more, declaring the
-        queue first. The usual cause is the queue having been deleted while we run
-        (every copy comes back unroutable); requeueing the original would then loop
-        through the handler as fast as the broker can redeliver."""
-        if act.declare is not None:
-            return None  # declared and still refused: requeue
-        spec = self._own_queue(act.routing_key)
-        if spec is None:
-            return None
-        self._token += 1
-        declare = (spec.name, spec.arguments)
-        again = dataclasses.replace(act, token=self._token, declare=declare, source=t.payload)
-        self._republishing[self._token] = t
-        self._republish_acts[self._token] = again
-        return again
-
-    def _own_queue(self, name: str) -> QueueSpec | None:
-        for spec in self.topology():
-            if spec.name == name:
-                return spec
-        prefix = self.policy.delay_queue(0)[: -len("0ms")]
-        ms = name[len(prefix) : -2]
-        if name.startswith(prefix) and name.endswith("ms") and ms.isdigit():
-            return self._delay_spec(int(ms))
-        return None
-
-    def startable(self, t: Tracked) -> bool:
-        """May a handler start on `t` now (called just before)? Not when its channel closed
-        since it was delivered: the broker has requeued it, so running the handler would
-        only duplicate the work its redelivery will do (and delay that redelivery)."""
-        if self.mode is AckMode.NONE:
-            return True  # the broker forgot it on send: this is the only chance
-        if t.settled:
-            return False
-        if t.generation != self.generation or not self.open:
-            t.settled = True
-            self._emit(Stage.DROPPED_STALE, t, "channel closed before the handler started")
-            return False
-        return True
-
-    def release(self, t: Tracked) -> list[Action]:
-        """Return a prefetched delivery whose handler never started (shutdown)."""
-        if t.settled or t.generation != self.generation or not self.open:
-            return []
-        t.settled = True
-        self._tracked.pop(t.tag, None)
-        self._window.mark_gone(t.tag)
-        self._emit(Stage.RETURNED, t, "shutdown before start")
-        return [Nack(t.tag, requeue=True)]
+        return self.confirms.confirmed(token, ok, unroutable, error)
 
     # -- time and shutdown -------------------------------------------------
 
     def tick(self) -> list[Action]:
         """Call periodically (e.g. every 50 ms): sends acks held longer than the interval."""
-        if not self._window.pending:
-            self._last_flush = self._clock()
-            return []
-        if self._clock() - self._last_flush >= self._flush.interval:
-            return self._flush_acks(force=True)
-        return []
+        return self.ledger.tick()
 
     def drain(self) -> list[Action]:
         """Send every pending ack now (before basic.cancel and channel close)."""
-        if not self.open:
-            return []
-        return self._flush_acks(force=True)
+        return self.ledger.drain()
 
     @property
     def pending_acks(self) -> int:
-        return self._window.pending
+        return self.ledger.pending
 
     @property
     def outstanding(self) -> int:
-        return len(self._tracked)
+        return self.ledger.outstanding()
 
     @property
     def republishing(self) -> int:
-        return len(self._republishing)
+        return len(self.confirms)
 
     def unsettled(self) -> list[Tracked]:
-        return [t for t in self._tracked.values() if not t.settled]
+        return self.ledger.unsettled()
 
     # -- internals ---------------------------------------------------------
 
@@ -644,76 +413,24 @@ class ListenerCore:
             ev = Event(stage, self.policy.name, t.tag, t.attempt, reason, t.message_id)
             self.observer(ev)
 
-    def _take(self, t: Tracked) -> Tracked:
-        t.settled = True
-        self._tracked.pop(t.tag, None)
-        if t.parked:
-            t.parked = False
-            self._parked -= 1
-        return t
-
-    def _take_upto(self, tag: int) -> list[Tracked]:
-        out = []
-        for x in self._window.in_flight_upto(tag):
-            y = self._tracked.get(x)
-            if y is not None:
-                out.append(self._take(y))
-        return out
-
-    def _ack(self, t: Tracked, count: bool = True) -> list[Action]:
-        self._take(t)
-        if count:
-            self.counters.counts[Stage.ACKED] += 1
-            if self._hot:
-                self._emit(Stage.ACKED, t, "", count=False)
-        w = self._window
-        w.mark_ack(t.tag)
-        if w.pending >= self._flush.max_pending:
-            return self._flush_acks(force=False)
-        return []
+    def _ack(self, t: Tracked) -> list[Action]:
+        self.counters.counts[Stage.ACKED] += 1
+        if self._hot:
+            self._emit(Stage.ACKED, t, "", count=False)
+        return self.ledger.ack(t)
 
     def _ack_upto(self, tag: int) -> list[Action]:
-        for x in self._take_upto(tag):
-            self._window.mark_ack(x.tag)
+        for x in self.ledger.ack_upto(tag):
             self._emit(Stage.ACKED, x, "")
-        return self._flush_acks(force=self._window.pending >= self._flush.max_pending)
-
-    def _flush_acks(self, force: bool) -> list[Action]:
-        w = self._window
-        self._last_flush = self._clock()
-        top, n = w.take_prefix()
-        acts: list[Action] = []
-        if n:
-            acts.append(Ack(top, multiple=n > 1))
-            self.counters.ack_frame(n)
-        if w.pending and (force or w.pending >= self._flush.max_pending):
-            for s in w.take_stragglers():
-                acts.append(Ack(s))
-                self.counters.ack_frame(1)
-        if acts and self.mode is AckMode.TRANSACTED:
-            acts.append(TxCommit())
-        return acts
-
-    def _requeue_pending(self, reason: str) -> list[Action]:
-        acts: list[Action] = []
-        for tag in self._window.take_stragglers():
-            acts.append(Reject(tag, requeue=True))
-            self.counters.counts[Stage.ACKED] -= 1
-            self.counters.counts[Stage.REQUEUED] += 1
-        return acts
+        return self.ledger.flush_by_count()
 
     def _unsettled(self, t: Tracked) -> list[Action]:
         if self.mode is AckMode.CLIENT:
             # May be settled later by a multiple ack; only a full window is a problem.
-            if not t.parked:
-                t.parked = True
-                self._parked += 1
-            if self.policy.prefetch and self._parked >= self.policy.prefetch:
-                acts: list[Action] = []
-                for x in [x for x in self._tracked.values() if x.parked]:
-                    acts.extend(self._apply_unsettled(x, "window full of unsettled deliveries"))
-                return acts
-            return []
+            acts: list[Action] = []
+            for x in self.ledger.park(t):
+                acts.extend(self._apply_unsettled(x, "window full of unsettled deliveries"))
+            return acts
         return self._apply_unsettled(t, "handler returned without settling")
 
     def _apply_unsettled(self, t: Tracked, why: str) -> list[Action]:
@@ -722,68 +439,44 @@ class ListenerCore:
         if how is Unsettled.ACK:
             return self._ack(t)
         if how is Unsettled.REQUEUE:
-            self._take(t)
-            self._window.mark_gone(t.tag)
-            self._emit(Stage.REQUEUED, t, why)
-            return [Reject(t.tag, requeue=True)]
+            return self._requeue(t, why)
         return self._dead_letter(t, why, None, None)
 
+    def _requeue(self, t: Tracked, why: str) -> list[Action]:
+        self.ledger.gone(t)
+        self._emit(Stage.REQUEUED, t, why)
+        return [Reject(t.tag, requeue=True)]
+
+    def _reject(self, t: Tracked, why: str) -> list[Action]:
+        self.ledger.gone(t)
+        self._emit(Stage.REJECTED, t, why)
+        return [Reject(t.tag, requeue=False)]
+
     def _failure(self, t: Tracked, exc: BaseException, tb: str | None) -> list[Action]:
-        if isinstance(exc, RequeueMessage):
-            self._take(t)
-            self._window.mark_gone(t.tag)
-            self._emit(Stage.REQUEUED, t, exc.reason)
-            return [Reject(t.tag, requeue=True)]
-        if isinstance(exc, RejectMessage):
-            if self.policy.dead_letter_queue is None:
-                self._take(t)
-                self._window.mark_gone(t.tag)
-                self._emit(Stage.REJECTED, t, exc.reason)
-                return [Reject(t.tag, requeue=False)]
-            return self._dead_letter(t, exc.reason, exc, tb)
-        if isinstance(exc, DeadLetterMessage):
-            return self._dead_letter(t, exc.reason, exc, tb)
-        retry = self.policy.retry
-        if isinstance(exc, BadPayload):
-            return self._dead_letter(t, f"bad payload: {exc}", exc, tb)
-        wants = isinstance(exc, RetryLater) or retry.should_retry(exc)
-        if not wants:
-            return self._dead_letter(t, f"non-retryable {type(exc).__name__}", exc, tb)
-        if t.attempt >= retry.max_attempts:
-            why = f"attempts exhausted ({t.attempt} of {retry.max_attempts})"
-            return self._dead_letter(t, why, exc, tb)
-        asked = _asked_delay(exc)
-        self._emit(Stage.RETRYING, t, _describe(exc))
-        if retry.strategy is RetryStrategy.IN_PROCESS:
+        """Carry out what `failure.decide` says `t`'s failure with `exc` becomes."""
+        f = decide(self.policy, t.attempt, exc)
+        fate = f.fate
+        if fate is Fate.REQUEUE:
+            return self._requeue(t, f.reason)
+        if fate is Fate.REJECT:
+            return self._reject(t, f.reason)
+        if fate is Fate.DEAD_LETTER:
+            return self._dead_letter(t, f.reason, exc, tb)
+        if fate is Fate.LOST:
+            self._emit(Stage.REJECTED, t, f.reason)
+            return []
+        self._emit(Stage.RETRYING, t, f.reason)
+        if fate is Fate.RETRY_IN_PROCESS:
             if t.first_failure is None:
-                t.first_failure = _iso(self._wallclock())
+                t.first_failure = CH.iso(self._wallclock())
             t.attempt += 1
-            delay = asked if asked is not None else retry.jittered(t.attempt - 1)
-            return [Reinvoke(t.tag, delay, t.attempt)]
-        # Broker delays come in fixed TTL tiers (one delay queue each); jitter does not apply.
-        ms = retry.tier_for(t.attempt) if asked is None else _round_delay_ms(asked)
-        extra = self.extra_delay_queue(ms / 1000) if asked is not None else None
-        now = _iso(self._wallclock())
-        hdrs: dict[str, Any] = {
-            H.ATTEMPT: t.attempt + 1,
-            # The copy is a new message: a quorum queue's count of this copy's
-            # deliveries must not come along (it would be counted twice).
-            H.X_DELIVERY_COUNT: None,
-            H.LAST_FAILURE: now,
-            H.ERROR_TYPE: _qualname(exc),
-            H.ERROR_MESSAGE: _bounded(text_of(exc), 1000),
-        }
-        if not (t.headers and H.FIRST_FAILURE in t.headers):
-            hdrs[H.FIRST_FAILURE] = now
-        if not (t.headers and H.ORIGINAL_EXCHANGE in t.headers):
-            hdrs[H.ORIGINAL_EXCHANGE] = t.exchange
-            hdrs[H.ORIGINAL_ROUTING_KEY] = t.routing_key
-        act = self._republish(t, self.policy.delay_queue(ms), hdrs, "retry")
+            return [Reinvoke(t.tag, f.delay, t.attempt)]
+        extra = self.extra_delay_queue(f.delay_ms / 1000) if f.asked else None
+        hdrs = CH.retry_headers(t, exc, self._wallclock())
+        act = self.confirms.issue(t, self.policy.delay_queue(f.delay_ms), hdrs, CopyPurpose.RETRY)
         if extra is not None:
             self._declared.add(extra.name)
-            declare = (extra.name, extra.arguments)
-            act = dataclasses.replace(act, declare=declare)
-            self._republish_acts[act.token] = act
+            act = self.confirms.declaring(act, extra)
         return [act]
 
     def _dead_letter(
@@ -796,33 +489,10 @@ class ListenerCore:
     ) -> list[Action]:
         dlq = self.policy.dead_letter_queue
         if dlq is None:
-            self._take(t)
-            self._window.mark_gone(t.tag)
-            self._emit(Stage.REJECTED, t, reason)
-            return [Reject(t.tag, requeue=False)]
-        now = _iso(self._wallclock())
-        old = t.headers or {}
-        hdrs: dict[str, Any] = {
-            H.REASON: _bounded(reason, 1000),
-            H.ATTEMPTS: t.attempt if attempts is None else attempts,
-            H.LISTENER: self.policy.name,
-            H.ORIGINAL_QUEUE: self.policy.queue,
-            H.ORIGINAL_EXCHANGE: old.get(H.ORIGINAL_EXCHANGE, t.exchange),
-            H.ORIGINAL_ROUTING_KEY: old.get(H.ORIGINAL_ROUTING_KEY, t.routing_key),
-            H.FIRST_FAILURE: old.get(H.FIRST_FAILURE) or t.first_failure or now,
-            H.LAST_FAILURE: now,
-            H.DEAD_LETTERED_AT: now,
-            H.X_DELIVERY_COUNT: None,
-        }
-        if exc is not None:
-            hdrs[H.ERROR_TYPE] = _qualname(exc)
-            hdrs[H.ERROR_MESSAGE] = _bounded(text_of(exc), 1000)
-        if tb is None and exc is not None and exc.__traceback__ is not None:
-            tb = format_traceback(exc)  # only dead letters need it; cached per failure
-        if tb:
-            hdrs[H.ERROR_TRACEBACK] = tb[-self.policy.max_traceback :]
+            return self._reject(t, reason)
+        hdrs = CH.dead_letter_headers(t, self.policy, reason, exc, tb, self._wallclock(), attempts)
         self._emit(Stage.DEAD_LETTERED, t, reason, count=False)
-        return [self._republish(t, dlq, hdrs, "dead-letter")]
+        return [self.confirms.issue(t, dlq, hdrs, CopyPurpose.DEAD_LETTER)]
 
     def _restamp(self, t: Tracked) -> Republish:
         """A redelivery from a queue that does not count deliveries goes back to its
@@ -835,69 +505,5 @@ class ListenerCore:
         the message reaches max_attempts and the DLQ instead of looping.
         """
         self._emit(Stage.REQUEUED, t, f"redelivered: attempt {t.attempt} stamped on a copy")
-        hdrs: dict[str, Any] = {H.ATTEMPT: t.attempt, H.X_DELIVERY_COUNT: None}
-        if not (t.headers and H.ORIGINAL_EXCHANGE in t.headers):
-            hdrs[H.ORIGINAL_EXCHANGE] = t.exchange
-            hdrs[H.ORIGINAL_ROUTING_KEY] = t.routing_key
-        return self._republish(t, self.policy.queue, hdrs, "restamp")
-
-    def _republish(self, t: Tracked, queue: str, hdrs: dict[str, Any], purpose: str) -> Republish:
-        if t.carry:
-            hdrs = {**t.carry, **hdrs}
-        self._take(t)
-        self._token += 1
-        self._republishing[self._token] = t
-        if purpose == "dead-letter":
-            self.counters.counts[Stage.DEAD_LETTERED] += 1
-        act = Republish(self._token, t.tag, "", queue, hdrs, purpose=purpose, source=t.payload)
-        self._republish_acts[self._token] = act
-        return act
-
-    def reinvoked(self, t: Tracked) -> None:
-        """An in-process retry is about to run the handler again (no-op hook for symmetry)."""
-
-
-def _round_delay_ms(delay: float) -> int:
-    ms = max(int(delay * 1000 + 0.999), 1)
-    if ms > 10_000:
-        return (ms + 999) // 1000 * 1000
-    if ms > 1000:
-        return (ms + 99) // 100 * 100
-    return ms
-
-
-def _qualname(exc: BaseException) -> str:
-    t = type(exc)
-    mod = t.__module__
-    return t.__qualname__ if mod == "builtins" else f"{mod}.{t.__qualname__}"
-
-
-def _bounded(s: str, n: int) -> str:
-    return s if len(s) <= n else s[: n - 3] + "..."
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {_bounded(text_of(exc), 200)}"
-
-
-MAX_RETRY_DELAY = 24 * 3600.0
-"""The longest a RetryLater(delay=...) may ask for (seconds); longer asks are capped."""
-
-
-def _asked_delay(exc: BaseException) -> float | None:
-    """The delay a RetryLater asks for, made sane: None (use the policy's backoff) when
-    it is not a real number, 0 when negative, at most MAX_RETRY_DELAY."""
-    if not isinstance(exc, RetryLater):
-        return None
-    d = exc.delay
-    if isinstance(d, bool) or not isinstance(d, (int, float)):
-        return None
-    d = float(d)
-    if math.isnan(d):
-        return None
-    return min(max(d, 0.0), MAX_RETRY_DELAY)
-
-
-def in_flight_states(core: ListenerCore) -> Iterable[int]:
-    """Debug helper: tags the window still considers in flight."""
-    return [t for t in core._window.in_flight() if core._window.state(t) == IN_FLIGHT]
+        hdrs = CH.restamp_headers(t)
+        return self.confirms.issue(t, self.policy.queue, hdrs, CopyPurpose.RESTAMP)

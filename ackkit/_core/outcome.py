@@ -14,14 +14,33 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .actions import Action, Reinvoke
 from .errors import RequeueMessage
 from .policy import AckMode
+from .tracked import Tracked
 
-if TYPE_CHECKING:
-    from .listener import ListenerCore, Tracked
+
+class Finisher(Protocol):
+    """What `handled` needs of a ListenerCore (a protocol, so this module does not
+    import the core that calls it)."""
+
+    @property
+    def mode(self) -> AckMode: ...
+
+    def finish(
+        self, t: Tracked, exc: BaseException | None = None, traceback: str | None = None
+    ) -> list[Action]: ...
+
+    def finish_batch(
+        self,
+        batch: Sequence[Tracked],
+        done: int,
+        exc: BaseException | None = None,
+        traceback: str | None = None,
+    ) -> list[Action]: ...
+
 
 EXIT_SIGNALS: tuple[type[BaseException], ...] = (SystemExit, KeyboardInterrupt)
 """Raised by a handler, these settle its deliveries (requeued, not counted as failures)
@@ -70,7 +89,7 @@ def succeeded(result: object, size: int, batch: bool) -> int:
 
 
 def handled(
-    core: ListenerCore,
+    core: Finisher,
     batch: Sequence[Tracked],
     result: object = None,
     exc: BaseException | None = None,

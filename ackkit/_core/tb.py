@@ -1,4 +1,5 @@
-"""Traceback text for dead letters, formatted once per distinct failure.
+"""The text of a handler's exception: its traceback for dead letters (formatted once per
+distinct failure), its message, its type name, bounded for headers and log lines.
 
 A poison flood fails thousands of deliveries at the same line with the same
 error; Python's traceback formatting (source lines, 3.11+ caret anchors parsed
@@ -66,3 +67,20 @@ def text_of(exc: BaseException) -> str:
     except BaseException:  # a hostile __str__ may raise anything
         return f"<{type(exc).__name__}: str() failed>"
     return text if isinstance(text, str) else f"<{type(exc).__name__}>"
+
+
+def qualname(exc: BaseException) -> str:
+    """The exception's type as `module.Qualname` (builtins without their module)."""
+    t = type(exc)
+    mod = t.__module__
+    return t.__qualname__ if mod == "builtins" else f"{mod}.{t.__qualname__}"
+
+
+def bounded(s: str, n: int) -> str:
+    """`s`, at most `n` characters ('...' marks a cut)."""
+    return s if len(s) <= n else s[: n - 3] + "..."
+
+
+def describe(exc: BaseException) -> str:
+    """`Type: message` in at most about 200 characters, for events and reasons."""
+    return f"{type(exc).__name__}: {bounded(text_of(exc), 200)}"

@@ -1,0 +1,100 @@
+"""The queues a listener needs besides its own, and their names: values of its policy.
+
+A listener with a dead-letter queue needs that queue; one with broker retries
+needs a delay queue per backoff tier (`<queue>.retry.<ms>ms`: a TTL queue that
+dead-letters back to the origin queue), and one more for each delay a
+`RetryLater(delay=...)` asks for that is not a tier. Every name and argument
+here follows from the `ListenerPolicy` alone; which extra delay queues are
+declared already is the listener's state (ListenerCore).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+from .policy import ListenerPolicy, RetryStrategy
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSpec:
+    """A queue the listener needs (dead-letter queue, delay tier); declared idempotently."""
+
+    name: str
+    arguments: dict[str, Any]
+    purpose: str
+
+
+def missing_queue(name: str) -> str:
+    """Why start() fails when a listener's declare=False queue does not exist."""
+    return (
+        f"queue {name!r} does not exist, and its listener has declare=False: declare the "
+        "queue first, or let ackkit declare it (declare=True)"
+    )
+
+
+def round_delay_ms(delay: float) -> int:
+    """The delay queue TTL (ms) for a delay of `delay` seconds: rounded up, coarser as it
+    grows (1 ms below 1 s, 100 ms below 10 s, whole seconds above), so that asked-for
+    delays share a few queues instead of one each."""
+    ms = max(int(delay * 1000 + 0.999), 1)
+    if ms > 10_000:
+        return (ms + 999) // 1000 * 1000
+    if ms > 1000:
+        return (ms + 99) // 100 * 100
+    return ms
+
+
+def delay_spec(policy: ListenerPolicy, ms: int) -> QueueSpec:
+    """The delay queue that holds retry copies for `ms` ms, then dead-letters them back."""
+    args: dict[str, Any] = {
+        "x-message-ttl": ms,
+        "x-dead-letter-exchange": "",
+        "x-dead-letter-routing-key": policy.queue,
+    }
+    if policy.queue_type == "quorum":
+        # A classic queue dead-letters at-most-once: copies waiting in it when the
+        # broker restarted never made it back into a quorum queue (the chaos run
+        # lost 90 poison messages that way). A quorum queue with this strategy
+        # keeps each copy until the origin queue has it (RabbitMQ 3.10+).
+        args["x-queue-type"] = "quorum"
+        args["x-dead-letter-strategy"] = "at-least-once"
+        args["x-overflow"] = "reject-publish"  # at-least-once needs it
+    return QueueSpec(policy.delay_queue(ms), args, "retry-delay")
+
+
+def topology(policy: ListenerPolicy) -> list[QueueSpec]:
+    """Queues ackkit declares for this listener: the DLQ and the retry delay tiers."""
+    specs = []
+    dlq = policy.dead_letter_queue
+    if dlq is not None:
+        specs.append(QueueSpec(dlq, {}, "dead-letter"))
+    if policy.retry.strategy is RetryStrategy.BROKER and policy.retry.max_attempts > 1:
+        for ms in policy.retry.delay_tiers_ms():
+            specs.append(delay_spec(policy, ms))
+    return specs
+
+
+def extra_delay_queue(
+    policy: ListenerPolicy, delay: float, declared: Collection[str] = ()
+) -> QueueSpec | None:
+    """The delay queue a RetryLater(delay=...) needs, if it is neither one of the tiers
+    nor among `declared`."""
+    ms = round_delay_ms(delay)
+    if policy.delay_queue(ms) in declared or ms in policy.retry.delay_tiers_ms():
+        return None
+    return delay_spec(policy, ms)
+
+
+def own_queue(policy: ListenerPolicy, name: str) -> QueueSpec | None:
+    """The spec of `name` if it is one of this listener's own queues (its DLQ, a delay
+    tier, or any delay queue of its naming scheme), else None."""
+    for spec in topology(policy):
+        if spec.name == name:
+            return spec
+    prefix = policy.delay_queue(0)[: -len("0ms")]
+    ms = name[len(prefix) : -2]
+    if name.startswith(prefix) and name.endswith("ms") and ms.isdigit():
+        return delay_spec(policy, int(ms))
+    return None

@@ -1,0 +1,74 @@
+"""Tracked: the core's record of one delivery, from receive until it is settled."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from .actions import Action, Republish
+
+
+class Tracked:
+    """The core's record of one delivery. Runtimes hold it inside their Delivery."""
+
+    __slots__ = (
+        "attempt",
+        "carry",
+        "exchange",
+        "first_failure",
+        "generation",
+        "headers",
+        "message_id",
+        "parked",
+        "payload",
+        "routing_key",
+        "settled",
+        "tag",
+        "verdict",
+    )
+
+    def __init__(
+        self,
+        tag: int,
+        generation: int,
+        attempt: int,
+        headers: Mapping[str, Any] | None,
+        exchange: str,
+        routing_key: str,
+        message_id: str | None = None,
+    ) -> None:
+        self.tag = tag
+        self.generation = generation
+        self.attempt = attempt
+        self.headers = headers
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.message_id = message_id
+        # Headers set on every copy republished for this delivery (retry, dead letter):
+        # e.g. the trace context of the span that handled it.
+        self.carry: Mapping[str, Any] | None = None
+        self.settled = False
+        self.parked = False
+        self.payload: Any = None  # the runtime's own object for this delivery (opaque here)
+        self.verdict: list[Action] | None = None
+        self.first_failure: str | None = None  # in-process retries: when attempt 1 failed
+
+    def attach(self, payload: Any) -> None:
+        """Attach the runtime's object for this delivery (its Delivery).
+
+        A verdict decided in `receive()` (dead-letter a forged attempt header, or a
+        redelivery past max attempts) was made before the runtime had built that
+        object; its Republish actions get it here as their source.
+        """
+        self.payload = payload
+        if self.verdict:
+            self.verdict = [
+                dataclasses.replace(a, source=payload)
+                if isinstance(a, Republish) and a.source is None
+                else a
+                for a in self.verdict
+            ]
+
+    def __repr__(self) -> str:
+        return f"Tracked(tag={self.tag}, gen={self.generation}, attempt={self.attempt})"
