@@ -239,15 +239,17 @@ class ListenerCore:
         handler raised; when it returned a partial success they were not processed,
         which counts as a retry request (RetryLater), bounded by max attempts.
         """
-        later = RetryLater("not acknowledged by the batch handler (AckIndex)")
+        if done >= len(batch) and len(batch) == 1:
+            return self.finish(batch[0])  # the common case: one delivery, it succeeded
+        failed = exc
+        if failed is None and done < len(batch):
+            failed = RetryLater("not acknowledged by the batch handler (AckIndex)")
         acts: list[Action] = []
         for i, t in enumerate(batch):
             if i < done:
                 acts.extend(self.finish(t))
-            elif exc is not None:
-                acts.extend(self.finish(t, exc, traceback))
             else:
-                acts.extend(self.finish(t, later))
+                acts.extend(self.finish(t, failed, traceback if exc is not None else None))
         return acts
 
     def handled(
