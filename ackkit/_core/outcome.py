@@ -88,6 +88,10 @@ def succeeded(result: object, size: int, batch: bool) -> int:
     return max(-1, min(index, size - 1)) + 1
 
 
+_NOTHING = Outcome([])
+"""The outcome with nothing to do now (shared: runtimes only read an Outcome)."""
+
+
 def handled(
     core: Finisher,
     batch: Sequence[Tracked],
@@ -103,6 +107,11 @@ def handled(
     `undecodable`: deliveries of the same batch whose body could not be decoded (the
     handler never saw them); they fail with their own BadPayload.
     """
+    if exc is None and not is_batch and not undecodable and len(batch) == 1:
+        # The hot path: one delivery, its handler returned (usually an ack held for the
+        # next multiple-ack frame, so nothing to send now).
+        done = core.finish(batch[0])
+        return Outcome(done) if done else _NOTHING
     stop: BaseException | None = None
     acts: list[Action] = []
     if exc is None:

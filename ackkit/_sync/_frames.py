@@ -25,6 +25,7 @@ import pika.data
 import pika.frame
 import pika.spec
 
+from .._core import wire
 from .._wire import FRAME_HEADER, LATEST_TIMESTAMP, Salvage, describe, salvage_header
 
 
@@ -63,25 +64,16 @@ def _bytes_key(table: Mapping[Any, Any]) -> bytes | None:
 
 def _suspect(props: Any) -> bool:
     """Did pika read properties aio-pika could not: a shortstr property or a header name
-    left as bytes (not UTF-8), a timestamp past year 9999?"""
-    for name in (
-        "content_type",
-        "content_encoding",
-        "correlation_id",
-        "reply_to",
-        "expiration",
-        "message_id",
-        "type",
-        "user_id",
-        "app_id",
-        "cluster_id",
-    ):
-        if isinstance(getattr(props, name, None), bytes):
+    left as bytes (not UTF-8), a timestamp past year 9999? (Once per delivery: kept to
+    one pass over the decoded attributes.)"""
+    attrs = vars(props)
+    for v in attrs.values():
+        if type(v) is bytes:  # pika leaves a shortstr it cannot decode as bytes
             return True
-    ts = props.timestamp
-    if isinstance(ts, int) and ts > LATEST_TIMESTAMP:
+    ts = attrs.get("timestamp")
+    if type(ts) is int and ts > LATEST_TIMESTAMP:
         return True  # a datetime cannot hold it (aio-pika cannot read it at all)
-    headers = props.headers
+    headers = attrs.get("headers")
     return bool(headers) and _bytes_key(headers) is not None
 
 
@@ -93,8 +85,9 @@ def salvaged_properties(payload: bytes, error: BaseException | None) -> tuple[in
 
 
 class SafeSelectConnection(pika.SelectConnection):  # type: ignore[misc]
-    """A SelectConnection that turns an unreadable content header into salvaged,
-    marked properties instead of failing the connection."""
+    """The SelectConnection of every ackkit connection: an unreadable content header
+    becomes salvaged, marked properties instead of failing the connection, and each
+    readable delivery keeps its raw headers for its copies (`_keep_wire_headers`)."""
 
     def _read_frame(self) -> tuple[int, Any]:
         try:
@@ -104,9 +97,24 @@ class SafeSelectConnection(pika.SelectConnection):  # type: ignore[misc]
             if salvaged is None:
                 raise
             return salvaged
-        if isinstance(value, pika.frame.Header) and _suspect(value.properties):
-            return _salvage_frame(self._frame_buffer, None) or (consumed, value)
+        if type(value) is pika.frame.Header:
+            props = value.properties
+            if _suspect(props):
+                return _salvage_frame(self._frame_buffer, None) or (consumed, value)
+            if props.headers:  # an empty table has nothing a copy could change
+                _keep_wire_headers(props, self._frame_buffer, consumed)
         return consumed, value
+
+
+def _keep_wire_headers(props: Any, buf: Any, consumed: int) -> None:
+    """Keep the headers as they were on the wire (`props.wire_headers`, {name:
+    wire.Field}), so that a copy can carry them byte for byte (pika decodes float
+    and double headers as ints, and cannot encode some types at all)."""
+    try:
+        raw = wire.decode_properties(bytes(buf[19 : consumed - 1]))
+        props.wire_headers = raw.get("headers")
+    except (wire.EncodeError, IndexError, ValueError):  # pika decoded it: keep that
+        pass
 
 
 def _salvage_frame(buf: bytes, error: BaseException | None) -> tuple[int, Any] | None:
@@ -125,7 +133,10 @@ def _salvage_frame(buf: bytes, error: BaseException | None) -> tuple[int, Any] |
 
 def unreadable(method: Any, props: Any) -> str | None:
     """Why this delivery (its basic.deliver / get-ok and properties) cannot be read, or None."""
-    why = [getattr(props, "ackkit_unreadable", None) or ""]
+    marked = getattr(props, "ackkit_unreadable", None)
+    if marked is None and type(method.exchange) is str and type(method.routing_key) is str:
+        return None  # the usual case, once per delivery
+    why = [marked or ""]
     for name in ("exchange", "routing_key"):
         if isinstance(getattr(method, name, None), bytes):
             why.append(f"{name.replace('_', ' ')} is not UTF-8")

@@ -67,21 +67,9 @@ class WireProperties(pika.BasicProperties):  # type: ignore[misc]
         return [self.wire]
 
 
-class FaithfulConnection(SafeSelectConnection):
-    """The SelectConnection of every ackkit connection: an unreadable content header is
-    salvaged (SafeSelectConnection), and each readable delivery keeps its headers as they
-    were on the wire (`props.wire_headers`, {name: wire.Field}), so a copy can carry them
-    byte for byte."""
-
-    def _read_frame(self) -> Any:
-        consumed, fr = super()._read_frame()
-        if isinstance(fr, pika.frame.Header) and fr.properties.headers is not None:
-            try:
-                raw = wire.decode_properties(bytes(self._frame_buffer[19 : consumed - 1]))
-                fr.properties.wire_headers = raw.get("headers")
-            except (wire.EncodeError, IndexError, ValueError):  # pika decoded it: keep that
-                pass
-        return consumed, fr
+FaithfulConnection = SafeSelectConnection
+"""The SelectConnection of every ackkit connection (see SafeSelectConnection): unreadable
+headers salvaged, readable ones kept as they were on the wire for byte-exact copies."""
 
 
 def blocking_connection(params: Any) -> pika.BlockingConnection:
