@@ -16,21 +16,8 @@ from .._core.listener import QueueSpec, missing_queue
 from .._tls import client_tls
 from ._frames import SafeSelectConnection
 
-PROPERTY_FIELDS = (
-    "content_type",
-    "content_encoding",
-    "headers",
-    "delivery_mode",
-    "priority",
-    "correlation_id",
-    "reply_to",
-    "expiration",
-    "message_id",
-    "timestamp",
-    "type",
-    "user_id",
-    "app_id",
-)
+PROPERTY_FIELDS = tuple(n for n in wire.PROPERTY_NAMES if n != "cluster_id")
+"""The basic properties pika reads and writes (cluster_id is deprecated and left out)."""
 
 
 def parameters(
