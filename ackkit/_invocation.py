@@ -17,6 +17,9 @@ from ._core.outcome import Outcome
 from ._delivery import Delivery
 from ._handler import Binding
 
+_NONE: list[Any] = []
+"""The undecodable deliveries of a single-delivery call: none (never appended to)."""
+
 
 class Invocation:
     """The deliveries one handler call covers, and how to call it.
@@ -31,11 +34,12 @@ class Invocation:
 
     def __init__(self, binding: Binding, deliveries: Sequence[Delivery]) -> None:
         self.binding = binding
-        self.undecodable: list[tuple[Delivery, BaseException]] = []
+        self.undecodable: list[tuple[Delivery, BaseException]] = _NONE
         self._args: tuple[Any, ...] | None = None
         if not binding.batch:
-            self.deliveries = list(deliveries)
+            self.deliveries = deliveries if type(deliveries) is list else list(deliveries)
             return
+        self.undecodable = []
         good: list[Delivery] = []
         values: list[Any] = []
         for d in deliveries:
@@ -62,6 +66,8 @@ class Invocation:
         traceback: str | None = None,
     ) -> Outcome:
         """What the call came to, decided by the core (call with the core's lock held)."""
+        if not self.binding.batch:  # one delivery (the hot path: no lists to build)
+            return core.handled((self.deliveries[0].tracked,), result, exc, traceback=traceback)
         return core.handled(
             [d.tracked for d in self.deliveries],
             result,

@@ -119,7 +119,9 @@ class Consumer(Executor):
             conn.ioloop.call_later(1.0, lambda: self._reopen(conn))
 
     def _on_message(self, ch: Any, method: Any, props: Any, body: bytes) -> None:
-        exchange, rk = frames.text(method.exchange), frames.text(method.routing_key)
+        exchange, rk = method.exchange, method.routing_key
+        if type(exchange) is not str or type(rk) is not str:  # pika left bytes (not UTF-8)
+            exchange, rk = frames.text(exchange), frames.text(rk)
         why = frames.unreadable(method, props)
         with self.lock:
             try:
@@ -228,8 +230,13 @@ class Consumer(Executor):
         if self.rt.stopping:
             self.rt.unstarted.extend(ds)
             return
+        core = self.core
         with self.lock:  # a delivery whose channel closed while it waited: requeued already
-            ds = [d for d in ds if self.core.startable(d.tracked)]
+            if len(ds) == 1:
+                if not core.startable(ds[0].tracked):
+                    return
+            else:
+                ds = [d for d in ds if core.startable(d.tracked)]
         if not ds:
             return
         inv = Invocation(self.binding, ds)
