@@ -183,3 +183,12 @@ class FailureLog:
 
 
 # -- instrumentation hooks (metrics, tracing) ---------------------------------
+
+
+def log_stop(what: str, exc: BaseException, exit_signals: tuple[type[BaseException], ...]) -> None:
+    """The ERROR line of the health rule: why the app stops itself (both runtimes'
+    `fail()`). An interpreter-exit signal a handler raised needs no traceback."""
+    if isinstance(exc, exit_signals):
+        log.error("%s; stopping the app", what)
+    else:
+        log.error("%s: %s; stopping the app", what, short(exc), exc_info=exc)

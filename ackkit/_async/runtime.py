@@ -31,7 +31,7 @@ from .._core.errors import TopologyConflict
 from .._core.events import Observer
 from .._core.outcome import EXIT_SIGNALS
 from .._io import TICK, ConnectFailed, FatalConnectError, reconnect_logger, reconnect_wait
-from .._logs import short
+from .._logs import log_stop
 from .._spec import AppBase, Instrument, ListenerSpec
 from .._url import mask_text
 from ._amqp import CHANNEL_GONE, ChannelNumbers, declare_queues, open_connection
@@ -110,10 +110,7 @@ class AsyncRuntime:
         turns False; never a listener that looks alive and consumes nothing."""
         if self.fatal is None:
             self.fatal = exc
-        if isinstance(exc, EXIT_SIGNALS):
-            log.error("%s; stopping the app", what)
-        else:
-            log.error("%s: %s; stopping the app", what, short(exc), exc_info=exc)
+        log_stop(what, exc, EXIT_SIGNALS)
         if self._stop_task is None:
             self._stop_task = self.loop.create_task(self._stop(None))
 

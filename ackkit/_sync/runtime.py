@@ -17,7 +17,7 @@ from typing import Any
 from .._core.outcome import EXIT_SIGNALS
 from .._delivery import Delivery
 from .._io import ConnectFailed
-from .._logs import short
+from .._logs import log_stop
 from .._spec import AppBase
 from ._pika import declare_queues, parameters
 from .consumer import Consumer
@@ -67,10 +67,7 @@ class Runtime(Engine):
         turns False; never a listener that looks alive and consumes nothing."""
         if self.fatal is None:
             self.fatal = exc
-        if isinstance(exc, EXIT_SIGNALS):
-            log.error("%s; stopping the app", what)
-        else:
-            log.error("%s: %s; stopping the app", what, short(exc), exc_info=exc)
+        log_stop(what, exc, EXIT_SIGNALS)
         if not self.stopping:
             threading.Thread(target=self.stop, name="ackkit-stop", daemon=True).start()
 
