@@ -16,6 +16,7 @@ from pamqp import commands as spec
 
 from .._core import checks as C
 from .._core.actions import Action, Republish
+from .._core.brokers import traits_of
 from .._core.errors import SettleNotAllowed
 from .._core.listener import ListenerCore
 from .._core.policy import DLQ_DEFAULT, AckMode, FlushPolicy, ListenerPolicy
@@ -131,9 +132,10 @@ class AsyncPullConnection:
                 dead_letter=dead_letter,
                 flush=FlushPolicy(max_pending=1, interval=0.0),
             )
-            core = ListenerCore(policy, shared_channel=True)  # every queue's gets: one channel
             await self._channel()
             assert self._amqp is not None
+            broker = traits_of(self._amqp.server_properties)
+            core = ListenerCore(policy, shared_channel=True, broker=broker)  # one channel
             core.channel_opened()
             await declare_queues(self._amqp, self._numbers, core.topology())
             self._cores[queue] = core

@@ -27,6 +27,7 @@ import aio_pika
 from aiormq.abc import AbstractConnection
 from tenacity import AsyncRetrying, retry_if_exception_type
 
+from .._core.brokers import traits_of
 from .._core.errors import TopologyConflict
 from .._core.events import Observer
 from .._core.outcome import EXIT_SIGNALS
@@ -179,6 +180,9 @@ class AsyncRuntime:
             s.url, heartbeat=s.heartbeat, name=s.connection_name, timeout=10.0, tls=s.tls
         )
         self.connection, self.amqp, self.numbers = conn, amqp, ChannelNumbers()
+        broker = traits_of(amqp.server_properties)
+        for c in self.consumers:
+            c.core.use_broker(broker)  # before anything of this connection is decided
         try:
             try:
                 own = [q for c in self.consumers for q in c.core.topology()]

@@ -36,6 +36,7 @@ COPY_NOTE = "ackkit-copy-note"
 """Why a copy differs from the original beyond the documented rules (shortened fields)."""
 
 X_DELIVERY_COUNT = "x-delivery-count"
+X_ACQUIRED_COUNT = "x-acquired-count"
 MAX_ATTEMPT_HEADER = 1_000_000
 
 
@@ -57,31 +58,34 @@ def _as_int(value: Any) -> int | None:
 
 
 def broker_counts_deliveries(queue_type: str | None) -> bool:
-    """Does the broker maintain x-delivery-count on this queue's deliveries?
-
-    Only quorum queues do (RabbitMQ 3.8+; the broker overwrites whatever a
-    publisher wrote there). On a classic queue or stream the header is whatever
-    the producer put in it: trusting it would let a forged value freeze the
-    attempt counter, so the redelivered flag counts instead. An unknown queue
-    type is not trusted either: the redelivered flag then counts each loss once,
-    and a redelivered copy is restamped (see ListenerCore.receive).
-    """
+    """Does the broker maintain x-delivery-count on this queue's deliveries (RabbitMQ
+    before 4.3)? Only quorum queues do. Kept for callers without broker traits; the
+    listener core asks `BrokerTraits.count_source` instead."""
     return queue_type == "quorum"
 
 
 def attempt_of(
-    headers: Mapping[str, Any] | None, redelivered: bool, *, trust_count: bool = False
+    headers: Mapping[str, Any] | None,
+    redelivered: bool,
+    *,
+    trust_count: bool = False,
+    count_header: str | None = None,
 ) -> int:
     """The 1-based attempt number of a delivery.
 
     ackkit's own header says which attempt this copy started at. On top of it,
-    previous deliveries of this same copy count: a quorum queue says how many
-    (x-delivery-count, read only with `trust_count`); elsewhere the redelivered
-    flag says "at least one". Raises BadAttemptHeader for a forged or garbage
+    previous deliveries of this same copy count: the broker's count in
+    `count_header` (x-delivery-count, or 4.3's x-acquired-count; `trust_count` means
+    x-delivery-count), read only on a redelivery: a first delivery has no previous
+    one, whatever a publisher wrote there (RabbitMQ 4.3 passes a publisher's value
+    through until it increments the count itself). Elsewhere the redelivered flag
+    says "at least one". Raises BadAttemptHeader for a forged or garbage
     ackkit-attempt header.
     """
     base = 1
     extra = 1 if redelivered else 0
+    if trust_count and count_header is None:
+        count_header = X_DELIVERY_COUNT
     if headers:
         raw = headers.get(ATTEMPT)
         if raw is not None:
@@ -89,7 +93,7 @@ def attempt_of(
             if n is None or not 1 <= n <= MAX_ATTEMPT_HEADER:
                 raise BadAttemptHeader(f"invalid {ATTEMPT} header: {raw!r:.80}")
             base = n
-        count = headers.get(X_DELIVERY_COUNT) if trust_count else None
+        count = headers.get(count_header) if count_header and redelivered else None
         if count is not None:
             c = _as_int(count)
             if c is not None and c >= 0:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .actions import Ack, Action, Reject, TxCommit
+from .actions import Ack, Action, Nack, TxCommit
 from .events import Counters, Stage
 from .policy import AckMode, FlushPolicy
 from .tracked import Tracked
@@ -209,11 +209,14 @@ class Ledger:
         return acts
 
     def requeue_pending(self) -> list[Action]:
-        """A transaction rolled back: its pending acks become requeues (counted so)."""
+        """A transaction rolled back: its pending acks become requeues (counted so).
+
+        basic.nack, not basic.reject: these handlers succeeded, so on RabbitMQ 4.3+ the
+        requeue does not count toward a quorum queue's delivery-limit."""
         acts: list[Action] = []
         counts = self._counters.counts
         for tag in self.window.take_stragglers():
-            acts.append(Reject(tag, requeue=True))
+            acts.append(Nack(tag, requeue=True))
             counts[Stage.ACKED] -= 1
             counts[Stage.REQUEUED] += 1
         return acts

@@ -33,6 +33,7 @@ from .actions import (
     SettleKind,
     TxSelect,
 )
+from .brokers import UNKNOWN, BrokerTraits, CountSource
 from .errors import AlreadySettled, BadPayload, RetryLater, SettleNotAllowed
 from .events import HOT_STAGES, Counters, Event, Observer, Stage
 from .failure import Fate, decide
@@ -67,6 +68,7 @@ class ListenerCore:
         wallclock: Callable[[], float] = time.time,
         observer: Observer | None = None,
         shared_channel: bool = False,
+        broker: BrokerTraits = UNKNOWN,
     ) -> None:
         self.policy = policy
         # Other consumers take tags on this core's channel (pull mode: one channel, one
@@ -89,7 +91,20 @@ class ListenerCore:
         )
         self.confirms = Confirms(policy, self.ledger, self.counters, self._emit)
         self._declared: set[str] = set()
-        self._trust_count = H.broker_counts_deliveries(policy.queue_type)
+        self.broker = UNKNOWN
+        self._count = CountSource.REDELIVERED
+        self.use_broker(broker)
+
+    def use_broker(self, broker: BrokerTraits) -> None:
+        """The connection reports this broker (called on every connect: a broker may
+        have been upgraded meanwhile). Sets how attempts are counted."""
+        self.broker = broker
+        self._count = broker.count_source(self.policy.queue_type)
+
+    @property
+    def count_source(self) -> CountSource:
+        """Where previous deliveries of a copy are counted from, on this broker."""
+        return self._count
 
     @property
     def generation(self) -> int:
@@ -152,9 +167,9 @@ class ListenerCore:
         listener has no dead-letter queue, so the queue's own dead-letter route takes
         it whole.
         """
-        trust = self._trust_count
+        count = self._count
         try:
-            attempt = H.attempt_of(headers, redelivered, trust_count=trust)
+            attempt = H.attempt_of(headers, redelivered, count_header=count.header)
             bad: str | None = None
         except H.BadAttemptHeader as exc:
             attempt, bad = 1, str(exc)
@@ -185,7 +200,7 @@ class ListenerCore:
                     None,
                     attempts=attempt - 1,  # this delivery never reaches the handler
                 )
-            elif mx > 1 and redelivered and not trust:
+            elif mx > 1 and redelivered and count is CountSource.REDELIVERED:
                 # No header the broker maintains says how often this copy was delivered:
                 # a copy carrying the attempt number goes back instead (a header a
                 # producer wrote can never turn this counting off).

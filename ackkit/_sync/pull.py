@@ -15,6 +15,7 @@ import pika.exceptions
 
 from .._core import checks as C
 from .._core.actions import Ack, Action, Nack, Reject, Republish
+from .._core.brokers import traits_of
 from .._core.errors import SettleNotAllowed
 from .._core.listener import ListenerCore
 from .._core.policy import DLQ_DEFAULT, AckMode, FlushPolicy, ListenerPolicy
@@ -107,7 +108,8 @@ class PullConnection:
                 dead_letter=dead_letter,
                 flush=FlushPolicy(max_pending=1, interval=0.0),
             )
-            core = ListenerCore(policy, shared_channel=True)  # every queue's gets: one channel
+            broker = traits_of(self._conn._impl.server_properties)
+            core = ListenerCore(policy, shared_channel=True, broker=broker)  # one channel
             self.channel  # noqa: B018 - open the channel first
             core.channel_opened()
             declare_queues(self._conn, core.topology())

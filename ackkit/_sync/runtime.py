@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any
 
+from .._core.brokers import traits_of
 from .._core.outcome import EXIT_SIGNALS
 from .._delivery import Delivery
 from .._io import ConnectFailed
@@ -127,6 +128,10 @@ class Runtime(Engine):
         return parameters(app.url, heartbeat=app.heartbeat, name=app.connection_name, tls=app.tls)
 
     def declare(self, conn: Any) -> None:
+        broker = traits_of(conn._impl.server_properties)
+        for c in self.consumers:
+            with c.lock:
+                c.core.use_broker(broker)  # before anything of this connection is decided
         own = [q for c in self.consumers for q in c.core.topology()]
         user = [(c.spec.queue, c.spec.queue_arguments) for c in self.consumers if c.spec.declare]
         existing = [c.spec.queue for c in self.consumers if not c.spec.declare]

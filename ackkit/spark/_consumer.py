@@ -30,6 +30,7 @@ from pydantic import BaseModel, ValidationError
 
 from .._core.actions import Ack, Action, Republish
 from .._core.batches import Admission, BatchLedger, BatchPlan
+from .._core.brokers import traits_of
 from .._core.errors import AckkitError, BadPayload, TopologyConflict
 from .._core.listener import ListenerCore, Tracked
 from .._core.policy import NO_RETRY, AckMode, FlushPolicy, ListenerPolicy
@@ -245,6 +246,8 @@ class SourceConsumer(Engine, Executor):
         return parameters(o.url, heartbeat=o.heartbeat, name=f"ackkit-spark:{o.queue}")
 
     def declare(self, conn: pika.BlockingConnection) -> None:
+        with self.lock:
+            self.core.use_broker(traits_of(conn._impl.server_properties))
         try:
             user: list[tuple[str, dict[str, Any]]] = (
                 [(self.opts.queue, {})] if self.opts.declare else []

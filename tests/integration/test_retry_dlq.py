@@ -138,23 +138,45 @@ def test_fails_twice_then_succeeds_is_acked_once(
 def test_sigkill_while_the_retry_waits_in_the_delay_queue(
     rabbitmq: Any, fresh_queue: str, tmp_path: Path
 ) -> None:
-    """Killed after attempt 2 failed, while its copy waits in the delay queue."""
+    """Killed after attempt 2 failed, while its copy waits in the delay queue.
+
+    The delay must outlast the broker check made before the kill. Each count is a
+    rabbitmqctl run, 0.5 s on an idle machine and 2-2.5 s on a loaded one (the first
+    one twice as long on a URL broker): with a 1 s delay and two checks, attempt 3 had
+    run before the kill (seen on 4.3, and on 3.10 with AMQP_URL). So one snapshot of
+    both queues (one rabbitmqctl run) shows the copy waiting and the original acked,
+    and the test checks that the kill came within the delay."""
     q = fresh_queue
     log = tmp_path / "calls.jsonl"
-    w = Worker(rabbitmq.url, q, log, "--initial", "1.0").start()
+    delay = 5.0
+    delay_queue = f"{q}.retry.{int(delay * 1000)}ms"
+    w = Worker(rabbitmq.url, q, log, "--initial", str(delay)).start()
     try:
+        rabbitmq.counts_all()  # a URL broker's first count also checks its node: not later
         publish(rabbitmq.url, q, GOOD, message_id="m")
-        assert wait_until(lambda: len(w.invocations()) >= 2, timeout=10)
-        # attempt 2 failed: its copy is confirmed in the 1 s delay queue, the original acked
-        rabbitmq.wait_for(f"{q}.retry.1000ms", ready=1, timeout=2)
-        rabbitmq.wait_for(q, ready=0, unacked=0, timeout=2)
+        assert wait_until(lambda: len(w.invocations()) >= 2, timeout=10 + delay)
+
+        def copy_waits_original_acked() -> bool:
+            snap = rabbitmq.counts_all()
+            waiting, origin = snap.get(delay_queue), snap.get(q)
+            return bool(
+                waiting
+                and origin
+                and waiting.ready == 1
+                and (origin.ready, origin.unacked) == (0, 0)
+            )
+
+        # attempt 2 failed: its copy is confirmed in the delay queue, the original acked
+        assert wait_until(copy_waits_original_acked, timeout=delay, interval=0)
         w.kill()
+        killed_at = time.time()
+        assert killed_at - w.invocations()[1]["t"] < delay, "the kill came after the delay"
         assert len(w.invocations()) == 2
         # Nothing lost while no consumer runs: the copy comes back to the origin queue.
-        rabbitmq.wait_for(q, ready=1, consumers=0, timeout=5)
-        w2 = Worker(rabbitmq.url, q, log, "--initial", "1.0").start()
+        rabbitmq.wait_for(q, ready=1, consumers=0, timeout=delay + 5)
+        w2 = Worker(rabbitmq.url, q, log, "--initial", str(delay)).start()
         try:
-            rabbitmq.wait_for(f"{q}.dlq", ready=1, timeout=15)
+            rabbitmq.wait_for(f"{q}.dlq", ready=1, timeout=3 * delay + 15)
             time.sleep(0.3)
         finally:
             w2.stop()

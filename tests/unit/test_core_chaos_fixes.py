@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from ackkit import AckMode, App, AsyncApp, Delivery, FlushPolicy, Retry, Stage
 from ackkit._core import headers as H
 from ackkit._core.actions import Ack, Action, Nack, Reject, Republish
+from ackkit._core.brokers import V3
 from ackkit._core.listener import ListenerCore
 from ackkit._core.policy import ListenerPolicy
 
@@ -28,7 +29,7 @@ RETRY3 = Retry(max_attempts=3, initial_interval=0.2)
 def core(**kw: Any) -> ListenerCore:
     kw.setdefault("name", "l")
     kw.setdefault("queue", "q")
-    c = ListenerCore(ListenerPolicy(**kw), wallclock=lambda: 0.0)
+    c = ListenerCore(ListenerPolicy(**kw), wallclock=lambda: 0.0, broker=V3)
     c.channel_opened()
     return c
 

@@ -9,6 +9,7 @@ import pytest
 from ackkit import Retry, RetryStrategy
 from ackkit._core import headers as H
 from ackkit._core.actions import Republish
+from ackkit._core.brokers import V3
 from ackkit._core.listener import ListenerCore
 from ackkit._core.policy import ListenerPolicy
 
@@ -17,7 +18,7 @@ def core(now: list[float] | None = None, **kw: Any) -> ListenerCore:
     kw.setdefault("name", "l")
     kw.setdefault("queue", "q")
     clock = now if now is not None else [0.0]
-    c = ListenerCore(ListenerPolicy(**kw), wallclock=lambda: clock[0])
+    c = ListenerCore(ListenerPolicy(**kw), wallclock=lambda: clock[0], broker=V3)
     c.channel_opened()
     return c
 
@@ -60,7 +61,7 @@ def test_broker_retry_copy_drops_the_quorum_delivery_count() -> None:
     republished copy is a new message. Copied along, it was counted again on top of
     ackkit-attempt (attempt 2 -> 4 after one crash redelivery)."""
     c = core(retry=Retry(max_attempts=5, initial_interval=0.2), queue_type="quorum")
-    t = c.receive(1, headers={H.X_DELIVERY_COUNT: 1})
+    t = c.receive(1, redelivered=True, headers={H.X_DELIVERY_COUNT: 1})
     assert t.attempt == 2
     t.attach("d")
     (act,) = c.finish(t, ValueError("boom"))
@@ -72,7 +73,7 @@ def test_broker_retry_copy_drops_the_quorum_delivery_count() -> None:
 
 def test_dead_letter_copy_drops_the_quorum_delivery_count() -> None:
     c = core(retry=Retry(max_attempts=2), queue_type="quorum")
-    t = c.receive(1, headers={H.ATTEMPT: 1, H.X_DELIVERY_COUNT: 1})
+    t = c.receive(1, redelivered=True, headers={H.ATTEMPT: 1, H.X_DELIVERY_COUNT: 1})
     (act,) = c.finish(t, ValueError("boom"))
     assert act.purpose == "dead-letter"  # type: ignore[union-attr]
     assert act.set_headers[H.X_DELIVERY_COUNT] is None  # type: ignore[union-attr]

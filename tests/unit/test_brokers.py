@@ -1,0 +1,189 @@
+"""Broker traits: chosen from the version a connection reports, and what the core decides
+from them (no broker needed)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ackkit import Retry
+from ackkit._core import headers as H
+from ackkit._core.brokers import (
+    UNKNOWN,
+    V3,
+    V40,
+    V43,
+    BrokerTraits,
+    CountSource,
+    parse_version,
+    traits_for,
+    traits_of,
+)
+from ackkit._core.listener import ListenerCore
+from ackkit._core.policy import ListenerPolicy
+
+KNOWN = (V3, V40, V43)
+
+
+@pytest.mark.parametrize(
+    ("raw", "series", "version"),
+    [
+        ("3.10.8", "3.x", (3, 10, 8)),
+        (b"3.13.7", "3.x", (3, 13, 7)),
+        ("4.0.5", "4.0-4.2", (4, 0, 5)),
+        ("4.2.1", "4.0-4.2", (4, 2, 1)),
+        ("4.3.6", "4.3+", (4, 3, 6)),
+        ("4.3.0-rc.0", "4.3+", (4, 3, 0)),
+        ("4.3.6+rc.1", "4.3+", (4, 3, 6)),
+        ("4.3", "4.3+", (4, 3, 0)),
+        ("5.0.0", "4.3+", (5, 0, 0)),  # newer than we know: the newest semantics
+        ("", "unknown", None),
+        ("garbage", "unknown", None),
+        ("2.8.7", "unknown", None),  # not a version ackkit supports
+        ("4..3", "unknown", None),
+        ("4.3.6.7.8", "unknown", None),
+        (None, "unknown", None),
+        (4.3, "unknown", None),
+    ],
+)
+def test_traits_from_the_reported_version(raw: object, series: str, version: Any) -> None:
+    t = traits_for(raw)
+    assert t.series == series and t.version == version
+
+
+@given(st.one_of(st.text(max_size=200), st.binary(max_size=200), st.integers(), st.none()))
+def test_any_reported_version_gives_traits_never_an_error(raw: object) -> None:
+    t = traits_for(raw)
+    assert isinstance(t, BrokerTraits)
+    v = parse_version(raw)
+    if v is None or v[0] < 3:
+        assert t == UNKNOWN
+    else:
+        assert t.version == v and t.series != "unknown"
+
+
+@given(st.text(alphabet="0123456789.+-rcv ", max_size=30))
+def test_version_like_text_is_either_read_whole_or_unknown(raw: str) -> None:
+    t = traits_for(raw)
+    if t.version is not None:
+        major, minor, _ = t.version
+        head = re.match(r"\s*v?(\d+)\.(\d+)", raw)
+        assert head is not None and (int(head[1]), int(head[2])) == (major, minor)
+        rest = raw[head.end() :].lstrip("0123456789.")
+        assert rest[:1] in ("", "-", "+", " ")
+        assert major in (3, 4) or major >= 5
+
+
+class Hostile:
+    def get(self, key: str) -> Any:
+        raise RuntimeError("no")
+
+
+@pytest.mark.parametrize(
+    "props",
+    [None, {}, {"version": None}, {"version": ["4.3.6"]}, Hostile(), "4.3.6", {"version": "x"}],
+)
+def test_server_properties_that_say_nothing_usable_give_unknown(props: Any) -> None:
+    assert traits_of(props) == UNKNOWN
+
+
+def test_server_properties_of_a_43_broker() -> None:
+    assert traits_of({"product": "RabbitMQ", "version": "4.3.6"}).series == "4.3+"
+
+
+def test_the_unknown_broker_trusts_nothing_and_declares_nothing_newer_brokers_refuse() -> None:
+    for qt in ("quorum", "classic", None, "stream"):
+        assert UNKNOWN.count_source(qt) is CountSource.REDELIVERED
+    assert not UNKNOWN.native_delayed_retry
+    assert not UNKNOWN.classic_v1_arguments and not UNKNOWN.transient_queues
+    assert not UNKNOWN.global_qos
+
+
+@pytest.mark.parametrize(
+    ("traits", "queue_type", "source"),
+    [
+        (V3, "quorum", CountSource.DELIVERY_COUNT),
+        (V40, "quorum", CountSource.DELIVERY_COUNT),
+        (V43, "quorum", CountSource.ACQUIRED_COUNT),
+        (V3, "classic", CountSource.REDELIVERED),
+        (V43, "classic", CountSource.REDELIVERED),
+        (V43, None, CountSource.REDELIVERED),
+        (V43, "stream", CountSource.REDELIVERED),
+    ],
+)
+def test_count_source(traits: BrokerTraits, queue_type: str, source: CountSource) -> None:
+    assert traits.count_source(queue_type) is source
+
+
+def _core(traits: BrokerTraits, queue_type: str | None = "quorum") -> ListenerCore:
+    policy = ListenerPolicy(name="l", queue="q", retry=Retry(max_attempts=3), queue_type=queue_type)
+    c = ListenerCore(policy, broker=traits)
+    c.channel_opened()
+    return c
+
+
+@pytest.mark.parametrize("traits", [*KNOWN, UNKNOWN])
+@given(
+    forged=st.dictionaries(
+        st.sampled_from([H.X_DELIVERY_COUNT, H.X_ACQUIRED_COUNT]),
+        st.one_of(st.integers(-5, 10**6), st.text(max_size=5)),
+    )
+)
+def test_a_first_delivery_is_attempt_1_whatever_a_publisher_wrote(
+    traits: BrokerTraits, forged: dict[str, Any]
+) -> None:
+    """RabbitMQ 4.3 hands a publisher's x-delivery-count / x-acquired-count through on the
+    first delivery (seen on 4.3.6): a first delivery has no previous one."""
+    t = _core(traits).receive(1, redelivered=False, headers=forged)
+    assert t.attempt == 1 and t.verdict is None
+
+
+def test_43_reads_the_acquired_count_not_a_forged_delivery_count() -> None:
+    """Seen on 4.3.6: a publisher's x-delivery-count 7 survives a basic.nack (the broker
+    writes the header only once it incremented the count); x-acquired-count is the
+    broker's (1)."""
+    t = _core(V43).receive(
+        1, redelivered=True, headers={"x-delivery-count": 7, "x-acquired-count": 1}
+    )
+    assert t.attempt == 2 and t.verdict is None
+
+
+def test_43_counts_a_consumer_timeout_that_the_delivery_count_misses() -> None:
+    """After a consumer timeout 4.3 returns the message with x-acquired-count 1 and no
+    x-delivery-count: the lost delivery still counts (else it would loop)."""
+    c = _core(V43)
+    t = c.receive(1, redelivered=True, headers={"x-acquired-count": 2})
+    assert t.attempt == 3
+    gone = c.receive(2, redelivered=True, headers={"x-acquired-count": 3})
+    assert gone.verdict is not None and gone.verdict[0].purpose == "dead-letter"
+
+
+def test_before_43_the_delivery_count_counts() -> None:
+    for traits in (V3, V40):
+        t = _core(traits).receive(
+            1, redelivered=True, headers={"x-delivery-count": 1, "x-acquired-count": 9}
+        )
+        assert t.attempt == 2
+
+
+@pytest.mark.parametrize("traits", [UNKNOWN, V3, V43])
+def test_classic_queues_restamp_redeliveries_on_every_broker(traits: BrokerTraits) -> None:
+    t = _core(traits, "classic").receive(1, redelivered=True, headers={"x-acquired-count": 0})
+    assert t.attempt == 2
+    assert t.verdict is not None and t.verdict[0].purpose == "restamp"
+
+
+def test_an_unknown_broker_restamps_a_quorum_redelivery() -> None:
+    t = _core(UNKNOWN).receive(1, redelivered=True, headers={"x-delivery-count": 0})
+    assert t.verdict is not None and t.verdict[0].purpose == "restamp"
+
+
+def test_use_broker_switches_the_counting_on_reconnect() -> None:
+    c = _core(V3)
+    assert c.count_source is CountSource.DELIVERY_COUNT
+    c.use_broker(V43)  # the broker was upgraded while ackkit reconnected
+    assert c.count_source is CountSource.ACQUIRED_COUNT and c.broker is V43
