@@ -5,12 +5,15 @@ Order (see ``provision_broker``):
 1. ``AMQP_URL`` is set: use that broker (``own=False``; ``_provider_url``).
 2. A Docker engine answers: a testcontainers RabbitMQ container (``own=True``;
    ``_provider_docker``).
-3. A ``rabbitmq-server`` binary is installed: a throwaway node of the kit's own,
-   with its own data directory, ports, node name and Erlang cookie (``own=True``;
-   ``_provider_node``).
+3. A throwaway node of the kit's own, with its own data directory, ports, node
+   name and Erlang cookie (``own=True``): from the machine's ``rabbitmq-server``
+   (``_provider_node``) for the default version "3.10", or inside a Debian root
+   holding RabbitMQ 4.0 / 4.3 (``_provider_chroot``, ``_rootfs``).
 4. Otherwise :class:`BrokerUnavailable` says how to get a broker.
 
 ``ACKKIT_TEST_BROKER=url|docker|own`` forces one of the ways (``auto`` is the default).
+``ACKKIT_TEST_RABBITMQ=3.10|4.0|4.3`` picks the version of the kit's own brokers
+(3.10, the default, means the machine's own ``rabbitmq-server``, whatever its version).
 
 Only the standard library is imported at module level; pika, docker and
 testcontainers are imported when they are needed.
@@ -28,16 +31,20 @@ import threading
 from ._env import (
     _SBIN_DIRS,
     DEFAULT_IMAGE,
+    DEFAULT_VERSION,
     ENV_IMAGE,
     ENV_MODE,
     ENV_URL,
+    ENV_VERSION,
     HOW_TO_GET_A_BROKER,
     MODES,
+    wanted_version,
 )
 from ._errors import BrokerError, BrokerNotOwned, BrokerUnavailable, QueueNotFound
 from ._handle import BrokerHandle
 from ._node_os import _find_rabbitmq_server as _find_rabbitmq_server
 from ._node_os import _reap_dead_runs
+from ._provider_chroot import _ChrootNode as _ChrootNode
 from ._provider_docker import _docker_engine as _docker_engine
 from ._provider_docker import _DockerBroker as _DockerBroker
 from ._provider_docker import _rabbitmq_container_class as _rabbitmq_container_class
@@ -49,6 +56,7 @@ from ._queries import QueueCounts
 __all__ = [
     "ENV_MODE",
     "ENV_URL",
+    "ENV_VERSION",
     "BrokerError",
     "BrokerHandle",
     "BrokerNotOwned",
@@ -59,24 +67,41 @@ __all__ = [
     "provision_broker",
 ]
 
-# Nodes that dead test runs left behind are reaped once per process, before the
-# first node of the kit's own boots (a test sets ``_reaped`` back to reap again).
-_reaped = False
+# Nodes that dead test runs left behind are reaped once per process and data
+# directory parent, before the first node of the kit's own boots there (a test
+# empties ``_reaped`` to reap again).
+_reaped: set[str] = set()
 _reap_lock = threading.Lock()
 
 
 def _reap_orphans(parent: str) -> None:
     """Kill nodes (and remove data directories) left behind by dead test runs; once."""
-    global _reaped
     with _reap_lock:
-        if _reaped:
+        if parent in _reaped:
             return
-        _reaped = True
+        _reaped.add(parent)
     _reap_dead_runs(parent)
 
 
+def _own_node(version: str, tls: NodeTLS | None = None) -> BrokerHandle:
+    """A throwaway node of the kit's own of RabbitMQ ``version``."""
+    if version != DEFAULT_VERSION:
+        return _ChrootNode(version, reap_orphans=_reap_orphans, tls=tls)
+    server = _find_rabbitmq_server()
+    if server is None:
+        raise BrokerUnavailable(
+            "a node of the kit's own needs rabbitmq-server, which is not installed.\n"
+            + HOW_TO_GET_A_BROKER
+        )
+    return _OwnNode(server, reap_orphans=_reap_orphans, tls=tls)
+
+
 def provision_broker(
-    mode: str | None = None, *, exclusive: bool = False, tls: NodeTLS | None = None
+    mode: str | None = None,
+    *,
+    exclusive: bool = False,
+    tls: NodeTLS | None = None,
+    rabbitmq: str | None = None,
 ) -> BrokerHandle:
     """Provision a real RabbitMQ broker and return its handle.
 
@@ -88,17 +113,16 @@ def provision_broker(
     is ignored then, and forcing "url" is an error.
     ``tls``: also listen for amqps with these files (a node of the kit's own only;
     its URL is ``handle.amqps_url``).
+    ``rabbitmq``: version of the kit's own brokers, "3.10" (the machine's
+    ``rabbitmq-server``), "4.0" or "4.3" (a node in a Debian root); default
+    ``$ACKKIT_TEST_RABBITMQ``, else "3.10". An ``AMQP_URL`` broker is used whatever
+    its version.
     """
+    version = wanted_version(rabbitmq)
     if tls is not None:
         if (mode or os.environ.get(ENV_MODE) or "auto").strip().lower() in ("url", "docker"):
             raise BrokerUnavailable("a TLS listener needs a node of the kit's own (mode 'own')")
-        server = _find_rabbitmq_server()
-        if server is None:
-            raise BrokerUnavailable(
-                "a TLS listener needs a node of the kit's own, and rabbitmq-server is not "
-                "installed.\n" + HOW_TO_GET_A_BROKER
-            )
-        return _OwnNode(server, reap_orphans=_reap_orphans, tls=tls)
+        return _own_node(version, tls)
     chosen = (mode or os.environ.get(ENV_MODE) or "auto").strip().lower()
     if chosen not in MODES:
         raise ValueError(f"broker mode must be one of {', '.join(MODES)}, not {chosen!r}")
@@ -123,13 +147,16 @@ def provision_broker(
     if chosen in ("auto", "docker"):
         ok, why = _docker_engine()
         if ok:
+            default_image = DEFAULT_IMAGE if version == DEFAULT_VERSION else f"rabbitmq:{version}"
             return _DockerBroker(
-                os.environ.get(ENV_IMAGE) or DEFAULT_IMAGE, _rabbitmq_container_class()
+                os.environ.get(ENV_IMAGE) or default_image, _rabbitmq_container_class()
             )
         if chosen == "docker":
             raise BrokerUnavailable(f"{ENV_MODE}=docker but {why}.\n{HOW_TO_GET_A_BROKER}")
         tried.append(f"Docker: {why}")
 
+    if version != DEFAULT_VERSION:
+        return _own_node(version)
     server = _find_rabbitmq_server()
     if server is not None:
         return _OwnNode(server, reap_orphans=_reap_orphans)

@@ -13,6 +13,10 @@ ENV_NODE = "ACKKIT_TEST_NODE"  # node name rabbitmqctl should use for AMQP_URL b
 ENV_NODE_USER = "ACKKIT_TEST_NODE_USER"  # user an own node runs as when we are root
 ENV_NODE_DIR = "ACKKIT_TEST_NODE_DIR"  # parent directory of own nodes' data directories
 ENV_BOOT_TIMEOUT = "ACKKIT_TEST_BOOT_TIMEOUT"  # seconds, default 60
+ENV_VERSION = "ACKKIT_TEST_RABBITMQ"  # 3.10 | 4.0 | 4.3: version of the kit's own brokers
+
+DEFAULT_VERSION = "3.10"  # the machine's own rabbitmq-server
+VERSIONS = ("3.10", "4.0", "4.3")
 
 DEFAULT_IMAGE = "rabbitmq:3.13"
 MODES = ("auto", "url", "docker", "own")
@@ -43,3 +47,16 @@ def _env_float(name: str, default: float) -> float:
         return float(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r} is not a number") from None
+
+
+def wanted_version(explicit: str | None = None) -> str:
+    """The RabbitMQ version asked for (argument, else ``$ACKKIT_TEST_RABBITMQ``, else 3.10)."""
+    raw = (explicit or os.environ.get(ENV_VERSION, "")).strip().lower()
+    if raw in ("", "system", "3", "3.10"):
+        return DEFAULT_VERSION
+    if raw in ("4", "4.3"):
+        return "4.3"
+    if raw in VERSIONS:
+        return raw
+    source = "rabbitmq=" if explicit else f"{ENV_VERSION}="
+    raise ValueError(f"{source}{raw!r}: the kit's own brokers are one of {', '.join(VERSIONS)}")

@@ -9,8 +9,6 @@ nodes of dead runs) is in :mod:`._node_os`.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import glob
 import logging
 import os
 import re
@@ -29,30 +27,16 @@ from ._commands import _check, _run
 from ._env import ENV_BOOT_TIMEOUT, ENV_NODE_DIR, _env_float
 from ._errors import BrokerError, BrokerUnavailable
 from ._handle import BrokerHandle
+from ._node_files import NodeTLS as NodeTLS
+from ._node_files import _NodeFiles
 from ._node_os import _find_erl_call, _node_user, _owner_watchdog
 from ._registry import _register, _unregister
-from ._util import free_port, iter_processes, kill_pid, pid_alive, tail
+from ._util import free_port, iter_processes, kill_pid, pid_alive
 
 log = logging.getLogger("ackkit.testing")
 
 
-@dataclasses.dataclass(frozen=True)
-class NodeTLS:
-    """PEM files for a TLS (amqps) listener on a broker node of the kit's own.
-
-    ``verify_peer``: ask clients for a certificate and check it against ``ca_file``;
-    ``fail_if_no_peer_cert``: refuse clients that present none (client certificates
-    required). The node copies the files into its data directory.
-    """
-
-    ca_file: str
-    cert_file: str
-    key_file: str
-    verify_peer: bool = True
-    fail_if_no_peer_cert: bool = False
-
-
-class _OwnNode(BrokerHandle):
+class _OwnNode(_NodeFiles, BrokerHandle):
     """A throwaway RabbitMQ node: own data dir, ports, node name and Erlang cookie.
 
     The node runs ``rabbitmq-server`` in the foreground as a child process (as the
@@ -78,15 +62,13 @@ class _OwnNode(BrokerHandle):
         self.amqps_port: int | None = None
         self._ctl_exe = os.path.join(os.path.dirname(server), "rabbitmqctl")
         self._erl_call = _find_erl_call()
-        self._user = _node_user()
+        self._user = self._node_owner()
         self._boot_timeout = boot_timeout or _env_float(ENV_BOOT_TIMEOUT, 60.0)
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.RLock()
         self.boot_seconds: float | None = None
 
-        parent = os.environ.get(ENV_NODE_DIR) or (
-            "/tmp" if self._user is not None and os.path.isdir("/tmp") else tempfile.gettempdir()
-        )
+        parent = self._data_parent()
         reap_orphans(parent)
         self._base = tempfile.mkdtemp(prefix=f"ackkit-node-{os.getpid()}-", dir=parent)
         name = f"ackkit-test-{os.getpid()}-{secrets.token_hex(3)}@localhost"
@@ -99,66 +81,32 @@ class _OwnNode(BrokerHandle):
             self.close()
             raise
 
-    # -- files ------------------------------------------------------------------
+    # -- environment and commands -----------------------------------------------
 
-    def _path(self, *parts: str) -> str:
-        return os.path.join(self._base, *parts)
+    def _data_parent(self) -> str:
+        """Where the node's data directory is made."""
+        return os.environ.get(ENV_NODE_DIR) or (
+            "/tmp" if self._user is not None and os.path.isdir("/tmp") else tempfile.gettempdir()
+        )
 
-    def _prepare_dir(self) -> None:
-        for sub in ("mnesia", "log", "conf.d"):
-            os.makedirs(self._path(sub), exist_ok=True)
-        if self._tls is not None:
-            os.makedirs(self._path("tls"), exist_ok=True)
-            for name, src in self._tls_files().items():
-                shutil.copyfile(src, self._path("tls", name))
-                os.chmod(self._path("tls", name), 0o400)
-        with open(self._path("enabled_plugins"), "w", encoding="ascii") as fh:
-            fh.write("[].\n")
-        with open(self._path("rabbitmq-env.conf"), "w", encoding="ascii") as fh:
-            fh.write(
-                "# throwaway node of the ackkit test kit; settings come from the environment\n"
-            )
-        cookie = self._path(".erlang.cookie")
-        with open(cookie, "w", encoding="ascii") as fh:
-            fh.write(secrets.token_hex(20).upper())
-        os.chmod(cookie, 0o400)
-        if self._user is not None:
-            uid, gid = self._user
-            for root, dirs, files in os.walk(self._base):
-                os.chown(root, uid, gid)
-                for item in dirs + files:
-                    os.chown(os.path.join(root, item), uid, gid)
+    def _node_owner(self) -> tuple[int, int] | None:
+        """(uid, gid) that owns the node's files and runs it (None: the current user)."""
+        return _node_user()
 
-    def _tls_files(self) -> dict[str, str]:
-        tls = self._tls
-        assert tls is not None
-        return {"ca.pem": tls.ca_file, "cert.pem": tls.cert_file, "key.pem": tls.key_file}
+    def _run_as(self) -> tuple[int, int] | None:
+        """(uid, gid) the kit starts the node's programs as (None: as itself)."""
+        return self._user
 
-    def _write_config(self) -> None:
-        path = self._path("rabbitmq.conf")
-        with open(path, "w", encoding="ascii") as fh:
-            fh.write(
-                f"listeners.tcp.local = 127.0.0.1:{self.amqp_port}\n"
-                "loopback_users.guest = true\n"
-                "log.console = false\n"
-                "log.file.level = info\n"
-            )
-            tls = self._tls
-            if tls is not None:
-                fh.write(
-                    f"listeners.ssl.local = 127.0.0.1:{self.amqps_port}\n"
-                    f"ssl_options.cacertfile = {self._path('tls', 'ca.pem')}\n"
-                    f"ssl_options.certfile = {self._path('tls', 'cert.pem')}\n"
-                    f"ssl_options.keyfile = {self._path('tls', 'key.pem')}\n"
-                    "ssl_options.verify = "
-                    + ("verify_peer" if tls.verify_peer else "verify_none")
-                    + "\n"
-                    "ssl_options.fail_if_no_peer_cert = "
-                    + ("true" if tls.fail_if_no_peer_cert else "false")
-                    + "\n"
-                )
-        if self._user is not None:
-            os.chown(path, *self._user)
+    def _server_argv(self) -> list[str]:
+        return [self._server]
+
+    def _ctl_argv(self, *args: str) -> list[str]:
+        return [self._ctl_exe, "-n", str(self.node_name), *args]
+
+    def _erl_call_argv(self) -> list[str] | None:
+        if self._erl_call is None:
+            return None
+        return [self._erl_call, "-sname", str(self.node_name), "-timeout", "10", "-e"]
 
     def _env(self) -> dict[str, str]:
         env = {
@@ -168,26 +116,26 @@ class _OwnNode(BrokerHandle):
             and k not in {"ERL_FLAGS", "ERL_AFLAGS", "ERL_ZFLAGS", "ERL_LIBS", "HOME"}
         }
         env.update(
-            HOME=self._base,
+            HOME=self._inner(),
             RABBITMQ_NODENAME=str(self.node_name),
             RABBITMQ_NODE_IP_ADDRESS="127.0.0.1",
             RABBITMQ_NODE_PORT=str(self.amqp_port),
             RABBITMQ_DIST_PORT=str(self._dist_port),
-            RABBITMQ_MNESIA_BASE=self._path("mnesia"),
-            RABBITMQ_LOG_BASE=self._path("log"),
-            RABBITMQ_LOGS=self._path("log", "node.log"),
-            RABBITMQ_ENABLED_PLUGINS_FILE=self._path("enabled_plugins"),
-            RABBITMQ_CONFIG_FILE=self._path("rabbitmq.conf"),
-            RABBITMQ_CONFIG_FILES=self._path("conf.d"),
-            RABBITMQ_ADVANCED_CONFIG_FILE=self._path("advanced.config"),
-            RABBITMQ_CONF_ENV_FILE=self._path("rabbitmq-env.conf"),
-            RABBITMQ_PID_FILE=self._path("node.pid"),
+            RABBITMQ_MNESIA_BASE=self._inner("mnesia"),
+            RABBITMQ_LOG_BASE=self._inner("log"),
+            RABBITMQ_LOGS=self._inner("log", "node.log"),
+            RABBITMQ_ENABLED_PLUGINS_FILE=self._inner("enabled_plugins"),
+            RABBITMQ_CONFIG_FILE=self._inner("rabbitmq.conf"),
+            RABBITMQ_CONFIG_FILES=self._inner("conf.d"),
+            RABBITMQ_ADVANCED_CONFIG_FILE=self._inner("advanced.config"),
+            RABBITMQ_CONF_ENV_FILE=self._inner("rabbitmq-env.conf"),
+            RABBITMQ_PID_FILE=self._inner("node.pid"),
             RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=(
                 "-kernel inet_dist_use_interface {127,0,0,1} "
                 f"-ackkit_owner {os.getpid()} -ackkit_base {self._base}"
                 + _owner_watchdog(os.getpid())
             ),
-            ERL_CRASH_DUMP=self._path("log", "erl_crash.dump"),
+            ERL_CRASH_DUMP=self._inner("log", "erl_crash.dump"),
         )
         env.setdefault("ERL_EPMD_ADDRESS", "127.0.0.1")
         locale = env.get("LC_ALL") or env.get("LC_CTYPE") or env.get("LANG") or ""
@@ -218,11 +166,12 @@ class _OwnNode(BrokerHandle):
 
     def _spawn(self) -> None:
         kwargs: dict[str, Any] = {}
-        if self._user is not None:
-            kwargs.update(user=self._user[0], group=self._user[1], extra_groups=[])
+        run_as = self._run_as()
+        if run_as is not None:
+            kwargs.update(user=run_as[0], group=run_as[1], extra_groups=[])
         with open(self._path("log", "console.log"), "ab") as console:
             self._proc = subprocess.Popen(
-                [self._server],
+                self._server_argv(),
                 env=self._env(),
                 cwd=self._base,
                 stdin=subprocess.DEVNULL,
@@ -231,14 +180,6 @@ class _OwnNode(BrokerHandle):
                 start_new_session=True,
                 **kwargs,
             )
-
-    def _log_tails(self) -> str:
-        parts = []
-        for name in ("console.log", "node.log"):
-            text = tail(self._path("log", name), 30)
-            if text:
-                parts.append(f"--- {self._path('log', name)} (last lines) ---\n{text}")
-        return "\n".join(parts) or "(the node wrote no log)"
 
     def _spawn_and_wait(self) -> None:
         started = time.monotonic()
@@ -321,15 +262,6 @@ class _OwnNode(BrokerHandle):
             return None
         return f"amqps://guest:guest@127.0.0.1:{self.amqps_port}/%2f"
 
-    def log_text(self) -> str | None:
-        texts = []
-        for name in sorted(glob.glob(self._path("log", "*.log"))):
-            if os.path.basename(name) == "console.log":
-                continue
-            with contextlib.suppress(OSError), open(name, encoding="utf-8", errors="replace") as fh:
-                texts.append(fh.read())
-        return "".join(texts)
-
     def stop(self) -> None:
         """Clean shutdown of the node (its data stays for ``start()``)."""
         with self._lock:
@@ -370,21 +302,20 @@ class _OwnNode(BrokerHandle):
     # -- rabbitmqctl / erl_call -------------------------------------------------------
 
     def ctl(self, *args: str, timeout: float = 60.0) -> str:
-        cmd = [self._ctl_exe, "-n", str(self.node_name), *args]
         res = _run(
-            cmd,
+            self._ctl_argv(*args),
             what="rabbitmqctl",
             timeout=timeout,
             env=self._env(),
             cwd=self._base,
-            user=self._user,
+            user=self._run_as(),
         )
         return _check(res, "rabbitmqctl", args)
 
     def _erl_eval(self, expr: str) -> str | None:
-        if self._erl_call is None or not self.is_running():
+        cmd = self._erl_call_argv()
+        if cmd is None or not self.is_running():
             return None
-        cmd = [self._erl_call, "-sname", str(self.node_name), "-timeout", "10", "-e"]
         try:
             res = _run(
                 cmd,
@@ -392,7 +323,7 @@ class _OwnNode(BrokerHandle):
                 timeout=15,
                 env=self._env(),
                 cwd=self._base,
-                user=self._user,
+                user=self._run_as(),
                 input_text=expr + "\n",
             )
         except BrokerError as exc:

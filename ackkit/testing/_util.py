@@ -158,3 +158,25 @@ def tail(path: str, lines: int = 40) -> str:
     except OSError:
         return ""
     return "\n".join(data.splitlines()[-lines:])
+
+
+def amqp_greets(host: str, port: int, timeout: float) -> bool:
+    """True when the server answers the AMQP 0-9-1 header with connection.start.
+
+    A cheap probe that does not log anything: a node that is still booting
+    accepts TCP connections and resets them, which pika would log as errors.
+    """
+    try:
+        with socket.create_connection((host, port), timeout=min(timeout, 2.0)) as sock:
+            sock.settimeout(timeout)
+            sock.sendall(b"AMQP\x00\x00\x09\x01")
+            data = b""
+            while len(data) < 11:
+                chunk = sock.recv(11 - len(data))
+                if not chunk:
+                    return False
+                data += chunk
+    except OSError:
+        return False
+    # frame type 1 (method), channel 0, size; class 10 (connection), method 10 (start)
+    return data[0] == 1 and data[7:11] == b"\x00\x0a\x00\x0a"

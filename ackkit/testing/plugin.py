@@ -20,8 +20,16 @@ Fixtures:
                    one per test module, running again at the start of every test. Skipped
                    (with the reason) only when ``AMQP_URL`` / ``ACKKIT_TEST_BROKER=url``
                    forces an external broker.
+``rabbitmq_version``  the session broker's version as it announces itself ("4.3.6")
 
-Configuration is through environment variables only (see ``ackkit.testing``).
+Which RabbitMQ: ``--rabbitmq=3.10|4.0|4.3`` (or ``ACKKIT_TEST_RABBITMQ``) picks the
+version of the kit's own brokers (3.10, the default, is the machine's own
+``rabbitmq-server``; 4.x runs in a Debian root built on first use, as root). With
+``AMQP_URL`` set, that broker is used whatever its version. A test marked
+``@pytest.mark.rabbitmq(min="4.0")`` / ``(max="3.13")`` / ``("4.3", "4.0")`` is
+skipped, with the reason, on a broker of another version.
+
+Everything else is configured through environment variables (see ``ackkit.testing``).
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ from typing import Any
 import pytest
 
 from ._broker import provision_broker
-from ._env import ENV_MODE, ENV_URL
+from ._env import ENV_MODE, ENV_URL, ENV_VERSION, VERSIONS, wanted_version
 from ._errors import BrokerError
 from ._handle import BrokerHandle
 from ._util import mask_url
@@ -49,6 +57,7 @@ __all__ = [
     "own_rabbitmq",
     "queue_factory",
     "rabbitmq",
+    "rabbitmq_version",
 ]
 
 log = logging.getLogger("ackkit.testing")
@@ -59,6 +68,7 @@ MARKERS = {
     "chaos": "fault injection on a broker node the suite owns",
     "spark": "needs a local Spark (pyspark + Java)",
     "bench": "benchmarks, never part of the normal test run",
+    "rabbitmq": "rabbitmq(*series, min=, max=): run only on brokers of these RabbitMQ versions",
 }
 
 
@@ -77,7 +87,27 @@ def pytest_plugin_registered(plugin: object, manager: pytest.PytestPluginManager
             manager.register(_LoadedUnderAnotherName(), alias)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("ackkit", "ackkit test kit")
+    group.addoption(
+        "--rabbitmq",
+        default=None,
+        metavar="VERSION",
+        help=f"RabbitMQ version of the kit's own brokers: {' | '.join(VERSIONS)} "
+        f"(sets {ENV_VERSION}; 3.10 is the machine's rabbitmq-server, 4.x a node in a "
+        "Debian root built on first use)",
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    chosen = config.getoption("--rabbitmq", default=None)
+    if chosen:
+        try:
+            version = wanted_version(chosen)
+        except ValueError as exc:
+            raise pytest.UsageError(f"--rabbitmq: {exc}") from None
+        # The environment, so subprocesses (workers, chaos, Spark) pick it up too.
+        os.environ[ENV_VERSION] = version
     registered = {
         re.split(r"[:(]", line, maxsplit=1)[0].strip() for line in config.getini("markers")
     }
@@ -90,7 +120,13 @@ def pytest_report_header(config: pytest.Config) -> str:
     url = os.environ.get(ENV_URL, "").strip()
     mode = os.environ.get(ENV_MODE, "").strip() or "auto"
     where = f"{ENV_URL}={mask_url(url)}" if url else f"{ENV_URL} not set"
-    return f"ackkit test broker: mode={mode}, {where}"
+    try:
+        version = wanted_version()
+    except ValueError as exc:
+        version = str(exc)
+    if url and mode in ("auto", "url"):
+        version += " (not used: the AMQP_URL broker is whatever it is)"
+    return f"ackkit test broker: mode={mode}, {where}, own nodes: RabbitMQ {version}"
 
 
 def _external_broker_forced() -> str | None:
@@ -108,6 +144,39 @@ def rabbitmq() -> Iterator[BrokerHandle]:
     """The session's broker (AMQP_URL, a Docker container or a throwaway node)."""
     with provision_broker() as broker:
         yield broker
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_version(rabbitmq: BrokerHandle) -> str:
+    """The session broker's version as it announces itself, e.g. "4.3.6"."""
+    return rabbitmq.server_version()
+
+
+def _series(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", text)[:2])
+
+
+def _version_skip_reason(marker: pytest.Mark, version: str) -> str | None:
+    have = _series(version)
+    wanted = [_series(str(v)) for v in marker.args]
+    low, high = marker.kwargs.get("min"), marker.kwargs.get("max")
+    if wanted and have not in wanted:
+        return f"needs RabbitMQ {' or '.join(map(str, marker.args))}; the broker is {version}"
+    if low is not None and have < _series(str(low)):
+        return f"needs RabbitMQ {low} or newer; the broker is {version}"
+    if high is not None and have > _series(str(high)):
+        return f"needs RabbitMQ {high} or older; the broker is {version}"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _ackkit_rabbitmq_marker(request: pytest.FixtureRequest) -> None:
+    marker = request.node.get_closest_marker("rabbitmq")
+    if marker is None:
+        return
+    reason = _version_skip_reason(marker, request.getfixturevalue("rabbitmq_version"))
+    if reason is not None:
+        pytest.skip(reason)
 
 
 @pytest.fixture(scope="session")

@@ -331,6 +331,7 @@ def test_unavailable_says_how_to_get_a_broker(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.delenv("ACKKIT_TEST_BROKER", raising=False)
     monkeypatch.setattr(broker_mod, "_docker_engine", lambda: (False, "no engine (test)"))
     monkeypatch.setattr(broker_mod, "_find_rabbitmq_server", lambda: None)
+    monkeypatch.setenv("ACKKIT_TEST_RABBITMQ", "3.10")  # the machine's rabbitmq-server path
     with pytest.raises(BrokerUnavailable) as info:
         provision_broker()
     message = str(info.value)
@@ -357,6 +358,7 @@ def test_boot_failure_shows_log_tail(monkeypatch: pytest.MonkeyPatch) -> None:
             fh.write("#!/bin/sh\necho 'boot exploded: missing thing' >&2\nexit 3\n")
         os.chmod(fake, 0o755)
         monkeypatch.setenv("ACKKIT_RABBITMQ_SERVER", fake)
+        monkeypatch.setenv("ACKKIT_TEST_RABBITMQ", "3.10")  # that script is the 3.10 path
         monkeypatch.delenv("AMQP_URL", raising=False)
         with pytest.raises(BrokerUnavailable, match="exited with code 3") as info:
             provision_broker("own")
@@ -408,7 +410,7 @@ def test_reaper_kills_nodes_of_dead_runs(monkeypatch: pytest.MonkeyPatch) -> Non
             while not any(pid == fake_node.pid and base in cmd for pid, cmd in iter_processes()):
                 assert time.monotonic() < deadline, "fake node never showed its command line"
                 time.sleep(0.01)
-            monkeypatch.setattr(broker_mod, "_reaped", False)
+            monkeypatch.setattr(broker_mod, "_reaped", set())
             broker_mod._reap_orphans(parent)
             assert fake_node.wait(10) != 0
         finally:
