@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from pydantic import BaseModel, ValidationError
 
 from ._core.errors import BadPayload
 from ._core.listener import Tracked
+from ._publish import AUTO, PUBLISH_TIMEOUT, Outgoing, outgoing, reply
 
 if TYPE_CHECKING:
     from ._handler import Decoder
@@ -21,6 +22,12 @@ class Settler(Protocol):
     """What a runtime offers a Delivery to carry out a handler's settle."""
 
     def settle(self, delivery: Delivery, kind: str, requeue: bool, multiple: bool) -> None: ...
+
+
+class MessagePublisher(Protocol):
+    """What a runtime offers a Delivery to publish (a settler may offer it too)."""
+
+    def publish_message(self, msg: Outgoing) -> None: ...
 
 
 class Delivery:
@@ -131,6 +138,50 @@ class Delivery:
     def reject(self, requeue: bool = False) -> None:
         """Reject one delivery. requeue=False dead-letters (to the DLQ if there is one)."""
         self._settler.settle(self, "reject", requeue, False)
+
+    # -- publishing -----------------------------------------------------------
+
+    def publish(
+        self,
+        routing_key: str,
+        body: object,
+        *,
+        exchange: str = "",
+        headers: Mapping[str, Any] | None = None,
+        message_id: str | None = None,
+        correlation_id: str | None = None,
+        content_type: str | None = AUTO,
+        persistent: bool = True,
+        mandatory: bool = True,
+        timeout: float = PUBLISH_TIMEOUT,
+        **properties: Any,
+    ) -> None:
+        """Publish a message on the connection this delivery came from, and wait for the
+        broker's confirm (the options of `App.publish`); a PublishError if it fails."""
+        msg = outgoing(
+            routing_key,
+            body,
+            exchange=exchange,
+            headers=headers,
+            message_id=message_id,
+            correlation_id=correlation_id,
+            content_type=content_type,
+            persistent=persistent,
+            mandatory=mandatory,
+            timeout=timeout,
+            **properties,
+        )
+        self._publisher().publish_message(msg)
+
+    def reply(self, body: object, **options: Any) -> None:
+        """Publish `body` to this delivery's `reply_to` queue with its correlation_id (its
+        message_id when it has none), confirmed; ValueError when it has no reply_to."""
+        self._publisher().publish_message(reply(self, body, **options))
+
+    def _publisher(self) -> MessagePublisher:
+        if not hasattr(self._settler, "publish_message"):
+            raise TypeError(f"{self!r} cannot publish: its source offers no publisher")
+        return cast(MessagePublisher, self._settler)
 
     def __repr__(self) -> str:
         return (

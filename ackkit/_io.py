@@ -1,15 +1,13 @@
 """What both runtimes share about talking to a broker, whatever the client library.
 
 The connect errors (retried with backoff, or fatal), the reconnect backoff and
-its log line, the tick period of time-based ack flushing, and the keyword
-arguments of a pull-mode publish's properties (pika and aio-pika name the AMQP
-properties the same way).
+its log line, and the tick period of time-based ack flushing.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from tenacity import wait_exponential, wait_random
@@ -49,21 +47,3 @@ def reconnect_logger(safe_url: str) -> Callable[[Any], None]:
         )
 
     return before_sleep
-
-
-def publish_properties(
-    headers: Mapping[str, Any] | None,
-    message_id: str | None,
-    content_type: str | None,
-    persistent: bool,
-    props: Mapping[str, Any],
-) -> dict[str, Any]:
-    """Keyword arguments of the basic properties for a pull-mode publish (both clients
-    name the AMQP properties the same way)."""
-    return {
-        "headers": dict(headers) if headers else None,
-        "message_id": message_id,
-        "content_type": content_type,
-        "delivery_mode": 2 if persistent else 1,
-        **props,
-    }

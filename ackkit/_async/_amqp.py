@@ -217,21 +217,43 @@ async def publish_copy(
         if a.declare is not None:
             name, args = a.declare
             await ch.queue_declare(name, durable=True, arguments=args or None, timeout=timeout)
-        conf = await ch.basic_publish(
-            d.body,
-            exchange=a.exchange,
-            routing_key=a.routing_key,
-            properties=props,
-            mandatory=True,
-            timeout=timeout,
+        confirmed, returned = await confirmed_publish(
+            ch, d.body, a.exchange, a.routing_key, props, mandatory=True, timeout=timeout
         )
-    except aiormq.exceptions.PublishError as exc:
-        log.warning("republish to %r returned by the broker: %s", a.routing_key, exc)
-        return False, True, None
     except (TimeoutError, *CHANNEL_GONE) as exc:
         log.warning("republish to %r failed: %s", a.routing_key, mask_text(repr(exc)))
         return False, False, None
-    return isinstance(conf, spec.Basic.Ack), False, None
+    if returned:
+        log.warning("republish to %r returned by the broker", a.routing_key)
+    return confirmed, returned, None
+
+
+async def confirmed_publish(
+    ch: AbstractChannel,
+    body: bytes,
+    exchange: str,
+    routing_key: str,
+    props: spec.Basic.Properties,
+    *,
+    mandatory: bool,
+    timeout: float,
+) -> tuple[bool, bool]:
+    """One publish on a confirm channel: (confirmed, returned). Raises TimeoutError or one
+    of CHANNEL_GONE when no answer came."""
+    try:
+        conf = await ch.basic_publish(
+            body,
+            exchange=exchange,
+            routing_key=routing_key,
+            properties=props,
+            mandatory=mandatory,
+            timeout=timeout,
+        )
+    except aiormq.exceptions.PublishError:  # basic.return
+        return False, True
+    except aiormq.exceptions.DeliveryError:  # basic.nack
+        return False, False
+    return isinstance(conf, spec.Basic.Ack), False
 
 
 async def declare_queues(

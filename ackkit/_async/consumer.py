@@ -50,6 +50,7 @@ from .._core.policy import AckMode
 from .._delivery import Delivery
 from .._invocation import Invocation
 from .._logs import FailureLog, short
+from .._publish import Outgoing
 from .._spec import Instrument, ListenerSpec
 from .._wire import describe
 from . import _frames as frames
@@ -78,6 +79,7 @@ class ConsumerHost(SettlerHost, Protocol):
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]: ...
     def fail(self, exc: BaseException, what: str) -> None: ...
     async def pause(self, delay: float) -> bool: ...
+    async def publish(self, msg: Outgoing) -> None: ...
 
 
 class AsyncConsumer(ChannelSettler):
@@ -346,6 +348,14 @@ class AsyncConsumer(ChannelSettler):
             self.backlog.append(buf)
         else:
             self.rt.spawn(self._run(buf))
+
+    async def apublish_message(self, msg: Outgoing) -> None:
+        """`await AsyncDelivery.publish()` / `reply()` from an async handler."""
+        await self.rt.publish(msg)
+
+    def publish_message(self, msg: Outgoing) -> None:
+        """`Delivery.publish()` / `reply()` from a `def` handler in the thread pool."""
+        self.blocking(lambda: self.rt.publish(msg), "Delivery.publish()")
 
     async def release(self, ds: list[Delivery]) -> None:
         """Requeue deliveries whose handler never ran to the end (shutdown)."""

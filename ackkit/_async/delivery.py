@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Protocol, cast
+from collections.abc import Mapping
+from typing import Any, Protocol, cast
 
 from .._delivery import Delivery
+from .._publish import AUTO, PUBLISH_TIMEOUT, Outgoing, outgoing, reply
 
 
 class AsyncSettler(Protocol):
@@ -13,6 +15,12 @@ class AsyncSettler(Protocol):
     async def asettle(
         self, delivery: Delivery, kind: str, requeue: bool, multiple: bool
     ) -> None: ...
+
+
+class AsyncMessagePublisher(Protocol):
+    """What the asyncio runtime offers an AsyncDelivery to publish."""
+
+    async def apublish_message(self, msg: Outgoing) -> None: ...
 
 
 class AsyncDelivery(Delivery):
@@ -39,6 +47,48 @@ class AsyncDelivery(Delivery):
     async def reject(self, requeue: bool = False) -> None:  # type: ignore[override]
         """Reject one delivery. requeue=False dead-letters (to the DLQ if there is one)."""
         await self._asettler.asettle(self, "reject", requeue, False)
+
+    async def publish(  # type: ignore[override]
+        self,
+        routing_key: str,
+        body: object,
+        *,
+        exchange: str = "",
+        headers: Mapping[str, Any] | None = None,
+        message_id: str | None = None,
+        correlation_id: str | None = None,
+        content_type: str | None = AUTO,
+        persistent: bool = True,
+        mandatory: bool = True,
+        timeout: float = PUBLISH_TIMEOUT,
+        **properties: Any,
+    ) -> None:
+        """Publish a message and wait for the broker's confirm (the options of
+        `AsyncApp.publish`); a PublishError if it fails."""
+        msg = outgoing(
+            routing_key,
+            body,
+            exchange=exchange,
+            headers=headers,
+            message_id=message_id,
+            correlation_id=correlation_id,
+            content_type=content_type,
+            persistent=persistent,
+            mandatory=mandatory,
+            timeout=timeout,
+            **properties,
+        )
+        await self._apublisher().apublish_message(msg)
+
+    async def reply(self, body: object, **options: Any) -> None:  # type: ignore[override]
+        """Publish `body` to this delivery's `reply_to` queue with its correlation_id (its
+        message_id when it has none), confirmed; ValueError when it has no reply_to."""
+        await self._apublisher().apublish_message(reply(self, body, **options))
+
+    def _apublisher(self) -> AsyncMessagePublisher:
+        if not hasattr(self._settler, "apublish_message"):
+            raise TypeError(f"{self!r} cannot publish: its source offers no publisher")
+        return cast(AsyncMessagePublisher, self._settler)
 
     @property
     def _asettler(self) -> AsyncSettler:

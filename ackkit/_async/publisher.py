@@ -1,8 +1,10 @@
-"""AsyncPublisher: the confirm-mode channel that publishes the copies listeners' cores ask for.
+"""AsyncPublisher: the confirm-mode channel that publishes the copies listeners' cores ask
+for, and the app's own messages (`AsyncApp.publish`, `Delivery.publish` / `reply`).
 
 A copy (retry delay, dead letter) is published on its own task; whether it was
 confirmed, returned or not publishable at all goes back to the listener's core
-(`ListenerCore.republished`), which decides how its original is settled.
+(`ListenerCore.republished`), which decides how its original is settled. An app
+message is published by its caller's task, which gets the broker's answer.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from aiormq.abc import AbstractChannel, AbstractConnection
 
 from .._core.actions import Republish
 from .._logs import short
-from ._amqp import CHANNEL_GONE, ChannelNumbers, publish_copy
+from .._publish import Outgoing, failure, not_confirmed
+from ._amqp import CHANNEL_GONE, ChannelNumbers, WireProperties, confirmed_publish, publish_copy
 from .settling import ChannelSettler
 
 log = logging.getLogger("ackkit")
@@ -58,6 +61,31 @@ class AsyncPublisher:
                 ch = await conn.channel(self.rt.numbers.take(), publisher_confirms=True)
                 self.channel = ch
             return ch
+
+    async def send(self, msg: Outgoing) -> None:
+        """Publish an app message and wait for the broker's answer; PublishError if it
+        was not confirmed."""
+        try:
+            ch = await self._channel()
+        except (TimeoutError, *CHANNEL_GONE) as exc:
+            raise not_confirmed(msg, f"not published: {short(exc)}") from None
+        try:
+            confirmed, returned = await confirmed_publish(
+                ch,
+                msg.body,
+                msg.exchange,
+                msg.routing_key,
+                WireProperties(msg.properties),
+                mandatory=msg.mandatory,
+                timeout=msg.timeout,
+            )
+        except TimeoutError:
+            raise not_confirmed(msg, f"no confirm within {msg.timeout} s") from None
+        except CHANNEL_GONE as exc:
+            raise not_confirmed(msg, f"the channel closed: {short(exc)}") from None
+        error = failure(msg, confirmed=confirmed, returned=returned)
+        if error is not None:
+            raise error
 
     async def _publish(self, c: ChannelSettler, a: Republish) -> None:
         ok = unroutable = False

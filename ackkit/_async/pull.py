@@ -21,13 +21,15 @@ from .._core.errors import SettleNotAllowed
 from .._core.listener import ListenerCore
 from .._core.policy import DLQ_DEFAULT, AckMode, FlushPolicy, ListenerPolicy
 from .._delivery import Delivery
-from .._io import publish_properties
+from .._publish import Outgoing, failure, outgoing
 from .._tls import TLS, client_tls
 from .._url import check_url, mask_url
 from . import _frames as frames
 from ._amqp import (
     CHANNEL_GONE,
     ChannelNumbers,
+    WireProperties,
+    confirmed_publish,
     declare_queues,
     open_connection,
     publish_copy,
@@ -273,7 +275,7 @@ class AsyncPullConnection:
     async def publish(
         self,
         routing_key: str,
-        body: bytes | str,
+        body: object,
         *,
         exchange: str = "",
         headers: Mapping[str, Any] | None = None,
@@ -282,20 +284,37 @@ class AsyncPullConnection:
         persistent: bool = True,
         **props: Any,
     ) -> None:
-        """Publish with publisher confirms (raises if the broker refuses or cannot route)."""
-        if isinstance(body, str):
-            body = body.encode()
-        p = spec.Basic.Properties(
-            **publish_properties(headers, message_id, content_type, persistent, props)
+        """Publish and wait for the broker's confirm: MessageUnroutable when no queue takes
+        it (mandatory), PublishNacked when refused (the options of `AsyncApp.publish`)."""
+        msg = outgoing(
+            routing_key,
+            body,
+            exchange=exchange,
+            headers=headers,
+            message_id=message_id,
+            content_type=content_type,
+            persistent=persistent,
+            **props,
         )
+        await self.apublish_message(msg)
+
+    async def apublish_message(self, msg: Outgoing) -> None:
+        """Publish a checked message, confirmed (also `AsyncDelivery.publish` / `reply`)."""
         async with self._lock:
             self._check_open("publish()")
             ch = await self._channel()
-            conf = await ch.basic_publish(
-                body, exchange=exchange, routing_key=routing_key, properties=p, mandatory=True
+            confirmed, returned = await confirmed_publish(
+                ch,
+                msg.body,
+                msg.exchange,
+                msg.routing_key,
+                WireProperties(msg.properties),
+                mandatory=msg.mandatory,
+                timeout=msg.timeout,
             )
-        if not isinstance(conf, spec.Basic.Ack):
-            raise RuntimeError(f"publish to {routing_key!r} was not confirmed: {conf!r}")
+        error = failure(msg, confirmed=confirmed, returned=returned)
+        if error is not None:
+            raise error
 
     async def declare_queue(self, name: str, arguments: Mapping[str, Any] | None = None) -> None:
         async with self._lock:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import ssl
 import time
@@ -33,6 +34,7 @@ from .._core.events import Observer
 from .._core.outcome import EXIT_SIGNALS
 from .._io import TICK, ConnectFailed, FatalConnectError, reconnect_logger, reconnect_wait
 from .._logs import log_stop
+from .._publish import Outgoing, not_confirmed
 from .._spec import AppBase, Instrument, ListenerSpec
 from .._url import mask_text
 from ._amqp import CHANNEL_GONE, ChannelNumbers, declare_queues, open_connection
@@ -114,6 +116,17 @@ class AsyncRuntime:
         log_stop(what, exc, EXIT_SIGNALS)
         if self._stop_task is None:
             self._stop_task = self.loop.create_task(self._stop(None))
+
+    async def publish(self, msg: Outgoing) -> None:
+        """Publish an app message, confirmed; while reconnecting, wait for the connection
+        (within the message's timeout)."""
+        deadline = self.loop.time() + msg.timeout
+        while not self._serving:
+            if self.stopping or self.loop.time() >= deadline:
+                raise not_confirmed(msg, "not published: the app is not connected")
+            await asyncio.sleep(0.02)
+        remaining = max(deadline - self.loop.time(), 0.001)
+        await self.publisher.send(dataclasses.replace(msg, timeout=remaining))
 
     async def pause(self, delay: float) -> bool:
         """Sleep `delay` seconds; True (at once) when a shutdown was requested."""

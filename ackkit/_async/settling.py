@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Protocol, cast
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol, cast
 
 from aiormq.abc import AbstractChannel
 
@@ -110,6 +111,10 @@ class ChannelSettler:
 
     def settle(self, delivery: Delivery, kind: str, requeue: bool, multiple: bool) -> None:
         """`Delivery.ack()` from a `def` handler in the thread pool (Settler protocol)."""
+        self.blocking(lambda: self.asettle(delivery, kind, requeue, multiple), "Delivery.ack()")
+
+    def blocking(self, make: Callable[[], Coroutine[Any, Any, None]], what: str) -> None:
+        """Run the coroutine `make()` on the loop and wait for it (a `def` handler's thread)."""
         loop = self.rt.loop
         try:
             current = asyncio.get_running_loop()
@@ -117,11 +122,10 @@ class ChannelSettler:
             current = None
         if current is loop:
             raise RuntimeError(
-                "a blocking Delivery.ack() on the event loop would deadlock; "
-                "async handlers get an AsyncDelivery: use `await delivery.ack()`"
+                f"a blocking {what} on the event loop would deadlock; async handlers get an "
+                f"AsyncDelivery: use `await delivery.{what.split('.')[-1]}`"
             )
-        coro = self.asettle(delivery, kind, requeue, multiple)
-        asyncio.run_coroutine_threadsafe(coro, loop).result()
+        asyncio.run_coroutine_threadsafe(make(), loop).result()
 
     async def tick(self) -> None:
         core = self.core

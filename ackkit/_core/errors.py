@@ -20,7 +20,28 @@ class BadPayload(AckkitError):
 
 
 class TopologyConflict(AckkitError):
-    """An existing queue was declared with arguments that conflict with ackkit's."""
+    """A queue, exchange or binding that conflicts with what the listeners ask for: an
+    existing queue or exchange declared with other arguments or another type, or two
+    listeners of one app declaring one exchange differently."""
+
+
+class PublishError(AckkitError):
+    """A publish the broker did not confirm; the subclass says how it failed."""
+
+
+class MessageUnroutable(PublishError):
+    """The broker returned a mandatory publish: no queue is bound to take it (an exchange
+    without a matching binding, or a routing key naming no queue)."""
+
+
+class PublishNacked(PublishError):
+    """The broker refused the publish (basic.nack): e.g. a full queue with
+    x-overflow=reject-publish, or an internal error; nothing was stored."""
+
+
+class PublishNotConfirmed(PublishError):
+    """No confirm came within the timeout, or the connection was lost first: the message
+    may or may not have been stored (publish again if duplicates are acceptable)."""
 
 
 class Signal(Exception):
@@ -63,3 +84,23 @@ class DeadLetterMessage(Signal):
     def __init__(self, reason: str = "dead-lettered by handler") -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+# Their public names, in tracebacks, logs and the error-type header of dead letters
+# (`ackkit.BadPayload`, not the private module that defines it).
+for _cls in (
+    AckkitError,
+    AlreadySettled,
+    SettleNotAllowed,
+    BadPayload,
+    TopologyConflict,
+    PublishError,
+    MessageUnroutable,
+    PublishNacked,
+    PublishNotConfirmed,
+    RequeueMessage,
+    RejectMessage,
+    RetryLater,
+    DeadLetterMessage,
+):
+    _cls.__module__ = "ackkit"

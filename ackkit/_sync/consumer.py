@@ -23,6 +23,7 @@ from .._core.policy import AckMode
 from .._delivery import Delivery
 from .._invocation import Invocation
 from .._logs import FailureLog
+from .._publish import Outgoing
 from .._spec import AppBase, ListenerSpec
 from .._wire import describe
 from . import _frames as frames
@@ -49,6 +50,8 @@ class Host(Protocol):
     def consumer_ready(self, c: Consumer, /) -> None: ...
 
     def fail(self, exc: BaseException, what: str, /) -> None: ...
+
+    def publish(self, msg: Outgoing, /) -> None: ...
 
 
 class Consumer(Executor):
@@ -274,6 +277,10 @@ class Consumer(Executor):
         if out.stop is not None:
             self.rt.fail(out.stop, f"{self.spec.name}: handler raised {type(out.stop).__name__}")
         return out
+
+    def publish_message(self, msg: Outgoing) -> None:
+        """`Delivery.publish()` / `reply()` from a handler: confirmed, on the app's publisher."""
+        self.rt.publish(msg)
 
     def _release(self, ts: Sequence[Tracked]) -> None:
         with self.lock:

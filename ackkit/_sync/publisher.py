@@ -1,26 +1,31 @@
-"""The confirm-mode channel that publishes the copies the core asks for.
+"""The confirm-mode channel that publishes the copies the core asks for, and the app's
+own messages (`App.publish`, `Delivery.publish` / `reply`).
 
 One per connection, shared by every listener on it (the App's consumers, the
 Spark source). Retry copies and dead letters are published with `mandatory`,
 so a copy no queue takes comes back with basic.return; each publish is then
 confirmed (basic.ack) or refused (basic.nack), and the listener's core decides
-what that means for the original (`ListenerCore.republished`).
+what that means for the original (`ListenerCore.republished`). An app message
+goes the same way; its `Ticket` tells the waiting caller how it ended.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pika.spec import Basic
 
 from .._core.actions import Republish
+from .._core.errors import PublishError
 from .._logs import short
+from .._publish import Outgoing, failure
 from . import _frames as frames
-from ._pika import copy_options, copy_properties
+from ._pika import WireProperties, copy_options, copy_properties
 from .executor import Executor
 
 log = logging.getLogger("ackkit")
@@ -40,15 +45,15 @@ class Host(Protocol):
 
 @dataclass(slots=True)
 class Pending:
-    """A copy published and not yet confirmed."""
+    """A publish not yet confirmed; `done(confirmed, returned, lost)` is called once: when
+    the broker answered, or (lost) when the channel closed first."""
 
-    owner: Executor
-    gen: int
-    token: int
+    done: Callable[[bool, bool, bool], None]
     exchange: str
     routing_key: str
     body: bytes
     returned: bool = False
+    copy: bool = True
 
 
 def returned_publish(
@@ -74,6 +79,46 @@ def returned_publish(
     return fallback
 
 
+LOST = "the connection or channel closed before the broker confirmed it"
+
+
+class Ticket:
+    """An app message handed to the I/O thread, and the caller waiting for its outcome.
+
+    Until the I/O thread sends it, the caller may withdraw it (`withdraw()` after a
+    timeout): a withdrawn message is never sent, so "not confirmed" then means "not
+    published"; once sent, the outcome is the broker's."""
+
+    def __init__(self, msg: Outgoing) -> None:
+        self.msg = msg
+        self.sent = False
+        self.error: PublishError | None = None
+        self._withdrawn = False
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+
+    def take(self) -> bool:
+        """I/O thread, about to send: False if the caller gave up already."""
+        with self._lock:
+            if self._withdrawn:
+                return False
+            self.sent = True
+            return True
+
+    def withdraw(self) -> bool:
+        """Caller: give up; True if the message was never sent (and never will be)."""
+        with self._lock:
+            self._withdrawn = True
+            return not self.sent
+
+    def finish(self, confirmed: bool, returned: bool, why: str = "") -> None:
+        self.error = failure(self.msg, confirmed=confirmed, returned=returned, why=why)
+        self._done.set()
+
+    def wait(self, timeout: float) -> bool:
+        return self._done.wait(timeout)
+
+
 class Publisher:
     """A confirm-mode channel for the copies of deliveries (retry delays, dead letters)."""
 
@@ -84,6 +129,7 @@ class Publisher:
         self.pending: dict[int, Pending] = {}
         # Copies waiting for the channel to be ready, and for a queue to be declared.
         self.waiting: list[tuple[Executor, int, Republish]] = []
+        self.tickets: list[Ticket] = []  # app messages waiting for the channel
         self.declaring: list[tuple[Executor, int, Republish]] = []
 
     def open(self, conn: Any) -> None:
@@ -104,6 +150,34 @@ class Publisher:
         waiting, self.waiting = self.waiting, []
         for owner, gen, a in waiting:
             self.publish(owner, gen, a)
+        tickets, self.tickets = self.tickets, []
+        for t in tickets:
+            self.send(t)
+
+    def send(self, t: Ticket) -> None:
+        """Publish an app message (I/O thread); `t.finish(...)` once the broker answered."""
+        ch = self.channel
+        if ch is None or not ch.is_open:
+            self.tickets.append(t)
+            return
+        if not t.take():
+            return
+        m = t.msg
+        try:
+            ch.basic_publish(
+                m.exchange, m.routing_key, m.body, WireProperties(m.properties), m.mandatory
+            )
+        except Exception as exc:  # a closed channel: the message did not go out
+            t.finish(False, False, f"not sent: {short(exc)}")
+            return
+        self.seq += 1
+        self.pending[self.seq] = Pending(
+            lambda ok, returned, lost: t.finish(ok, returned, LOST if lost else ""),
+            m.exchange,
+            m.routing_key,
+            m.body,
+            copy=False,
+        )
 
     def publish(self, owner: Executor, gen: int, a: Republish) -> None:
         """Publish the copy `a` of one of `owner`'s deliveries (I/O thread)."""
@@ -142,13 +216,20 @@ class Publisher:
             owner.republish_failed(a.token, why)
             return
         self.seq += 1
-        self.pending[self.seq] = Pending(owner, gen, a.token, a.exchange, a.routing_key, body)
+        self.pending[self.seq] = Pending(
+            lambda ok, returned, _lost: owner.republished(gen, a.token, ok, returned),
+            a.exchange,
+            a.routing_key,
+            body,
+        )
 
     def _on_return(self, ch: Any, method: Any, props: Any, body: bytes) -> None:
         exchange, rk = frames.text(method.exchange), frames.text(method.routing_key)
         seq = returned_publish(self.pending, exchange, rk, body)
         if seq is not None:
             self.pending[seq].returned = True
+            if not self.pending[seq].copy:
+                return  # an app message: its caller gets MessageUnroutable
         log.warning(
             "copy published to %r returned by the broker: %s (an ackkit queue is declared "
             "again and the copy republished; otherwise the original is requeued)",
@@ -163,7 +244,7 @@ class Publisher:
         for s in tags:
             p = self.pending.pop(s, None)
             if p is not None:
-                p.owner.republished(p.gen, p.token, ok and not p.returned, p.returned)
+                p.done(ok and not p.returned, p.returned, False)
 
     def _on_closed(self, ch: Any, reason: BaseException) -> None:
         if self.channel is not None and ch is not self.channel:
@@ -178,7 +259,7 @@ class Publisher:
         pending, self.pending = self.pending, {}
         declaring, self.declaring = self.declaring, []
         for p in pending.values():
-            p.owner.republished(p.gen, p.token, False)
+            p.done(False, False, True)
         for owner, gen, a in declaring:
             owner.republished(gen, a.token, False)
         if not self.host.stopping and conn is not None and conn.is_open:

@@ -20,13 +20,19 @@ from .._core.errors import SettleNotAllowed
 from .._core.listener import ListenerCore
 from .._core.policy import DLQ_DEFAULT, AckMode, FlushPolicy, ListenerPolicy
 from .._delivery import Delivery
-from .._io import FatalConnectError, publish_properties
+from .._io import FatalConnectError
+from .._publish import Outgoing, failure, outgoing
 from .._tls import TLS, client_tls, tls_failure
 from .._url import check_url, mask_url
 from . import _frames as frames
-from ._pika import blocking_connection, copy_options, copy_properties, declare_queues, parameters
-
-log = logging.getLogger("ackkit")
+from ._pika import (
+    WireProperties,
+    blocking_connection,
+    copy_options,
+    copy_properties,
+    declare_queues,
+    parameters,
+)
 
 log = logging.getLogger("ackkit.pull")
 
@@ -233,7 +239,7 @@ class PullConnection:
     def publish(
         self,
         routing_key: str,
-        body: bytes | str,
+        body: object,
         *,
         exchange: str = "",
         headers: Mapping[str, Any] | None = None,
@@ -242,15 +248,42 @@ class PullConnection:
         persistent: bool = True,
         **props: Any,
     ) -> None:
-        """Publish with publisher confirms (raises if the broker refuses or cannot route)."""
-        if isinstance(body, str):
-            body = body.encode()
-        p = pika.BasicProperties(
-            **publish_properties(headers, message_id, content_type, persistent, props)
+        """Publish and wait for the broker's confirm: MessageUnroutable when no queue takes
+        it (mandatory), PublishNacked when refused (the options of `App.publish`)."""
+        msg = outgoing(
+            routing_key,
+            body,
+            exchange=exchange,
+            headers=headers,
+            message_id=message_id,
+            content_type=content_type,
+            persistent=persistent,
+            new_message_id=False,
+            **props,
         )
+        self.publish_message(msg)
+
+    def publish_message(self, msg: Outgoing) -> None:
+        """Publish a checked message, confirmed (also `Delivery.publish` / `reply`)."""
         with self._lock:
             self._check_open("publish()")
-            self.channel.basic_publish(exchange, routing_key, body, p, mandatory=True)
+            ch = self.channel
+            confirmed, returned = True, False
+            try:
+                ch.basic_publish(
+                    msg.exchange,
+                    msg.routing_key,
+                    msg.body,
+                    WireProperties(msg.properties),
+                    mandatory=msg.mandatory,
+                )
+            except pika.exceptions.UnroutableError:
+                returned = True
+            except pika.exceptions.NackError:
+                confirmed = False
+        error = failure(msg, confirmed=confirmed, returned=returned)
+        if error is not None:
+            raise error
 
     def declare_queue(self, name: str, arguments: Mapping[str, Any] | None = None) -> None:
         with self._lock:

@@ -19,11 +19,12 @@ from .._core.outcome import EXIT_SIGNALS
 from .._delivery import Delivery
 from .._io import ConnectFailed
 from .._logs import log_stop
+from .._publish import Outgoing, not_confirmed
 from .._spec import AppBase
 from ._pika import declare_queues, parameters
 from .consumer import Consumer
 from .engine import Engine
-from .publisher import Publisher
+from .publisher import Publisher, Ticket
 
 log = logging.getLogger("ackkit")
 
@@ -60,6 +61,25 @@ class Runtime(Engine):
                 raise ConnectFailed(
                     f"no connection to {self.app.safe_url} within {self.app.startup_timeout} s"
                 )
+
+    def publish(self, msg: Outgoing) -> None:
+        """Publish an app message on the publisher channel and wait for the broker's
+        confirm (any thread but the I/O thread); a PublishError when it did not come."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("publish() on ackkit's I/O thread would wait for itself")
+        t = Ticket(msg)
+        deadline = time.monotonic() + msg.timeout
+        while not self.call_soon(lambda: self.publisher.send(t)):
+            if self._done.is_set() or time.monotonic() >= deadline:
+                raise not_confirmed(msg, "not published: the app is not connected")
+            time.sleep(0.02)
+        if not t.wait(max(0.0, deadline - time.monotonic())):
+            why = f"no confirm within {msg.timeout} s"
+            if t.withdraw():
+                why = f"not published: no connection within {msg.timeout} s"
+            raise not_confirmed(msg, why)
+        if t.error is not None:
+            raise t.error
 
     def fail(self, exc: BaseException, what: str) -> None:
         """Something that must not go on quietly: a failure of ackkit's own threads, or a

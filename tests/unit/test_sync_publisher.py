@@ -59,10 +59,10 @@ def confirm(tag: int, multiple: bool = False) -> Any:
 
 def test_the_oldest_unconfirmed_copy_to_the_same_place_is_returned() -> None:
     pending = {
-        1: Pending(Owner(), 1, 1, "", "a", b"x"),  # type: ignore[arg-type]
-        2: Pending(Owner(), 1, 2, "", "b", b"x"),  # type: ignore[arg-type]
-        3: Pending(Owner(), 1, 3, "", "b", b"x"),  # type: ignore[arg-type]
-        4: Pending(Owner(), 1, 4, "dlx", "b", b"x"),  # type: ignore[arg-type]
+        1: Pending(lambda *_: None, "", "a", b"x"),
+        2: Pending(lambda *_: None, "", "b", b"x"),
+        3: Pending(lambda *_: None, "", "b", b"x"),
+        4: Pending(lambda *_: None, "dlx", "b", b"x"),
     }
     assert returned_publish(pending, "", "b", b"x") == 2
     pending[2].returned = True

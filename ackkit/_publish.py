@@ -1,0 +1,167 @@
+"""What a publish sends, checked before anything goes out: shared by every publisher.
+
+`outgoing(...)` turns the arguments of `App.publish`, `AsyncApp.publish`,
+`Delivery.publish` / `reply` and the pull connections' `publish` into one
+`Outgoing` value (the body encoded, the AMQP properties by name); a bad option
+fails here, at the caller's line. `failure(...)` is the one rule of what a
+publisher's outcome means for its caller. No client library is imported.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+
+from ._core import checks as C
+from ._core import wire
+from ._core.errors import MessageUnroutable, PublishError, PublishNacked, PublishNotConfirmed
+
+if TYPE_CHECKING:
+    from ._delivery import Delivery
+
+PUBLISH_TIMEOUT = 30.0
+"""Seconds a publish waits for the broker's confirm by default."""
+
+AUTO = "auto"
+"""content_type=AUTO: application/json for a model or a JSON value, none for bytes or str."""
+
+JSON = "application/json"
+NOT_RUNNING = (
+    "publish() needs the app running (app.start(), app.run() or `with app.running()`); "
+    "a script that only publishes uses `with ackkit.connect(url) as conn: conn.publish(...)`"
+)
+_SET_BY_ARGUMENT = ("headers", "message_id", "content_type", "delivery_mode", "correlation_id")
+_EXTRA = frozenset(wire.PROPERTY_NAMES) - {"cluster_id", *_SET_BY_ARGUMENT}
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One message to publish: where to, its body, its AMQP properties by name."""
+
+    exchange: str
+    routing_key: str
+    body: bytes
+    properties: Mapping[str, Any]
+    mandatory: bool = True
+    timeout: float = PUBLISH_TIMEOUT
+
+    @property
+    def where(self) -> str:
+        """`exchange 'x' with routing key 'k'`, or `queue 'k'` for the default exchange."""
+        if self.exchange:
+            return f"exchange {self.exchange!r} with routing key {self.routing_key!r}"
+        return f"queue {self.routing_key!r} (default exchange)"
+
+
+def encode_body(body: object) -> tuple[bytes, str | None]:
+    """(bytes, the content type they imply): a pydantic model or any other JSON value is
+    JSON; bytes are sent as they are and str as UTF-8, both without a content type."""
+    if isinstance(body, bytes | bytearray | memoryview):
+        return bytes(body), None
+    if isinstance(body, str):
+        return body.encode("utf-8"), None
+    if isinstance(body, BaseModel):
+        return body.model_dump_json().encode("utf-8"), JSON
+    try:
+        return json.dumps(body, separators=(",", ":"), allow_nan=False).encode("utf-8"), JSON
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"body must be bytes, str, a pydantic model or a JSON value; {type(body).__name__} "
+            f"is not: {exc}"
+        ) from None
+
+
+def outgoing(
+    routing_key: str,
+    body: object,
+    *,
+    exchange: str = "",
+    headers: Mapping[str, Any] | None = None,
+    message_id: str | None = None,
+    correlation_id: str | None = None,
+    content_type: str | None = AUTO,
+    persistent: bool = True,
+    mandatory: bool = True,
+    timeout: float = PUBLISH_TIMEOUT,
+    new_message_id: bool = True,
+    **properties: Any,
+) -> Outgoing:
+    """The message a publish sends; ValueError / TypeError for a bad option, at once."""
+    C.text("exchange", exchange, empty=True)
+    if len(exchange.encode()) > 255:
+        raise ValueError(f"exchange name longer than 255 bytes: {exchange[:40]!r}...")
+    C.text("routing_key", routing_key, empty=True)
+    if len(routing_key.encode()) > 255:
+        raise ValueError(f"routing_key longer than 255 bytes: {routing_key[:40]!r}...")
+    C.flag("persistent", persistent)
+    C.flag("mandatory", mandatory)
+    C.number("timeout", timeout, 0, 86_400.0, above=True)
+    unknown = sorted(set(properties) - _EXTRA)
+    if unknown:
+        raise TypeError(
+            f"unknown publish option(s) {', '.join(unknown)}; AMQP properties are "
+            f"{', '.join(sorted(_EXTRA | set(_SET_BY_ARGUMENT) - {'delivery_mode'}))}"
+        )
+    data, implied = encode_body(body)
+    for name in ("message_id", "correlation_id", "content_type"):
+        value = locals()[name]
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{name} must be a str or None, got {value!r}")
+    if message_id is None and new_message_id:
+        message_id = uuid.uuid4().hex
+    props: dict[str, Any] = {
+        **{k: v for k, v in properties.items() if v is not None},
+        "headers": C.amqp_table("headers", headers) or None,
+        "message_id": message_id,
+        "correlation_id": correlation_id,
+        "content_type": implied if content_type == AUTO else content_type,
+        "delivery_mode": 2 if persistent else 1,
+    }
+    props = {k: v for k, v in props.items() if v is not None}
+    try:
+        wire.encode_properties(props)  # a value AMQP cannot carry fails here, not on the wire
+    except Exception as exc:
+        raise ValueError(f"publish properties cannot be sent: {exc}") from None
+    return Outgoing(exchange, routing_key, data, props, mandatory, timeout)
+
+
+def reply(delivery: Delivery, body: object, **options: Any) -> Outgoing:
+    """The reply to `delivery`: to its reply_to queue (default exchange), with its
+    correlation_id (or, without one, its message_id) unless `options` set another."""
+    to = getattr(delivery.properties, "reply_to", None)
+    if not to:
+        raise ValueError(
+            f"cannot reply to {delivery!r}: it has no reply_to property (the sender did not "
+            "ask for a reply); publish the result with publish(...) instead"
+        )
+    options.setdefault(
+        "correlation_id",
+        getattr(delivery.properties, "correlation_id", None) or delivery.message_id,
+    )
+    return outgoing(str(to), body, **options)
+
+
+def failure(
+    msg: Outgoing, *, confirmed: bool, returned: bool, why: str = ""
+) -> PublishError | None:
+    """What a publisher's outcome means for its caller: None when the broker confirmed
+    a routed message; else the error to raise. `why` (not empty) says the outcome is
+    unknown: no confirm came (timeout, connection lost)."""
+    if why:
+        return not_confirmed(msg, why)
+    if returned:
+        return MessageUnroutable(
+            f"publish to {msg.where} was returned by the broker: no queue is bound to take it"
+        )
+    if not confirmed:
+        return PublishNacked(f"publish to {msg.where} was refused by the broker (basic.nack)")
+    return None
+
+
+def not_confirmed(msg: Outgoing, why: str) -> PublishNotConfirmed:
+    return PublishNotConfirmed(f"publish to {msg.where} not confirmed: {why}")
