@@ -23,7 +23,8 @@ def mask_text(text: str, *secrets: str) -> str:
 
 
 def check_url(url: object) -> str:
-    """`url` if it is an amqp:// or amqps:// URL that parses, else ValueError / TypeError."""
+    """`url` if it is an amqp:// or amqps:// URL that parses (or the memory:// URL of an
+    `ackkit.testing.InMemoryBroker`), else ValueError / TypeError."""
     from ._core import checks
 
     checks.text("url", url)
@@ -33,6 +34,6 @@ def check_url(url: object) -> str:
         parts.port  # noqa: B018 - raises ValueError for a port that is not a number
     except ValueError as exc:
         raise ValueError(f"url {mask_url(url)!r} cannot be parsed: {exc}") from None
-    if parts.scheme.lower() not in ("amqp", "amqps"):
+    if parts.scheme.lower() not in ("amqp", "amqps", "memory"):  # memory: ackkit.testing
         raise ValueError(f"url must be amqp:// or amqps://, got {mask_url(url)!r}")
     return url

@@ -26,6 +26,7 @@ from .._core.actions import Ack, Action, Nack, Reject, Republish
 from .._core.errors import TopologyConflict
 from .._core.listener import QueueSpec, missing_queue
 from .._delivery import Delivery
+from .._inmemory import broker_for
 from .._io import ConnectFailed, FatalConnectError
 from .._tls import client_tls, handshake_hint, tls_failure
 from .._url import mask_text, mask_url
@@ -59,6 +60,10 @@ async def open_connection(
     """An aio-pika connection and its aiormq connection; ConnectFailed / FatalConnectError.
 
     amqps:// URLs use `tls` (from `client_tls`), else the system's trust store."""
+    memory = broker_for(url)
+    if memory is not None:  # ackkit.testing.InMemoryBroker
+        conn = memory.aio_connection(name)
+        return conn, conn
     u = URL(url)
     if heartbeat is not None and "heartbeat" not in u.query:
         u = u.update_query(heartbeat=heartbeat)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import ssl
+import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -13,6 +15,7 @@ import pika.frame
 from .._core import copies, wire
 from .._core.errors import TopologyConflict
 from .._core.listener import QueueSpec, missing_queue
+from .._inmemory import broker_for
 from .._tls import client_tls
 from ._frames import SafeSelectConnection
 
@@ -29,6 +32,9 @@ def parameters(
 ) -> Any:
     """pika parameters for `url`; amqps:// with `tls` (from `client_tls`) or, when it is
     None, certificates verified against the system's trust store."""
+    memory = broker_for(url)
+    if memory is not None:  # ackkit.testing.InMemoryBroker
+        return memory.pika_parameters(name)
     params = pika.URLParameters(url)
     tls = tls or client_tls(url, None)
     if tls is not None:
@@ -61,7 +67,18 @@ headers salvaged, readable ones kept as they were on the wire for byte-exact cop
 
 def blocking_connection(params: Any) -> pika.BlockingConnection:
     """A BlockingConnection whose deliveries keep their raw headers (FaithfulConnection)."""
+    memory = getattr(params, "memory_broker", None)
+    if memory is not None:
+        return memory.blocking_connection(params)
     return pika.BlockingConnection(params, _impl_class=FaithfulConnection)
+
+
+def select_connection(params: Any, **callbacks: Any) -> Any:
+    """A FaithfulConnection (or an in-memory broker's stand-in) with pika's callbacks."""
+    memory = getattr(params, "memory_broker", None)
+    if memory is not None:
+        return memory.select_connection(params, **callbacks)
+    return FaithfulConnection(params, **callbacks)
 
 
 def property_map(props: Any) -> dict[str, Any]:
@@ -139,14 +156,48 @@ def declare_queues(
         _declare(conn, spec.name, spec.arguments, spec.purpose)
 
 
-def _exists(conn: pika.BlockingConnection, name: str) -> bool:
-    ch = conn.channel()
+_PROBES: weakref.WeakSet[Any] = weakref.WeakSet()
+"""pika channels (their `_impl`) that are asking whether a queue exists, right now."""
+
+
+class _QuietProbes(logging.Filter):
+    """Drops pika's WARNING "Received remote Channel.Close (404)" for a channel that only
+    asked whether a queue exists (`passive_declare`): there NOT_FOUND is the answer, not
+    a problem. Every other channel close, of any channel, is still logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        return not (
+            isinstance(args, tuple) and len(args) == 3 and args[0] == 404 and args[2] in _PROBES
+        )
+
+
+logging.getLogger("pika.channel").addFilter(_QuietProbes())
+
+
+def passive_declare(ch: Any, name: str) -> Any | None:
+    """queue.declare(passive) on the blocking channel `ch`: its Declare-Ok frame, or None
+    when the queue does not exist (the broker then closes `ch`; pika's warning about
+    that is left out of the log)."""
+    impl = getattr(ch, "_impl", None)
+    if impl is not None:
+        _PROBES.add(impl)
     try:
-        ch.queue_declare(name, passive=True)
+        return ch.queue_declare(name, passive=True)
     except pika.exceptions.ChannelClosedByBroker as exc:
         if exc.reply_code == 404:
-            return False
+            logging.getLogger("ackkit").debug("queue %r does not exist (yet)", name)
+            return None
         raise
+    finally:
+        if impl is not None:
+            _PROBES.discard(impl)
+
+
+def _exists(conn: pika.BlockingConnection, name: str) -> bool:
+    ch = conn.channel()
+    if passive_declare(ch, name) is None:
+        return False
     ch.close()
     return True
 

@@ -26,7 +26,7 @@ from .._core.errors import TopologyConflict
 from .._io import TICK, ConnectFailed, FatalConnectError, reconnect_logger, reconnect_wait
 from .._tls import handshake_hint, tls_failure
 from .._url import mask_text
-from ._pika import FaithfulConnection, blocking_connection
+from ._pika import blocking_connection, select_connection
 
 log = logging.getLogger("ackkit")
 
@@ -95,7 +95,7 @@ class Engine:
         self._topology(params)
         self._opened = False
         self._loop_closed.clear()
-        conn = FaithfulConnection(
+        conn = select_connection(
             params,
             on_open_callback=self._on_open,
             on_open_error_callback=self._on_open_error,
