@@ -254,20 +254,18 @@ def _amqp(url: str, names: Sequence[str]) -> list[QueueRow]:
     import pika
     import pika.exceptions
 
-    from ._sync._pika import parameters
+    from ._sync._pika import parameters, passive_declare
 
     rows: list[QueueRow] = []
     conn = pika.BlockingConnection(parameters(url, name="ackkit-queues"))
     try:
         for name in names:
             ch = conn.channel()
-            try:
-                ok = ch.queue_declare(name, passive=True).method
-            except pika.exceptions.ChannelClosedByBroker as exc:
-                if exc.reply_code != 404:
-                    raise
+            frame = passive_declare(ch, name)
+            if frame is None:
                 rows.append(QueueRow(name, None, None, None, None))
                 continue
+            ok = frame.method
             rows.append(QueueRow(name, int(ok.message_count), None, None, int(ok.consumer_count)))
             with contextlib.suppress(pika.exceptions.AMQPError):
                 ch.close()
