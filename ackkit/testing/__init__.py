@@ -32,6 +32,8 @@ pytest loads automatically once ackkit is installed.
 from ._broker import provision_broker
 from ._errors import BrokerError, BrokerNotOwned, BrokerUnavailable, QueueNotFound
 from ._handle import BrokerHandle
+from ._helpers import NotRouted, QueuedMessage, wait_until, wait_until_async
+from ._memory import InMemoryBroker
 from ._provider_node import NodeTLS
 from ._queries import QueueCounts
 from ._util import mask_url
@@ -41,9 +43,14 @@ __all__ = [
     "BrokerHandle",
     "BrokerNotOwned",
     "BrokerUnavailable",
+    "InMemoryBroker",
     "NodeTLS",
+    "NotRouted",
     "QueueCounts",
     "QueueNotFound",
+    "QueuedMessage",
     "mask_url",
     "provision_broker",
+    "wait_until",
+    "wait_until_async",
 ]

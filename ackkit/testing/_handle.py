@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from ._env import ENV_URL
 from ._errors import BrokerError, BrokerNotOwned, QueueNotFound
+from ._helpers import KitHelpers
 from ._queries import (
     QueueCounts,
     _counts_all_expr,
@@ -45,7 +46,7 @@ def _pika() -> Any:
     return pika
 
 
-class BrokerHandle:
+class BrokerHandle(KitHelpers):
     """A provisioned broker. Use :func:`provision_broker` to get one.
 
     Attributes: ``url`` (amqp URL), ``own`` (True when the kit started the node,

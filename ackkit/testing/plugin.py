@@ -21,6 +21,8 @@ Fixtures:
                    (with the reason) only when ``AMQP_URL`` / ``ACKKIT_TEST_BROKER=url``
                    forces an external broker.
 ``rabbitmq_version``  the session broker's version as it announces itself ("4.3.6")
+``memory_broker``  a fresh :class:`~ackkit.testing.InMemoryBroker` for the test (no
+                   network); ``App(memory_broker.url)`` runs on it
 
 Which RabbitMQ: ``--rabbitmq=3.10|4.0|4.3`` (or ``ACKKIT_TEST_RABBITMQ``) picks the
 version of the kit's own brokers (3.10, the default, is the machine's own
@@ -48,12 +50,14 @@ from ._broker import provision_broker
 from ._env import ENV_MODE, ENV_URL, ENV_VERSION, VERSIONS, wanted_version
 from ._errors import BrokerError
 from ._handle import BrokerHandle
+from ._memory import InMemoryBroker
 from ._util import mask_url
 
 __all__ = [
     "QueueFactory",
     "amqp_url",
     "fresh_queue",
+    "memory_broker",
     "own_rabbitmq",
     "queue_factory",
     "rabbitmq",
@@ -143,6 +147,13 @@ def _external_broker_forced() -> str | None:
 def rabbitmq() -> Iterator[BrokerHandle]:
     """The session's broker (AMQP_URL, a Docker container or a throwaway node)."""
     with provision_broker() as broker:
+        yield broker
+
+
+@pytest.fixture
+def memory_broker() -> Iterator[InMemoryBroker]:
+    """A fresh in-memory broker for this test (``App(memory_broker.url)``), closed after it."""
+    with InMemoryBroker() as broker:
         yield broker
 
 

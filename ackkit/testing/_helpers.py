@@ -1,0 +1,285 @@
+"""Test helpers on every broker handle (a real broker's and the in-memory one's).
+
+publish a message (JSON, a pydantic model, text or raw bytes with properties
+and headers), read a queue or a dead-letter queue (each dead letter read by the
+DLQ tool's total reader, `ackkit._dead_letters.describe`), and wait for queue
+counts or any condition, blocking or with `await`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from .._dead_letters import DeadLetter, describe
+from ._errors import BrokerError
+from ._queries import QueueCounts
+
+__all__ = ["KitHelpers", "NotRouted", "QueuedMessage", "wait_until", "wait_until_async"]
+
+M = TypeVar("M")
+
+_PROPERTY_NAMES = (
+    "content_type",
+    "content_encoding",
+    "delivery_mode",
+    "priority",
+    "correlation_id",
+    "reply_to",
+    "expiration",
+    "message_id",
+    "timestamp",
+    "type",
+    "user_id",
+    "app_id",
+)
+
+
+class NotRouted(BrokerError):
+    """A test published a message no queue took (no such queue, or no binding matched)."""
+
+
+@dataclass(frozen=True)
+class QueuedMessage:
+    """A message read from a queue: body, headers and the other properties."""
+
+    body: bytes
+    headers: dict[str, Any]
+    properties: dict[str, Any]
+    exchange: str = ""
+    routing_key: str = ""
+    redelivered: bool = False
+    dead_letter: DeadLetter | None = field(default=None, repr=False)
+    """What the message says about its death (`dead_letters()` only)."""
+
+    def json(self) -> Any:
+        """The body parsed as JSON."""
+        return json.loads(self.body)
+
+    def text(self) -> str:
+        return self.body.decode("utf-8")
+
+    def model(self, cls: type[M]) -> M:
+        """The body validated as the pydantic model `cls`."""
+        return cls.model_validate_json(self.body)  # type: ignore[attr-defined,no-any-return]
+
+    @property
+    def reason(self) -> str | None:
+        """Why it was dead-lettered (`dead_letters()` only)."""
+        return self.dead_letter.reason if self.dead_letter is not None else None
+
+
+def encode_body(message: Any) -> tuple[bytes, str | None]:
+    """(body, content type) for what a test publishes: bytes as they are, str as
+    text/plain, a pydantic model or any JSON-able value as application/json."""
+    if isinstance(message, (bytes, bytearray, memoryview)):
+        return bytes(message), None
+    if isinstance(message, str):
+        return message.encode("utf-8"), "text/plain"
+    dump = getattr(message, "model_dump_json", None)
+    if callable(dump):
+        return str(dump()).encode("utf-8"), "application/json"
+    return json.dumps(message).encode("utf-8"), "application/json"
+
+
+class KitHelpers:
+    """publish / messages / dead_letters / waits, on top of a handle's `connect()` and
+    `counts()` (both the real broker's `BrokerHandle` and `InMemoryBroker`)."""
+
+    kind = "?"
+
+    def connect(self, **overrides: Any) -> Any:
+        raise NotImplementedError
+
+    def counts(self, queue: str) -> QueueCounts:
+        raise NotImplementedError
+
+    def publish(
+        self,
+        routing_key: str,
+        message: Any,
+        *,
+        exchange: str = "",
+        headers: Mapping[str, Any] | None = None,
+        mandatory: bool = True,
+        **properties: Any,
+    ) -> None:
+        """Publish one message (with publisher confirms) and return once the broker took it.
+
+        `message`: bytes (sent as they are), str (text/plain), a pydantic model or any
+        JSON-able value (application/json). `properties`: AMQP basic properties by
+        pika's names (content_type, message_id, correlation_id, reply_to,
+        delivery_mode, expiration, ...). With `mandatory` (the default) a message no
+        queue takes raises NotRouted: a test publishing to a queue nobody declared
+        fails at once instead of waiting for nothing.
+        """
+        self.publish_many(
+            routing_key,
+            [message],
+            exchange=exchange,
+            headers=headers,
+            mandatory=mandatory,
+            **properties,
+        )
+
+    def publish_many(
+        self,
+        routing_key: str,
+        messages: list[Any],
+        *,
+        exchange: str = "",
+        headers: Mapping[str, Any] | None = None,
+        mandatory: bool = True,
+        **properties: Any,
+    ) -> None:
+        """`publish` for several messages over one connection, in order."""
+        import pika.exceptions
+
+        from .._sync._pika import WireProperties
+
+        unknown = set(properties) - set(_PROPERTY_NAMES)
+        if unknown:
+            raise TypeError(f"unknown message properties: {sorted(unknown)}")
+        conn = self.connect()
+        try:
+            ch = conn.channel()
+            ch.confirm_delivery()
+            for m in messages:
+                body, ctype = encode_body(m)
+                fields = {"content_type": ctype, "delivery_mode": 2, **properties}
+                if headers:
+                    fields["headers"] = dict(headers)
+                props = WireProperties(fields)  # float headers too (pika cannot encode them)
+                try:
+                    ch.basic_publish(exchange, routing_key, body, props, mandatory=mandatory)
+                except pika.exceptions.UnroutableError:
+                    where = f"exchange {exchange!r}" if exchange else "the default exchange"
+                    raise NotRouted(
+                        f"no queue took a message published to {where} with routing key "
+                        f"{routing_key!r} (declare the queue, or start the app first)"
+                    ) from None
+        finally:
+            conn.close()
+
+    def messages(self, queue: str, *, take: bool = False) -> list[QueuedMessage]:
+        """The ready messages of `queue`, oldest first: left in place (requeued, so they
+        come back marked redelivered), or removed with `take=True`."""
+        return [m for m in self._read(queue, take=take, dead=False)]
+
+    def dead_letters(self, queue: str, *, take: bool = False) -> list[QueuedMessage]:
+        """The messages of the dead-letter queue `queue` (e.g. "orders.dlq"), each with
+        `.dead_letter` read from its headers (reason, error type and message, attempts,
+        original queue: as `ackkit dlq inspect` shows them) and `.reason`."""
+        return self._read(queue, take=take, dead=True)
+
+    def _read(self, queue: str, *, take: bool, dead: bool) -> list[QueuedMessage]:
+        out: list[QueuedMessage] = []
+        conn = self.connect()
+        try:
+            ch = conn.channel()
+            while True:
+                method, props, body = ch.basic_get(queue, auto_ack=take)
+                if method is None:
+                    break
+                headers = dict(props.headers or {})
+                fields = {n: getattr(props, n, None) for n in _PROPERTY_NAMES}
+                letter = None
+                if dead:
+                    letter = describe(
+                        headers,
+                        message_id=props.message_id,
+                        body_size=len(body),
+                        redelivered=method.redelivered,
+                    )
+                out.append(
+                    QueuedMessage(
+                        bytes(body),
+                        headers,
+                        {k: v for k, v in fields.items() if v is not None},
+                        method.exchange or "",
+                        method.routing_key or "",
+                        bool(method.redelivered),
+                        letter,
+                    )
+                )
+            if out and not take:
+                ch.basic_nack(0, multiple=True, requeue=True)
+        finally:
+            conn.close()
+        return out
+
+    async def wait_for_async(
+        self,
+        queue: str,
+        *,
+        ready: int | None = None,
+        unacked: int | None = None,
+        total: int | None = None,
+        consumers: int | None = None,
+        timeout: float = 10.0,
+        interval: float = 0.02,
+    ) -> QueueCounts:
+        """`wait_for` for async tests: polls without blocking the event loop."""
+        want = {"ready": ready, "unacked": unacked, "total": total, "consumers": consumers}
+        want = {k: v for k, v in want.items() if v is not None}
+        last: list[QueueCounts | str] = ["no answer yet"]
+
+        async def check() -> bool:
+            from ._errors import QueueNotFound
+
+            try:
+                if self.kind == "memory":
+                    c = self.counts(queue)
+                else:
+                    c = await asyncio.to_thread(self.counts, queue)
+            except QueueNotFound as exc:
+                last[0] = str(exc)
+                return False
+            last[0] = c
+            return all(getattr(c, k) == v for k, v in want.items())
+
+        try:
+            await wait_until_async(check, timeout=timeout, interval=interval)
+        except AssertionError:
+            raise AssertionError(
+                f"queue {queue!r} did not reach {want} within {timeout:.1f}s; last: {last[0]}"
+            ) from None
+        result = last[0]
+        assert isinstance(result, QueueCounts)
+        return result
+
+
+def wait_until(
+    check: Callable[[], object], *, timeout: float = 10.0, interval: float = 0.02, what: str = ""
+) -> None:
+    """Call `check` until it returns something true; AssertionError after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what or check}")
+        time.sleep(interval)
+
+
+async def wait_until_async(
+    check: Callable[[], object | Awaitable[object]],
+    *,
+    timeout: float = 10.0,
+    interval: float = 0.02,
+    what: str = "",
+) -> None:
+    """`wait_until` for async tests: `check` may be a plain or an async function."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ok = check()
+        if inspect.isawaitable(ok):
+            ok = await ok
+        if ok:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what or check}")
+        await asyncio.sleep(interval)

@@ -1,0 +1,337 @@
+"""The in-memory broker's state and rules: queues, exchanges, channels, deliveries.
+
+What RabbitMQ does with a message, modelled closely enough for ackkit's core to
+be run against it: routing through the default, direct, fanout and topic
+exchanges; consumers served round-robin within their prefetch; delivery tags
+per channel; ack / nack / reject (single and `multiple`), a requeued message
+going back to its place with `redelivered` set; every unsettled delivery of a
+closed channel requeued; an unknown delivery tag or a missing queue closing the
+channel (406 / 404) as the broker does; queue arguments checked on re-declare
+(406); dead-lettering through `x-dead-letter-exchange` with `x-death`;
+`x-message-ttl` and per-message `expiration` (expired at the head of the
+queue); quorum queues' `x-delivery-count` and `x-delivery-limit`; `x-max-length`
+(drop-head or reject-publish); publisher confirms and `mandatory` returns;
+transactions (`tx.select` / `tx.commit`).
+
+Nothing here knows a client library: the facades (`_mem_pika`, `_mem_aio`) turn
+`ChannelError` into their library's exceptions and `Sink` calls into their
+library's callbacks. One lock guards the whole state; sinks are called under
+it and must only hand work to their own loop.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from typing import Any
+
+from .._core import wire
+from ._mem_state import (
+    PRECONDITION_FAILED,
+    Channel,
+    ChannelError,
+    Consumer,
+    Message,
+    Queue,
+    Sink,
+    Unacked,
+    copy_message,
+    expiration,
+    python_headers,
+)
+from ._mem_topology import Topology
+
+
+class Model(Topology):
+    """The state of one in-memory broker: its topology, channels and deliveries."""
+
+    def publish(self, msg: Message, *, mandatory: bool = False) -> tuple[bool, bool]:
+        """Route `msg`; returns (returned, refused): returned when `mandatory` and no queue
+        took it (basic.return), refused when a queue with x-overflow=reject-publish is full
+        (the confirm is a nack)."""
+        with self.lock:
+            headers = python_headers(msg)
+            queues = self.route(msg.exchange, msg.routing_key, headers)
+            refused = False
+            for q in queues:
+                refused |= not self._enqueue(q, copy_message(msg))
+            return (mandatory and not queues), refused
+
+    def _enqueue(self, q: Queue, msg: Message) -> bool:
+        limit = q.arg("x-max-length")
+        if isinstance(limit, int) and len(q.ready) + q.unacked >= limit:
+            if q.arg("x-overflow") in ("reject-publish", "reject-publish-dlx"):
+                return False
+            while q.ready and len(q.ready) + q.unacked >= limit:
+                _, head = q.ready.pop(0)
+                self._dead_letter(q, head, "maxlen")
+        msg.seq = next(self._seq)
+        now = self.clock.now()
+        ttls = [t for t in (q.arg("x-message-ttl"), expiration(msg)) if t is not None]
+        msg.expires_at = now + min(ttls) / 1000.0 * self.clock.scale if ttls else None
+        q.ready.append((msg.seq, msg))
+        self._dispatch(q)
+        return True
+
+    # -- channels and consumers -------------------------------------------------------
+
+    def open_channel(self, sink: Sink, connection_name: str) -> Channel:
+        with self.lock:
+            ch = Channel(len(self.channels) + 1, sink, connection_name)
+            self.channels.add(id(ch))
+            return ch
+
+    def close_channel(self, ch: Channel, code: int = 200, text: str = "OK") -> None:
+        """The channel is gone: its consumers end, its unsettled deliveries are requeued."""
+        with self.lock:
+            if not ch.open:
+                return
+            ch.open = False
+            self.channels.discard(id(ch))
+            for c in ch.consumers.values():
+                if c in c.queue.consumers:
+                    c.queue.consumers.remove(c)
+            ch.consumers.clear()
+            touched = []
+            for tag in sorted(ch.unacked):
+                u = self._pop(ch, tag)
+                self._requeue(u)
+                touched.append(u.queue)
+            for q in {id(q): q for q in touched}.values():
+                self._dispatch(q)
+            ch.sink.closed(code, text)
+            self.changed.notify_all()
+
+    def fail_channel(self, ch: Channel, code: int, text: str) -> ChannelError:
+        self.close_channel(ch, code, text)
+        return ChannelError(code, text)
+
+    def qos(self, ch: Channel, prefetch: int) -> None:
+        with self.lock:
+            ch.prefetch = prefetch
+
+    def consume(self, ch: Channel, queue: str, no_ack: bool, tag: str | None = None) -> str:
+        with self.lock:
+            try:
+                q = self._queue(queue)
+            except ChannelError as exc:
+                raise self.fail_channel(ch, exc.code, exc.text) from None
+            tag = tag or f"amq.ctag-{next(self._ctag)}"
+            c = Consumer(tag, q, ch, no_ack)
+            ch.consumers[tag] = c
+            q.consumers.append(c)
+            self._dispatch(q)
+            self.changed.notify_all()
+            return tag
+
+    def cancel(self, ch: Channel, tag: str) -> None:
+        with self.lock:
+            c = ch.consumers.pop(tag, None)
+            if c is not None and c in c.queue.consumers:
+                c.queue.consumers.remove(c)
+            self.changed.notify_all()
+
+    def get(self, ch: Channel, queue: str, no_ack: bool) -> tuple[int, Message, int] | None:
+        """basic.get: (delivery tag, message, messages left) or None when empty."""
+        with self.lock:
+            try:
+                q = self._queue(queue)
+            except ChannelError as exc:
+                raise self.fail_channel(ch, exc.code, exc.text) from None
+            self._expire(q)
+            if not q.ready:
+                return None
+            msg = self._take(q)
+            if msg is None:
+                return None
+            tag = ch.next_tag
+            ch.next_tag += 1
+            if not no_ack:
+                ch.unacked[tag] = Unacked(q, msg, None)
+                q.unacked += 1
+            self.changed.notify_all()
+            return tag, msg, len(q.ready)
+
+    def _take(self, q: Queue) -> Message | None:
+        """The head of `q`, or None. A quorum queue counts returns in x-delivery-count
+        and dead-letters a message past its x-delivery-limit instead."""
+        while q.ready:
+            _, msg = q.ready.pop(0)
+            if not q.quorum or not msg.returns:
+                return msg
+            limit = q.arg("x-delivery-limit")
+            if isinstance(limit, int) and msg.returns > limit:
+                self._dead_letter(q, msg, "delivery_limit")
+                continue
+            props = msg.properties()
+            props["headers"] = {**(props.get("headers") or {}), "x-delivery-count": msg.returns}
+            msg.props = wire.encode_properties(props)
+            return msg
+        return None
+
+    def _dispatch(self, q: Queue) -> None:
+        self._expire(q)
+        while q.ready and q.consumers and q.name in self.queues:
+            n = len(q.consumers)
+            for i in range(n):
+                c = q.consumers[(q.turn + i) % n]
+                ch = c.channel
+                if c.no_ack or not ch.prefetch or c.unacked < ch.prefetch:
+                    q.turn = (q.turn + i + 1) % max(n, 1)
+                    break
+            else:
+                return
+            msg = self._take(q)
+            if msg is None:
+                return
+            tag = ch.next_tag
+            ch.next_tag += 1
+            if not c.no_ack:
+                ch.unacked[tag] = Unacked(q, msg, c)
+                c.unacked += 1
+                q.unacked += 1
+            ch.sink.deliver(c.tag, tag, msg, msg.redelivered)
+        self.changed.notify_all()
+
+    # -- settling -----------------------------------------------------------------
+
+    def settle(self, ch: Channel, kind: str, tag: int, multiple: bool, requeue: bool) -> None:
+        """basic.ack / nack / reject; an unknown tag closes the channel (406)."""
+        with self.lock:
+            if ch.tx:
+                self._check_tags(ch, tag, multiple)
+                ch.tx_ops.append(lambda: self._settle(ch, kind, tag, multiple, requeue))
+                return
+            self._settle(ch, kind, tag, multiple, requeue)
+
+    def _check_tags(self, ch: Channel, tag: int, multiple: bool) -> None:
+        if tag not in ch.unacked and not (multiple and tag == 0):
+            raise self.fail_channel(
+                ch, PRECONDITION_FAILED, f"PRECONDITION_FAILED - unknown delivery tag {tag}"
+            )
+
+    def _settle(self, ch: Channel, kind: str, tag: int, multiple: bool, requeue: bool) -> None:
+        if not ch.open:
+            return
+        self._check_tags(ch, tag, multiple)
+        tags = [t for t in sorted(ch.unacked) if t <= tag or tag == 0] if multiple else [tag]
+        touched: dict[int, Queue] = {}
+        for t in tags:
+            u = self._pop(ch, t)
+            touched[id(u.queue)] = u.queue
+            if kind == "ack":
+                continue
+            if requeue:
+                self._requeue(u)
+            else:
+                self._dead_letter(u.queue, u.msg, "rejected")
+        for q in touched.values():
+            self._dispatch(q)
+        self.changed.notify_all()
+
+    def _pop(self, ch: Channel, tag: int) -> Unacked:
+        u = ch.unacked.pop(tag)
+        u.queue.unacked -= 1
+        if u.consumer is not None:
+            u.consumer.unacked -= 1
+        return u
+
+    def _requeue(self, u: Unacked) -> None:
+        q = u.queue
+        msg = u.msg
+        msg.redelivered = True
+        msg.returns += 1
+        if q.name in self.queues:
+            bisect.insort(q.ready, (msg.seq, msg), key=lambda e: e[0])
+
+    # -- transactions -------------------------------------------------------------------
+
+    def tx_select(self, ch: Channel) -> None:
+        with self.lock:
+            ch.tx = True
+
+    def tx_commit(self, ch: Channel) -> None:
+        with self.lock:
+            ops, ch.tx_ops = ch.tx_ops, []
+            for op in ops:
+                op()
+
+    def tx_rollback(self, ch: Channel) -> None:
+        with self.lock:
+            ch.tx_ops.clear()
+
+    # -- dead letters and expiry --------------------------------------------------------
+
+    def _dead_letter(self, q: Queue, msg: Message, reason: str) -> None:
+        dlx = q.arg("x-dead-letter-exchange")
+        if dlx is None or dlx not in self.exchanges:
+            return
+        rk = q.arg("x-dead-letter-routing-key")
+        props = msg.properties()
+        headers: dict[str, Any] = dict(props.get("headers") or {})
+        py = python_headers(msg)
+        deaths = list(py.get("x-death") or [])
+        now = int(time.time())
+        entry = None
+        for d in deaths:
+            if isinstance(d, dict) and d.get("queue") == q.name and d.get("reason") == reason:
+                entry = d
+        if entry is not None:
+            deaths.remove(entry)
+            entry["count"] = int(entry.get("count", 1)) + 1
+            entry["time"] = now
+        else:
+            entry = {
+                "count": 1,
+                "reason": reason,
+                "queue": q.name,
+                "time": now,
+                "exchange": msg.exchange,
+                "routing-keys": [msg.routing_key],
+            }
+            if props.get("expiration") is not None:
+                entry["original-expiration"] = props["expiration"]
+        headers["x-death"] = [entry, *deaths]
+        headers.setdefault("x-first-death-reason", reason)
+        headers.setdefault("x-first-death-queue", q.name)
+        headers.setdefault("x-first-death-exchange", msg.exchange)
+        headers["x-last-death-reason"] = reason
+        headers["x-last-death-queue"] = q.name
+        headers["x-last-death-exchange"] = msg.exchange
+        headers.pop("x-delivery-count", None)
+        props["headers"] = headers
+        props.pop("expiration", None)
+        copy = Message(msg.body, wire.encode_properties(props), dlx, rk or msg.routing_key)
+        for target in self.route(dlx, copy.routing_key, headers):
+            self._enqueue(target, copy_message(copy))
+
+    def _expire(self, q: Queue) -> None:
+        now = self.clock.now()
+        while q.ready:
+            _, head = q.ready[0]
+            if head.expires_at is None or head.expires_at > now:
+                return
+            q.ready.pop(0)
+            self._dead_letter(q, head, "expired")
+            self.changed.notify_all()
+
+    def expire_due(self) -> float | None:
+        """Expire what is due in every queue; the clock time of the next expiry, or None."""
+        with self.lock:
+            nxt: float | None = None
+            for q in list(self.queues.values()):
+                self._dispatch(q)
+                if q.ready and q.ready[0][1].expires_at is not None:
+                    at = q.ready[0][1].expires_at
+                    nxt = at if nxt is None else min(nxt, at)
+            return nxt
+
+    # -- reading --------------------------------------------------------------------
+
+    def counts(self, name: str) -> tuple[int, int, int, int] | None:
+        with self.lock:
+            q = self.queues.get(name)
+            if q is None:
+                return None
+            self._expire(q)
+            return len(q.ready), q.unacked, len(q.ready) + q.unacked, len(q.consumers)

@@ -1,0 +1,187 @@
+"""The in-memory broker's topology: queues, exchanges, bindings, routing.
+
+Declares are checked as RabbitMQ checks them: a passive declare of a missing
+queue or exchange is NOT_FOUND (404), a re-declare with other arguments or
+another exchange type PRECONDITION_FAILED (406); both close the channel
+(`ChannelError`). Routing follows the default, direct, fanout, topic and
+headers exchanges.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any
+
+from ._mem_state import (
+    ACCESS_REFUSED,
+    NOT_FOUND,
+    PRECONDITION_FAILED,
+    Binding,
+    ChannelError,
+    Clock,
+    Exchange,
+    Queue,
+    same_args,
+    topic_matches,
+)
+
+
+class Topology:
+    """Queues, exchanges and bindings of one in-memory broker (one virtual host)."""
+
+    """The state of one in-memory broker (one virtual host)."""
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.lock = threading.RLock()
+        self.clock = clock or Clock()
+        self.queues: dict[str, Queue] = {}
+        self.exchanges: dict[str, Exchange] = {"": Exchange("", "direct")}
+        for kind in ("direct", "fanout", "topic", "headers"):
+            self.exchanges[f"amq.{kind}"] = Exchange(f"amq.{kind}", kind)
+        self.channels: set[int] = set()
+        self._seq = itertools.count(1)
+        self._ctag = itertools.count(1)
+        self.changed = threading.Condition(self.lock)
+        """Notified whenever a queue's contents change (timers, waits)."""
+
+    # -- topology ---------------------------------------------------------------
+
+    def queue_declare(
+        self,
+        name: str,
+        *,
+        passive: bool = False,
+        durable: bool = True,
+        arguments: dict[str, Any] | None = None,
+    ) -> Queue:
+        args = dict(arguments or {})
+        with self.lock:
+            q = self.queues.get(name)
+            if passive:
+                if q is None:
+                    raise ChannelError(NOT_FOUND, f"NOT_FOUND - no queue '{name}' in vhost '/'")
+                return q
+            if q is None:
+                if not name:
+                    name = f"amq.gen-{next(self._seq)}"
+                q = self.queues[name] = Queue(name, args, durable)
+                return q
+            if not same_args(q.arguments, args):
+                diff = sorted(set(q.arguments.items()) ^ set(args.items()), key=str)
+                raise ChannelError(
+                    PRECONDITION_FAILED,
+                    f"PRECONDITION_FAILED - inequivalent arg for queue '{name}' in vhost '/': "
+                    f"{diff[0][0]!r} received {args.get(diff[0][0])!r} but current is "
+                    f"{q.arguments.get(diff[0][0])!r}",
+                )
+            return q
+
+    def queue_delete(self, name: str) -> int:
+        with self.lock:
+            q = self.queues.pop(name, None)
+            if q is None:
+                return 0
+            for c in list(q.consumers):
+                c.channel.consumers.pop(c.tag, None)
+            for ex in self.exchanges.values():
+                ex.bindings = [b for b in ex.bindings if b.queue != name]
+            self.changed.notify_all()
+            return len(q.ready)
+
+    def queue_purge(self, name: str) -> int:
+        with self.lock:
+            q = self._queue(name)
+            n = len(q.ready)
+            q.ready.clear()
+            self.changed.notify_all()
+            return n
+
+    def exchange_declare(
+        self,
+        name: str,
+        kind: str = "direct",
+        *,
+        passive: bool = False,
+        durable: bool = True,
+        arguments: dict[str, Any] | None = None,
+    ) -> None:
+        with self.lock:
+            ex = self.exchanges.get(name)
+            if passive:
+                if ex is None:
+                    raise ChannelError(NOT_FOUND, f"NOT_FOUND - no exchange '{name}' in vhost '/'")
+                return
+            if ex is None:
+                if kind not in ("direct", "fanout", "topic", "headers"):
+                    raise ChannelError(503, f"COMMAND_INVALID - unknown exchange type '{kind}'")
+                self.exchanges[name] = Exchange(name, kind, durable, dict(arguments or {}))
+            elif ex.type != kind or ex.durable != durable:
+                raise ChannelError(
+                    PRECONDITION_FAILED,
+                    f"PRECONDITION_FAILED - inequivalent arg 'type' for exchange '{name}' in "
+                    f"vhost '/': received '{kind}' but current is '{ex.type}'",
+                )
+
+    def exchange_delete(self, name: str) -> None:
+        with self.lock:
+            if name and not name.startswith("amq."):
+                self.exchanges.pop(name, None)
+
+    def queue_bind(
+        self, queue: str, exchange: str, routing_key: str, arguments: dict[str, Any] | None = None
+    ) -> None:
+        with self.lock:
+            self._queue(queue)
+            ex = self._exchange(exchange)
+            if not exchange:
+                raise ChannelError(
+                    ACCESS_REFUSED,
+                    "ACCESS_REFUSED - operation not permitted on the default exchange",
+                )
+            b = Binding(queue, routing_key, dict(arguments or {}))
+            if b not in ex.bindings:
+                ex.bindings.append(b)
+
+    def queue_unbind(self, queue: str, exchange: str, routing_key: str) -> None:
+        with self.lock:
+            ex = self._exchange(exchange)
+            ex.bindings = [
+                b for b in ex.bindings if not (b.queue == queue and b.routing_key == routing_key)
+            ]
+
+    def _queue(self, name: str) -> Queue:
+        q = self.queues.get(name)
+        if q is None:
+            raise ChannelError(NOT_FOUND, f"NOT_FOUND - no queue '{name}' in vhost '/'")
+        return q
+
+    def _exchange(self, name: str) -> Exchange:
+        ex = self.exchanges.get(name)
+        if ex is None:
+            raise ChannelError(NOT_FOUND, f"NOT_FOUND - no exchange '{name}' in vhost '/'")
+        return ex
+
+    # -- routing ----------------------------------------------------------------
+
+    def route(self, exchange: str, routing_key: str, headers: dict[str, Any]) -> list[Queue]:
+        ex = self._exchange(exchange)
+        if ex.name == "":
+            q = self.queues.get(routing_key)
+            return [q] if q is not None else []
+        names: list[str] = []
+        for b in ex.bindings:
+            if ex.type == "fanout":
+                hit = True
+            elif ex.type == "topic":
+                hit = topic_matches(b.routing_key, routing_key)
+            elif ex.type == "headers":
+                want = {k: v for k, v in b.arguments.items() if not k.startswith("x-")}
+                match_all = b.arguments.get("x-match", "all") in ("all", "all-with-x")
+                hits = [headers.get(k) == v for k, v in want.items()]
+                hit = all(hits) if match_all else any(hits)
+            else:
+                hit = b.routing_key == routing_key
+            if hit and b.queue not in names:
+                names.append(b.queue)
+        return [self.queues[n] for n in names if n in self.queues]
