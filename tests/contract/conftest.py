@@ -1,4 +1,5 @@
-"""The contract harness: one behaviour, written once, run on the pika App and on AsyncApp.
+"""The contract harness: one behaviour, written once, run on the pika App and on AsyncApp,
+on a real RabbitMQ and on the test kit's in-memory broker (the third transport).
 
 A behaviour is an `async def behaviour(payload, delivery, io)`; it settles through
 `io` (`await io.ack(d)`, ...) and sleeps with `await io.sleep(s)`. The sync
@@ -7,6 +8,9 @@ without an event loop (nothing in it ever really suspends); the async runtime
 gets an `async def` handler that awaits it, with `AsyncDelivery` settles.
 What the tests assert comes from the broker (queue counts, dead-letter queue
 contents and headers), through the `ackkit.testing` kit.
+
+On the in-memory broker every test runs except those in `MEMORY_SKIPS`, skipped
+by name with the reason: what that broker does not model.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ import pytest
 
 from ackkit import App, AsyncApp, Delivery
 from ackkit._spec import AppBase
-from ackkit.testing import BrokerHandle
+from ackkit.testing import BrokerHandle, InMemoryBroker
+from ackkit.testing.plugin import QueueFactory
 
 Behaviour = Callable[[Any, Delivery, "IO"], Awaitable[Any]]
 
@@ -160,6 +165,8 @@ class Broker:
         """Force-close (CONNECTION_FORCED) the connections whose connection_name is `name`.
 
         Only the app under test loses its connection, even on a shared broker."""
+        if isinstance(self.handle, InMemoryBroker):
+            return self.handle.close_connections("closed by the ackkit contract suite", name=name)
         out = self.handle.ctl(
             "list_connections", "-p", self.handle.vhost, "pid", "client_properties", "--quiet"
         )
@@ -343,9 +350,44 @@ def loop_thread() -> Iterator[LoopThread]:
     lt.close()
 
 
+MEMORY_SKIPS = {
+    "test_refused_login_fails_start_at_once": (
+        "the in-memory broker has no users or passwords: nothing to refuse"
+    ),
+}
+"""Contract tests the in-memory broker does not run, by name, and why."""
+
+
+@pytest.fixture(params=["rabbitmq", "memory"])
+def transport(request: pytest.FixtureRequest) -> str:
+    """Where the test's broker is: a real RabbitMQ, or the kit's InMemoryBroker."""
+    if request.param == "memory":
+        reason = MEMORY_SKIPS.get(request.node.originalname)
+        if reason is not None:
+            pytest.skip(f"in-memory broker: {reason}")
+    return str(request.param)
+
+
 @pytest.fixture
-def broker(rabbitmq: BrokerHandle) -> Broker:
-    return Broker(rabbitmq)
+def broker(request: pytest.FixtureRequest, transport: str) -> Iterator[Broker]:
+    if transport == "rabbitmq":
+        yield Broker(request.getfixturevalue("rabbitmq"))
+        return
+    with InMemoryBroker() as memory:
+        yield Broker(memory)
+
+
+@pytest.fixture
+def queue_factory(request: pytest.FixtureRequest, broker: Broker) -> Iterator[Any]:
+    """The kit's queue_factory, on the test's broker (real or in-memory)."""
+    factory = QueueFactory(request)
+
+    def make(tag: str = "", **kw: Any) -> str:
+        kw.setdefault("broker", broker.handle)
+        return factory(tag, **kw)
+
+    yield make
+    factory.cleanup()
 
 
 @pytest.fixture(params=["sync", "async"])
