@@ -65,3 +65,24 @@ def test_throughput_example_drains_the_queue(rabbitmq):
     out = run("throughput", rabbitmq, n=2000)
     assert out["left"] == (0, 0)
     assert out["rates"]["ackkit.sync.auto"] > 0
+
+
+def test_testing_in_memory_runs_without_a_broker():
+    mod = importlib.import_module("examples.testing_in_memory")
+    out = mod.main()  # its own InMemoryBroker: no network
+    check_testing_example(out)
+
+
+def test_testing_in_memory_runs_on_a_real_broker_too(rabbitmq):
+    check_testing_example(run("testing_in_memory", rabbitmq))
+
+
+def check_testing_example(out):
+    assert out["handled"] == [1, 3]
+    assert out["tries"][3] == 2  # retried once through the delay queue
+    assert out["dead"] == ["order 2: quantity must be at least 1"]
+    assert out["async_handled"] == [{"id": 4, "qty": 1}]
+    assert out["left"] == {
+        "example.memory.orders": (0, 0),
+        "example.memory.orders.dlq": (0, 0),
+    }
