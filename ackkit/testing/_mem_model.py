@@ -42,13 +42,25 @@ from ._mem_state import (
 from ._mem_topology import Topology
 
 
+USER = "guest"
+"""The user every connection to an in-memory broker is authenticated as."""
+
+
 class Model(Topology):
     """The state of one in-memory broker: its topology, channels and deliveries."""
 
     def publish(self, msg: Message, *, mandatory: bool = False) -> tuple[bool, bool]:
         """Route `msg`; returns (returned, refused): returned when `mandatory` and no queue
         took it (basic.return), refused when a queue with x-overflow=reject-publish is full
-        (the confirm is a nack)."""
+        (the confirm is a nack). A user_id other than the connection's user ("guest")
+        is refused as RabbitMQ refuses it (406, the channel closes)."""
+        user_id = msg.properties().get("user_id")
+        if user_id is not None and user_id != USER:
+            raise ChannelError(
+                PRECONDITION_FAILED,
+                f"PRECONDITION_FAILED - user_id property set to '{user_id}' but "
+                f"authenticated user was '{USER}'",
+            )
         with self.lock:
             headers = python_headers(msg)
             queues = self.route(msg.exchange, msg.routing_key, headers)

@@ -18,13 +18,16 @@ connection), `purge`, `delete`, plus the helpers of `_helpers`.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import threading
+from collections.abc import Iterator
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypeVar
 
 from .. import _inmemory
+from .._spec import AppBase
 from ._errors import BrokerError, QueueNotFound
 from ._handle import BrokerHandle
 from ._mem_model import Model
@@ -32,6 +35,8 @@ from ._mem_state import Clock, ManualClock
 from ._queries import QueueCounts
 
 __all__ = ["InMemoryBroker"]
+
+A = TypeVar("A", bound=AppBase)
 
 _names = itertools.count(1)
 
@@ -117,6 +122,26 @@ class InMemoryBroker(BrokerHandle):
         for c in doomed:
             c.force_close(reason)
         return len(doomed)
+
+    # -- apps -------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def attach(self, app: A) -> Iterator[A]:
+        """Point `app` (an App or AsyncApp built with any URL, e.g. your production
+        settings') at this broker for the with-block; start it inside::
+
+            with broker.attach(app), app.running(): ...
+            with broker.attach(app):
+                async with app.running(): ...
+        """
+        if getattr(app, "is_running", False):
+            raise RuntimeError("attach() an app before starting it")
+        url = app.url
+        app.url = self.url
+        try:
+            yield app
+        finally:
+            app.url = url
 
     # -- time ---------------------------------------------------------------------------
 

@@ -305,3 +305,33 @@ def test_topic_patterns(words: list[str]) -> None:
     assert topic_matches(".".join(["*"] * len(words)), key)
     assert topic_matches(f"{words[0]}.#", key)
     assert not topic_matches(key + ".z", key)
+
+
+def test_a_publish_as_another_user_is_refused_like_rabbitmq(broker: InMemoryBroker) -> None:
+    declare(broker, "q")
+    put(broker, "q", b"mine", user_id="guest")
+    with broker.connect() as conn:
+        ch = conn.channel()
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as err:
+            ch.basic_publish("", "q", b"x", pika.BasicProperties(user_id="someone-else"))
+    assert err.value.reply_code == 406 and "user_id" in err.value.reply_text
+    assert broker.counts("q").ready == 1
+
+
+def test_attach_runs_an_app_built_for_production_on_the_broker(broker: InMemoryBroker) -> None:
+    from ackkit import App
+
+    app = App("amqp://svc:secret@rabbit.prod.example:5672/%2f", shutdown_timeout=2)
+    seen: list[Any] = []
+
+    @app.listener("orders")
+    def on_order(order: dict[str, Any]) -> None:
+        seen.append(order)
+
+    with broker.attach(app), app.running():
+        broker.publish("orders", {"id": 1})
+        broker.wait_for("orders", ready=0, unacked=0)
+        with pytest.raises(RuntimeError, match="before starting"), broker.attach(app):
+            pass
+    assert seen == [{"id": 1}]
+    assert app.url == "amqp://svc:secret@rabbit.prod.example:5672/%2f"  # given back
