@@ -41,7 +41,6 @@ from ._mem_state import (
 )
 from ._mem_topology import Topology
 
-
 USER = "guest"
 """The user every connection to an in-memory broker is authenticated as."""
 

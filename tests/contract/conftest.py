@@ -166,7 +166,7 @@ class Broker:
 
         Only the app under test loses its connection, even on a shared broker."""
         if isinstance(self.handle, InMemoryBroker):
-            return self.handle.close_connections("closed by the ackkit contract suite", name=name)
+            return self.handle.close_connections_named(name, "closed by the ackkit contract suite")
         out = self.handle.ctl(
             "list_connections", "-p", self.handle.vhost, "pid", "client_properties", "--quiet"
         )
