@@ -283,6 +283,7 @@ class AioConnection:
         self.channels: set[AioChannel] = set()
         self.connection_tune = SimpleNamespace(frame_max=FRAME_MAX)
         self.url = SimpleNamespace(user="guest")
+        self.server_properties = broker.server_properties()
         self.reasons = frames.Reasons()
         frames._REASONS[self] = self.reasons
         self.transport = SimpleNamespace(connection=self)

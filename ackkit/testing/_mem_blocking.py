@@ -24,6 +24,7 @@ class _Impl:
 
     def __init__(self, connection: Any) -> None:
         self.connection = connection
+        self.server_properties: dict[str, Any] = {}
 
 
 class BlockingChannel:
@@ -194,6 +195,8 @@ class BlockingConnection:
         self._channels: list[BlockingChannel] = []
         self._numbers = itertools.count(1)
         self._open = True
+        self._impl = _Impl(self)
+        self._impl.server_properties = broker.server_properties()
         broker.connected(self)
 
     @property

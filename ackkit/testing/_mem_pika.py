@@ -263,6 +263,7 @@ class SelectConnection:
         self._channels: list[SelectChannel] = []
         self._numbers = itertools.count(1)
         self._state = "opening"
+        self.server_properties = broker.server_properties()
         refusal = broker.refusal()
         if refusal is not None:
             self._state = "closed"

@@ -38,6 +38,10 @@ __all__ = ["InMemoryBroker"]
 
 A = TypeVar("A", bound=AppBase)
 
+VERSION = "3.13.7"
+"""The RabbitMQ version whose rules the in-memory broker follows (and announces): quorum
+queues count every return in x-delivery-count and have no default delivery limit."""
+
 _names = itertools.count(1)
 
 
@@ -198,6 +202,13 @@ class InMemoryBroker(BrokerHandle):
     def connect(self, **overrides: Any) -> Any:
         """A new pika-like ``BlockingConnection`` to this broker; the caller closes it."""
         return self.blocking_connection()
+
+    def server_properties(self) -> dict[str, Any]:
+        """What its connections announce: the RabbitMQ version whose rules it follows."""
+        return {"product": "RabbitMQ (ackkit in-memory broker)", "version": VERSION}
+
+    def server_version(self) -> str:
+        return VERSION
 
     def ping(self, timeout: float = 5.0) -> bool:
         return not self.closed
