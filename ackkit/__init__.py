@@ -22,6 +22,7 @@ from ._core.errors import (
     TopologyConflict,
 )
 from ._core.events import Event, Stage
+from ._core.exchanges import Bind, Exchange, ExchangeType
 from ._core.policy import AckMode, FlushPolicy, Retry, RetryStrategy, Unsettled
 from ._dead_letters import DeadLetter, ReplayFilter, ReplayReport
 from ._delivery import Delivery
@@ -80,11 +81,14 @@ __all__ = [  # noqa: RUF022 - plain sorted() order, see tests/unit/test_public_a
     "AsyncDelivery",
     "AsyncPullConnection",
     "BadPayload",
+    "Bind",
     "DeadLetter",
     "DeadLetterMessage",
     "DeadLetterQueue",
     "Delivery",
     "Event",
+    "Exchange",
+    "ExchangeType",
     "FlushPolicy",
     "MessageUnroutable",
     "PublishError",

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._core import checks as C
 from ._core.events import Event, Observer
+from ._core.exchanges import Bind, Exchange, Plan, binds, plan
 from ._core.policy import (
     DEFAULT_PREFETCH,
     DLQ_DEFAULT,
@@ -50,6 +51,7 @@ class ListenerSpec:
     batch_timeout: float = 0.2
     declare: bool = True
     queue_arguments: dict[str, Any] = field(default_factory=dict)
+    binds: tuple[Bind, ...] = ()
 
     @property
     def name(self) -> str:
@@ -101,6 +103,9 @@ def _queue_type(arguments: dict[str, Any] | None) -> str | None:
     value = (arguments or {}).get("x-queue-type")
     return None if value is None else str(value)
 
+
+BindOption = Bind | str | Exchange | tuple[str | Exchange, str] | Sequence[Any] | None
+"""listener(bind=...): see `ackkit._core.exchanges.binds`."""
 
 MAX_CONCURRENCY = 10_000
 _DAY = 86_400.0
@@ -214,6 +219,7 @@ class AppBase:
         check_content_type: bool = True,
         declare: bool = True,
         queue_arguments: dict[str, Any] | None = None,
+        bind: BindOption = None,
         flush: FlushPolicy | None = None,
         name: str | None = None,
     ) -> Callable[[F], F]:
@@ -223,6 +229,10 @@ class AppBase:
         model (the JSON body validated), `Delivery`, `bytes`, `str`, `dict`/any
         (JSON), or `list[...]` of one of those for a batch handler. A second
         parameter annotated `Delivery` receives the delivery as well.
+
+        `bind=[("orders", "order.*")]` binds the queue to exchanges before it is
+        consumed (an exchange named by a string is declared as a durable topic
+        exchange if it does not exist; `Exchange(...)` declares one exactly).
         """
         C.queue_name("queue", queue, declared=False)
         declare = C.flag("declare", declare)
@@ -244,6 +254,7 @@ class AppBase:
         C.integer("max_body_size", max_body_size, 1)
         C.flag("check_content_type", check_content_type)
         args = C.amqp_table("queue_arguments", queue_arguments)
+        bound = binds(bind)
         _check_queue_arguments(queue, args, ack_mode)
         if name is not None:
             C.text("name", name)
@@ -294,6 +305,8 @@ class AppBase:
                     "or use AckMode.AUTO"
                 )
             self._check_handler(binding)
+            # Two listeners declaring one exchange two ways: TopologyConflict, here.
+            plan([*((s.queue, s.binds) for s in self.specs), (queue, bound)])
             self.specs.append(
                 ListenerSpec(
                     policy,
@@ -303,11 +316,16 @@ class AppBase:
                     batch_timeout,
                     declare,
                     args,
+                    bound,
                 )
             )
             return fn
 
         return register
+
+    def _topology_plan(self) -> Plan:
+        """The exchanges and bindings of every listener, each exchange once."""
+        return plan((s.queue, s.binds) for s in self.specs)
 
     def _check_handler(self, binding: Binding) -> None:
         """Runtimes refuse handler kinds they cannot run."""

@@ -24,6 +24,7 @@ from yarl import URL
 from .._core import copies, wire
 from .._core.actions import Ack, Action, Nack, Reject, Republish
 from .._core.errors import TopologyConflict
+from .._core.exchanges import ExchangeDecl, Plan, conflict
 from .._core.listener import QueueSpec, missing_queue
 from .._delivery import Delivery
 from .._inmemory import broker_for
@@ -35,6 +36,7 @@ from ._frames import SafeConnection
 log = logging.getLogger("ackkit")
 
 PROPERTY_FIELDS = spec.Basic.Properties.__slots__
+NO_EXCHANGES = Plan()
 FATAL_CONNECT = (
     aiormq.exceptions.AuthenticationError,
     aiormq.exceptions.ProbableAuthenticationError,
@@ -267,21 +269,67 @@ async def declare_queues(
     own: Iterable[QueueSpec],
     user: Iterable[tuple[str, dict[str, Any]]] = (),
     existing: Iterable[str] = (),
+    exchanges: Plan = NO_EXCHANGES,
 ) -> None:
     """Check that the `existing` queues (listeners with declare=False) are there, then
-    declare the user's queues (passively first when they have no arguments) and
-    ackkit's own, each on a throwaway channel: a 406 costs that channel only and
-    raises TopologyConflict, and so does a missing `existing` queue, before anything
-    is declared."""
+    declare the exchanges, the user's queues (passively first when they have no
+    arguments) and ackkit's own, then the bindings, each on a throwaway channel: a
+    refusal (406, 403, 404) costs that channel only and raises TopologyConflict, and
+    so does a missing `existing` queue, before anything is declared."""
     for name in existing:
         if not await _exists(conn, numbers, name):
             raise TopologyConflict(missing_queue(name))
+    for d in exchanges.exchanges:
+        await _exchange(conn, numbers, d)
     for name, args in user:
         if not args and await _exists(conn, numbers, name):
             continue
         await _declare(conn, numbers, name, args, "listener queue")
     for q in own:
         await _declare(conn, numbers, q.name, q.arguments, q.purpose)
+    for b in exchanges.bindings:
+        ch = await conn.channel(numbers.take(), publisher_confirms=False)
+        try:
+            await ch.queue_bind(
+                b.queue, b.exchange, routing_key=b.routing_key, arguments=dict(b.arguments) or None
+            )
+        except REFUSED as exc:
+            what = f"binding of {b.queue!r} to {b.exchange!r} with {b.routing_key!r}"
+            raise conflict(what, str(exc)) from None
+        await _close(ch)
+
+
+REFUSED = (
+    aiormq.exceptions.ChannelPreconditionFailed,
+    aiormq.exceptions.ChannelAccessRefused,
+    aiormq.exceptions.ChannelNotFoundEntity,
+)
+"""What a declare or bind the broker refuses raises (406, 403, 404)."""
+
+
+async def _exchange(conn: AbstractConnection, numbers: ChannelNumbers, d: ExchangeDecl) -> None:
+    e = d.exchange
+    if d.check_first or e.passive:
+        ch = await conn.channel(numbers.take(), publisher_confirms=False)
+        try:
+            await ch.exchange_declare(e.name, passive=True)
+            await _close(ch)
+            return
+        except REFUSED as exc:
+            if e.passive or not isinstance(exc, aiormq.exceptions.ChannelNotFoundEntity):
+                raise conflict(f"exchange {e.name!r}", str(exc)) from None
+    ch = await conn.channel(numbers.take(), publisher_confirms=False)
+    try:
+        await ch.exchange_declare(
+            e.name,
+            exchange_type=e.type.value,
+            durable=e.durable,
+            auto_delete=e.auto_delete,
+            arguments=dict(e.arguments) or None,
+        )
+    except REFUSED as exc:
+        raise conflict(f"exchange {e.name!r}", str(exc)) from None
+    await _close(ch)
 
 
 async def _exists(conn: AbstractConnection, numbers: ChannelNumbers, name: str) -> bool:

@@ -31,6 +31,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type
 from .._core.brokers import traits_of
 from .._core.errors import TopologyConflict
 from .._core.events import Observer
+from .._core.exchanges import plan
 from .._core.outcome import EXIT_SIGNALS
 from .._io import TICK, ConnectFailed, FatalConnectError, reconnect_logger, reconnect_wait
 from .._logs import log_stop
@@ -84,6 +85,7 @@ class AsyncRuntime:
         instrument: Instrument | None = None,
     ) -> None:
         self.settings = settings
+        self.exchanges = plan((s.queue, s.binds) for s in specs)
         self.loop = asyncio.get_running_loop()
         self.consumers = [AsyncConsumer(self, s, observer, instrument) for s in specs]
         self.publisher = AsyncPublisher(self)
@@ -203,7 +205,7 @@ class AsyncRuntime:
                     (c.spec.queue, c.spec.queue_arguments) for c in self.consumers if c.spec.declare
                 ]
                 existing = [c.spec.queue for c in self.consumers if not c.spec.declare]
-                await declare_queues(amqp, self.numbers, own, user, existing)
+                await declare_queues(amqp, self.numbers, own, user, existing, self.exchanges)
                 for c in self.consumers:
                     await c.open(amqp, self.numbers)
             except (TimeoutError, *CHANNEL_GONE) as exc:

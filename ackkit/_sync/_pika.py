@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import ssl
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from functools import partial
 from typing import Any
 
 import pika
@@ -14,10 +15,13 @@ import pika.frame
 
 from .._core import copies, wire
 from .._core.errors import TopologyConflict
+from .._core.exchanges import BindingDecl, ExchangeDecl, Plan, conflict
 from .._core.listener import QueueSpec, missing_queue
 from .._inmemory import broker_for
 from .._tls import client_tls
 from ._frames import SafeSelectConnection
+
+NO_EXCHANGES = Plan()
 
 PROPERTY_FIELDS = tuple(n for n in wire.PROPERTY_NAMES if n != "cluster_id")
 """The basic properties pika reads and writes (cluster_id is deprecated and left out)."""
@@ -137,9 +141,11 @@ def declare_queues(
     own: Iterable[QueueSpec],
     user: Iterable[tuple[str, dict[str, Any]]] = (),
     existing: Iterable[str] = (),
+    exchanges: Plan = NO_EXCHANGES,
 ) -> None:
     """Check that the `existing` queues (listeners with declare=False) are there, then
-    declare the user's queues (passively first) and ackkit's own queues, idempotently.
+    declare the exchanges, the user's queues (passively first) and ackkit's own queues,
+    then the bindings, idempotently.
 
     A missing `existing` queue raises TopologyConflict before anything is declared; so
     does a queue that exists with conflicting arguments (the failed declare only costs a
@@ -148,12 +154,58 @@ def declare_queues(
     for name in existing:
         if not _exists(conn, name):
             raise TopologyConflict(missing_queue(name))
+    for d in exchanges.exchanges:
+        _on_channel(conn, repr(d.exchange.name), "exchange", partial(_exchange, conn=conn, d=d))
     for name, args in user:
         if not args and _exists(conn, name):
             continue
         _declare(conn, name, args, "listener queue")
     for spec in own:
         _declare(conn, spec.name, spec.arguments, spec.purpose)
+    for b in exchanges.bindings:
+        _on_channel(
+            conn,
+            f"{b.queue!r} to {b.exchange!r} with {b.routing_key!r}",
+            "binding of",
+            partial(_bind, b=b),
+        )
+
+
+def _bind(ch: Any, b: BindingDecl) -> None:
+    ch.queue_bind(b.queue, b.exchange, b.routing_key, arguments=dict(b.arguments) or None)
+
+
+def _on_channel(conn: Any, name: str, what: str, op: Callable[[Any], object]) -> None:
+    """Run `op` on a throwaway channel; a refusal (406, 403, 404) is a TopologyConflict."""
+    ch = conn.channel()
+    try:
+        op(ch)
+    except pika.exceptions.ChannelClosedByBroker as exc:
+        if exc.reply_code in (403, 404, 406):
+            raise conflict(f"{what} {name}", exc.reply_text) from None
+        raise
+    if ch.is_open:
+        ch.close()
+
+
+def _exchange(ch: Any, *, conn: Any, d: ExchangeDecl) -> None:
+    e = d.exchange
+    if d.check_first or e.passive:
+        probe = conn.channel()
+        try:
+            probe.exchange_declare(e.name, passive=True)
+            probe.close()
+            return
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            if exc.reply_code != 404 or e.passive:
+                raise conflict(f"exchange {e.name!r}", exc.reply_text) from None
+    ch.exchange_declare(
+        e.name,
+        e.type.value,
+        durable=e.durable,
+        auto_delete=e.auto_delete,
+        arguments=dict(e.arguments) or None,
+    )
 
 
 _PROBES: weakref.WeakSet[Any] = weakref.WeakSet()

@@ -155,7 +155,8 @@ class Runtime(Engine):
         own = [q for c in self.consumers for q in c.core.topology()]
         user = [(c.spec.queue, c.spec.queue_arguments) for c in self.consumers if c.spec.declare]
         existing = [c.spec.queue for c in self.consumers if not c.spec.declare]
-        declare_queues(conn, own, user, existing)  # TopologyConflict: fatal, from start()
+        plan = self.app._topology_plan()
+        declare_queues(conn, own, user, existing, plan)  # TopologyConflict: fatal, from start()
 
     def opened(self, conn: Any) -> None:
         self._ready_count = 0

@@ -1,0 +1,202 @@
+"""Exchanges and bindings a listener asks for: values, and the plan a runtime declares.
+
+`listener(..., bind=[("orders", "order.*")])` binds the listener's queue to an
+exchange. An exchange named by a string is used as it is when it exists, and
+declared as a durable topic exchange when it does not; an `Exchange(...)` value
+is declared with exactly its options (the broker refuses a mismatch, and the
+runtime raises TopologyConflict). One app's listeners must agree on every
+exchange they name: `plan()` checks that at registration, and is what a runtime
+declares once per connection, before consuming.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, cast
+
+from . import checks as C
+from .errors import TopologyConflict
+
+
+class ExchangeType(str, Enum):
+    """How an exchange routes a message to the queues bound to it."""
+
+    DIRECT = "direct"
+    """To the queues bound with exactly the message's routing key."""
+
+    FANOUT = "fanout"
+    """To every bound queue; routing keys are ignored."""
+
+    TOPIC = "topic"
+    """By pattern: binding key words separated by dots, `*` one word, `#` zero or more."""
+
+    HEADERS = "headers"
+    """By the message's headers, matched against the binding's arguments (`x-match`)."""
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """An exchange ackkit declares (with exactly these options) before binding to it.
+
+    `declare=False`: it must exist already (checked, never declared). Names under
+    the broker's reserved `amq.` prefix are always checked only.
+    """
+
+    name: str
+    type: ExchangeType = ExchangeType.TOPIC
+    durable: bool = True
+    auto_delete: bool = False
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+    declare: bool = True
+
+    def __post_init__(self) -> None:
+        C.text("Exchange name", self.name)
+        if len(self.name.encode()) > 255 or any(ord(c) < 32 for c in self.name):
+            raise ValueError(f"Exchange name {C.short(self.name)}: at most 255 bytes, no controls")
+        object.__setattr__(self, "type", C.enum("Exchange type", ExchangeType, self.type))
+        C.flag("Exchange durable", self.durable)
+        C.flag("Exchange auto_delete", self.auto_delete)
+        C.flag("Exchange declare", self.declare)
+        object.__setattr__(self, "arguments", C.amqp_table("Exchange arguments", self.arguments))
+
+    @property
+    def passive(self) -> bool:
+        """Only checked for existence (declare=False, or a reserved amq. name)."""
+        return not self.declare or self.name.startswith("amq.")
+
+
+@dataclass(frozen=True)
+class Bind:
+    """The listener's queue bound to `exchange` with `routing_key` (and `arguments`,
+    for a headers exchange)."""
+
+    exchange: str | Exchange
+    routing_key: str = ""
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.exchange, Exchange):
+            C.text("bind exchange", self.exchange)
+        C.text("bind routing_key", self.routing_key, empty=True)
+        if len(self.routing_key.encode()) > 255:
+            raise ValueError(f"bind routing_key longer than 255 bytes: {C.short(self.routing_key)}")
+        object.__setattr__(self, "arguments", C.amqp_table("bind arguments", self.arguments))
+
+    @property
+    def exchange_name(self) -> str:
+        return self.exchange.name if isinstance(self.exchange, Exchange) else self.exchange
+
+
+def binds(option: object) -> tuple[Bind, ...]:
+    """listener(bind=...): a Bind, an exchange name or Exchange (routing key ""), an
+    (exchange, routing_key) pair, or a list of these."""
+    if option is None:
+        return ()
+    items = option if isinstance(option, list | tuple) and not _is_pair(option) else [option]
+    out: list[Bind] = []
+    for item in items:
+        if isinstance(item, Bind):
+            out.append(item)
+        elif isinstance(item, str | Exchange):
+            out.append(Bind(item))
+        elif _is_pair(item):
+            pair = cast(tuple[str | Exchange, str], item)
+            out.append(Bind(pair[0], pair[1]))
+        else:
+            raise TypeError(
+                "bind= takes (exchange, routing_key) pairs, exchange names, Exchange or Bind "
+                f"values, or a list of them; got {item!r}"
+            )
+    if any(b.exchange_name == "" for b in out):
+        raise ValueError(
+            "bind= names the default exchange '', which routes by queue name and takes no "
+            "bindings; name an exchange"
+        )
+    unique: list[Bind] = []
+    for b in out:  # the same binding twice is one (compared by value: tables do not hash)
+        if b not in unique:
+            unique.append(b)
+    return tuple(unique)
+
+
+def _is_pair(x: object) -> bool:
+    return (
+        isinstance(x, tuple)
+        and len(x) == 2
+        and isinstance(x[0], str | Exchange)
+        and isinstance(x[1], str)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ExchangeDecl:
+    """An exchange a runtime declares (or only checks: `passive`) once per connection.
+    `check_first`: named by a string; used as it is if it exists, else declared."""
+
+    exchange: Exchange
+    check_first: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class BindingDecl:
+    """A binding of a listener's queue, declared (idempotently) after its exchange."""
+
+    queue: str
+    exchange: str
+    routing_key: str
+    arguments: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What a runtime declares besides the queues: exchanges first, then the bindings."""
+
+    exchanges: tuple[ExchangeDecl, ...] = ()
+    bindings: tuple[BindingDecl, ...] = ()
+
+
+def plan(listeners: Iterable[tuple[str, Sequence[Bind]]]) -> Plan:
+    """The exchanges and bindings of an app's listeners ((queue, binds) each), every
+    exchange once; TopologyConflict when two listeners declare one exchange differently."""
+    explicit: dict[str, Exchange] = {}
+    named: dict[str, None] = {}
+    bindings: list[BindingDecl] = []
+    for queue, bs in listeners:
+        for b in bs:
+            name = b.exchange_name
+            if isinstance(b.exchange, Exchange):
+                seen = explicit.setdefault(name, b.exchange)
+                if seen != b.exchange:
+                    raise TopologyConflict(
+                        f"exchange {name!r} is declared two ways by this app's listeners: "
+                        f"{_describe(seen)} and {_describe(b.exchange)}; declare it once, the "
+                        "same way (or name it by its string in the other listeners)"
+                    )
+            else:
+                named[name] = None
+            decl = BindingDecl(queue, name, b.routing_key, dict(b.arguments))
+            if decl not in bindings:
+                bindings.append(decl)
+    decls = [ExchangeDecl(e) for e in explicit.values()]
+    decls += [ExchangeDecl(Exchange(n), check_first=True) for n in named if n not in explicit]
+    return Plan(tuple(decls), tuple(bindings))
+
+
+def _describe(e: Exchange) -> str:
+    opts = [e.type.value]
+    if not e.durable:
+        opts.append("transient")
+    if e.auto_delete:
+        opts.append("auto_delete")
+    if e.arguments:
+        opts.append(f"arguments {dict(e.arguments)!r}")
+    if not e.declare:
+        opts.append("declare=False")
+    return f"Exchange({', '.join(opts)})"
+
+
+def conflict(what: str, broker_said: str) -> TopologyConflict:
+    """The error for an exchange or binding the broker refused (406, 403, 404)."""
+    return TopologyConflict(f"{what}: broker said: {broker_said}")

@@ -1,0 +1,102 @@
+"""listener(bind=...) values and the exchange plan, without a broker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ackkit import App, Bind, Exchange, ExchangeType, TopologyConflict
+from ackkit._core.exchanges import binds, plan
+
+names = st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=12)
+keys = st.text(st.sampled_from("ab.*#"), max_size=8)
+exchanges = st.builds(
+    Exchange,
+    names.filter(lambda n: not n.startswith("amq.")),
+    st.sampled_from(list(ExchangeType)),
+    st.booleans(),
+    st.booleans(),
+)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["q1", "q2", "q3"]),
+            st.lists(st.tuples(st.one_of(names, exchanges), keys), max_size=4),
+        ),
+        max_size=5,
+    )
+)
+def test_the_plan_declares_each_exchange_once_and_each_binding_once(
+    listeners: list[tuple[str, list[tuple[Any, str]]]],
+) -> None:
+    try:
+        p = plan((q, binds(bs)) for q, bs in listeners)
+    except TopologyConflict:
+        explicit: dict[str, list[Exchange]] = {}
+        for _, bs in listeners:
+            for e, _k in bs:
+                if isinstance(e, Exchange) and e not in explicit.setdefault(e.name, []):
+                    explicit[e.name].append(e)
+        assert any(len(v) > 1 for v in explicit.values())  # only then
+        return
+    decl_names = [d.exchange.name for d in p.exchanges]
+    assert len(decl_names) == len(set(decl_names))
+    wanted = {(q, e if isinstance(e, str) else e.name, k) for q, bs in listeners for e, k in bs}
+    assert {(b.queue, b.exchange, b.routing_key) for b in p.bindings} == wanted
+    assert len(p.bindings) == len(wanted)
+    assert set(decl_names) == {x for _, x, _ in wanted}
+    for d in p.exchanges:
+        assert d.check_first == (d.exchange == Exchange(d.exchange.name)) or not d.check_first
+
+
+@pytest.mark.parametrize(
+    ("option", "expected"),
+    [
+        (None, ()),
+        ("ex", (Bind("ex"),)),
+        (("ex", "k"), (Bind("ex", "k"),)),
+        ([("ex", "k"), ("ex", "k")], (Bind("ex", "k"),)),
+        ([("a", "1"), "b"], (Bind("a", "1"), Bind("b"))),
+        (Bind("ex", "k", {"x-match": "all"}), (Bind("ex", "k", {"x-match": "all"}),)),
+    ],
+)
+def test_the_forms_bind_takes(option: Any, expected: tuple[Bind, ...]) -> None:
+    assert binds(option) == expected
+
+
+@pytest.mark.parametrize(
+    ("option", "err"),
+    [
+        ([("", "k")], ValueError),
+        ([3], TypeError),
+        ([("ex", 3)], TypeError),
+        ([("ex", "k" * 256)], ValueError),
+        ([("ex", "k", "extra")], TypeError),
+    ],
+)
+def test_bad_bind_options_fail_at_the_decorator(option: Any, err: type[Exception]) -> None:
+    app = App("amqp://guest:guest@127.0.0.1:5672/%2f")
+    with pytest.raises(err):
+
+        @app.listener("t.q", bind=option)
+        def h(body: bytes) -> None: ...
+
+    assert app.specs == []
+
+
+def test_bad_exchange_options_fail_at_once() -> None:
+    with pytest.raises(ValueError):
+        Exchange("x", "bogus")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        Exchange("x", durable="yes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        Exchange("")
+    with pytest.raises(TypeError):
+        Bind("ex", "k", {"a": object()})
+    assert Exchange("x", "fanout").type is ExchangeType.FANOUT  # type: ignore[arg-type]
+    assert Exchange("amq.topic").passive and Exchange("x", declare=False).passive
