@@ -3,8 +3,9 @@
 Order (see ``provision_broker``):
 
 1. ``AMQP_URL`` is set: use that broker (``own=False``; ``_provider_url``).
-2. A Docker engine answers: a testcontainers RabbitMQ container (``own=True``;
-   ``_provider_docker``).
+2. A Docker engine answers: a RabbitMQ container through testcontainers
+   (``own=True``; ``_provider_docker``, with ``_docker_engine`` choosing the image
+   and the network, and ``_docker_image`` building the kit's own image if needed).
 3. A throwaway node of the kit's own, with its own data directory, ports, node
    name and Erlang cookie (``own=True``): from the machine's ``rabbitmq-server``
    (``_provider_node``) for the default version "3.10", or inside a Debian root
@@ -28,11 +29,10 @@ from __future__ import annotations
 import os
 import threading
 
+from ._docker_engine import docker_settings as _docker_settings
 from ._env import (
     _SBIN_DIRS,
-    DEFAULT_IMAGE,
     DEFAULT_VERSION,
-    ENV_IMAGE,
     ENV_MODE,
     ENV_URL,
     ENV_VERSION,
@@ -147,10 +147,9 @@ def provision_broker(
     if chosen in ("auto", "docker"):
         ok, why = _docker_engine()
         if ok:
-            default_image = DEFAULT_IMAGE if version == DEFAULT_VERSION else f"rabbitmq:{version}"
-            return _DockerBroker(
-                os.environ.get(ENV_IMAGE) or default_image, _rabbitmq_container_class()
-            )
+            container_class = _rabbitmq_container_class()
+            image, network = _docker_settings(version)
+            return _DockerBroker(container_class, image=image, network=network)
         if chosen == "docker":
             raise BrokerUnavailable(f"{ENV_MODE}=docker but {why}.\n{HOW_TO_GET_A_BROKER}")
         tried.append(f"Docker: {why}")

@@ -8,6 +8,7 @@ import os
 ENV_URL = "AMQP_URL"
 ENV_MODE = "ACKKIT_TEST_BROKER"  # auto | url | docker | own
 ENV_IMAGE = "ACKKIT_TEST_RABBITMQ_IMAGE"  # docker image, default below
+ENV_DOCKER_NETWORK = "ACKKIT_TEST_DOCKER_NETWORK"  # auto | host | bridge
 ENV_SERVER = "ACKKIT_RABBITMQ_SERVER"  # explicit path of the rabbitmq-server script
 ENV_NODE = "ACKKIT_TEST_NODE"  # node name rabbitmqctl should use for AMQP_URL brokers
 ENV_NODE_USER = "ACKKIT_TEST_NODE_USER"  # user an own node runs as when we are root
@@ -18,7 +19,11 @@ ENV_VERSION = "ACKKIT_TEST_RABBITMQ"  # 3.10 | 4.0 | 4.3: version of the kit's o
 DEFAULT_VERSION = "3.10"  # the machine's own rabbitmq-server
 VERSIONS = ("3.10", "4.0", "4.3")
 
-DEFAULT_IMAGE = "rabbitmq:3.13"
+# The Docker way runs RabbitMQ 4.3 unless ACKKIT_TEST_RABBITMQ asks for another 4.x:
+# the official image rabbitmq:<version> (pulled when missing), or on an engine without
+# a bridge network the kit's own ackkit-test/rabbitmq:<version> (built from a Debian root).
+DOCKER_DEFAULT_VERSION = "4.3"
+DEFAULT_IMAGE = f"rabbitmq:{DOCKER_DEFAULT_VERSION}"
 MODES = ("auto", "url", "docker", "own")
 
 _SBIN_DIRS = (
@@ -32,7 +37,7 @@ _SBIN_DIRS = (
 HOW_TO_GET_A_BROKER = """\
 How to get a broker for the tests (any one of):
   * point the tests at a running broker:  export AMQP_URL=amqp://guest:guest@127.0.0.1:5672/%2f
-  * start a Docker engine (the kit then runs the rabbitmq image through testcontainers)
+  * start a Docker engine (the kit then runs the rabbitmq:4.3 image through testcontainers)
   * install the RabbitMQ server so the kit can start a throwaway node of its own:
         sudo apt-get update && sudo apt-get install -y rabbitmq-server   (Debian/Ubuntu)
         brew install rabbitmq                                           (macOS)

@@ -215,8 +215,6 @@ def test_own_rabbitmq_is_owned_and_separate(
 
 
 def test_ctl_runs_against_the_node(own_rabbitmq: BrokerHandle) -> None:
-    if own_rabbitmq.kind != "own":
-        pytest.skip("node name check is for the throwaway node")
     out = own_rabbitmq.ctl("eval", "node().")
     assert str(own_rabbitmq.node_name) in out
 
@@ -461,20 +459,58 @@ def test_node_halts_when_its_test_process_is_killed(tmp_path: Any) -> None:
     shutil.rmtree(base, ignore_errors=True)
 
 
-def test_docker_path_glue(monkeypatch: pytest.MonkeyPatch, rabbitmq: BrokerHandle) -> None:
-    """The Docker branch without a Docker engine: a stand-in container that
-    forwards to the session broker checks URL building, ctl via exec and close."""
-    calls: list[list[str]] = []
+class _FakeWrapped:
+    def __init__(self) -> None:
+        self.status = "running"
+
+    def reload(self) -> None:
+        pass
+
+    def kill(self) -> None:
+        self.status = "exited"
+
+    def start(self) -> None:
+        self.status = "running"
+
+
+def _fake_container_class(port: int, calls: list[list[str]]) -> Any:
+    """A stand-in for testcontainers' DockerContainer whose "container" is the
+    session broker at ``port``: it records what the provider asked for."""
 
     class FakeContainer:
-        port = 5672
-        username = "guest"
-        password = "guest"
-        vhost = "/"
+        made: list[FakeContainer] = []
 
         def __init__(self, image: str) -> None:
             self.image = image
+            self.name = ""
+            self.env: dict[str, str] = {}
+            self.kwargs: dict[str, Any] = {}
+            self.ports: dict[str, Any] = {}
+            self.copied: dict[str, bytes] = {}
             self.stopped = False
+            self.wrapped = _FakeWrapped()
+            FakeContainer.made.append(self)
+
+        def with_name(self, name: str) -> FakeContainer:
+            self.name = name
+            return self
+
+        def with_env(self, key: str, value: str) -> FakeContainer:
+            self.env[key] = value
+            return self
+
+        def with_exposed_ports(self, *ports: int) -> FakeContainer:
+            for p in ports:
+                self.ports[str(p)] = None
+            return self
+
+        def with_kwargs(self, **kwargs: Any) -> FakeContainer:
+            self.kwargs = kwargs
+            return self
+
+        def with_copy_into_container(self, data: bytes, path: str) -> FakeContainer:
+            self.copied[path] = data
+            return self
 
         def start(self) -> FakeContainer:
             return self
@@ -482,32 +518,85 @@ def test_docker_path_glue(monkeypatch: pytest.MonkeyPatch, rabbitmq: BrokerHandl
         def stop(self) -> None:
             self.stopped = True
 
+        def get_wrapped_container(self) -> _FakeWrapped:
+            return self.wrapped
+
         def get_container_host_ip(self) -> str:
             return "127.0.0.1"
 
-        def get_exposed_port(self, port: int) -> int:
-            assert port == 5672
-            return rabbitmq.amqp_port
+        def get_exposed_port(self, p: int) -> int:
+            assert p == 5672
+            return port
+
+        def get_logs(self) -> tuple[bytes, bytes]:
+            return b"out\n", b""
 
         def exec(self, command: list[str]) -> tuple[int, bytes]:
             calls.append(command)
+            if command[0] == "sh":
+                return 127, b""  # no erl_call in this "image"
             return (0, b"ok\n") if command[-1] != "boom" else (70, b"Error: boom\n")
 
+    return FakeContainer
+
+
+def test_docker_path_glue_remote_engine(
+    monkeypatch: pytest.MonkeyPatch, rabbitmq: BrokerHandle
+) -> None:
+    """The Docker branch on a bridge network of a remote engine, without an engine:
+    a stand-in container forwards to the session broker. Checks the URL from the
+    mapped port, the conf file, ctl via exec and close."""
+    calls: list[list[str]] = []
+    fake = _fake_container_class(rabbitmq.amqp_port, calls)
     monkeypatch.delenv("AMQP_URL", raising=False)
-    monkeypatch.setenv("ACKKIT_TEST_RABBITMQ_IMAGE", "rabbitmq:test")
+    monkeypatch.setenv("DOCKER_HOST", "tcp://docker.example.invalid:2375")
     monkeypatch.setattr(broker_mod, "_docker_engine", lambda: (True, ""))
-    monkeypatch.setattr(broker_mod, "_rabbitmq_container_class", lambda: FakeContainer)
+    monkeypatch.setattr(broker_mod, "_rabbitmq_container_class", lambda: fake)
+    monkeypatch.setattr(broker_mod, "_docker_settings", lambda _v: ("rabbitmq:test", "bridge"))
     with provision_broker() as broker:
         assert broker.kind == "docker" and broker.own
         assert broker.url == f"amqp://guest:guest@127.0.0.1:{rabbitmq.amqp_port}/%2F"
         assert broker.amqp_port == rabbitmq.amqp_port
-        container = broker._container  # type: ignore[attr-defined]
+        (container,) = fake.made
         assert container.image == "rabbitmq:test"
+        assert container.name.startswith("ackkit-test-")
+        assert container.ports == {"5672": None}  # published wherever the engine says
+        assert "network_mode" not in container.kwargs
+        conf = container.copied["/etc/rabbitmq/conf.d/99-ackkit.conf"].decode()
+        assert "listeners.tcp.default = 5672\n" in conf
+        assert "loopback_users.guest = false\n" in conf  # logins arrive from the bridge
+        assert container.env["RABBITMQ_NODENAME"] == broker.node_name
+        assert "ERL_EPMD_PORT" not in container.env
         assert broker.ctl("list_queues") == "ok\n"
-        assert calls[-1] == ["rabbitmqctl", "list_queues"]
+        assert calls[-1][-2:] == ["rabbitmqctl", "list_queues"]
         with pytest.raises(BrokerError, match="boom"):
             broker.ctl("boom")
         broker.start()  # AMQP answers: nothing to do
-        assert calls[-1] == ["rabbitmqctl", "boom"]
+        assert calls[-1][-1] == "boom"
+        assert broker.log_text() == "out\n"
     assert container.stopped
     assert rabbitmq.ping()
+
+
+def test_docker_path_glue_local_bridge(
+    monkeypatch: pytest.MonkeyPatch, rabbitmq: BrokerHandle
+) -> None:
+    """A local engine with a bridge: the AMQP port is published on 127.0.0.1 only,
+    on a port picked here (so it stays the same when the container restarts)."""
+    from ackkit.testing import _provider_docker
+
+    fake = _fake_container_class(-1, [])
+    monkeypatch.delenv("AMQP_URL", raising=False)
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    monkeypatch.setattr(_provider_docker, "free_port", lambda **_: rabbitmq.amqp_port)
+    with broker_mod._DockerBroker(fake, image="rabbitmq:test", network="bridge") as broker:
+        (container,) = fake.made
+        assert container.ports == {"5672/tcp": ("127.0.0.1", rabbitmq.amqp_port)}
+        assert broker.url == f"amqp://guest:guest@127.0.0.1:{rabbitmq.amqp_port}/%2F"
+        broker.kill(flush_metadata=False)
+        assert container.wrapped.status == "exited"
+        broker.start()
+        assert container.wrapped.status == "running"
+        assert broker.url == f"amqp://guest:guest@127.0.0.1:{rabbitmq.amqp_port}/%2F"
+    with pytest.raises(ValueError, match="network"):
+        broker_mod._DockerBroker(fake, image="rabbitmq:test", network="overlay")
