@@ -4,7 +4,7 @@ PY      := .venv/bin/python
 PYTEST  := .venv/bin/pytest
 STAMP   := .venv/.ackkit-installed
 
-.PHONY: demo test unit check bench bench-quick chaos clean
+.PHONY: demo test test-docker unit check bench bench-quick chaos clean
 
 $(STAMP): pyproject.toml .ci/bootstrap
 	bash .ci/bootstrap
@@ -15,6 +15,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PYTEST) tests -m "not bench" -p no:cacheprovider
+	$(MAKE) --no-print-directory test-docker
+
+# contract + test-kit tests against RabbitMQ containers (skipped without Docker)
+test-docker: $(STAMP)
+	PYTEST=$(PYTEST) bash .ci/test-docker
 
 unit: $(STAMP)
 	$(PYTEST) tests/unit -q
