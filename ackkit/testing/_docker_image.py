@@ -141,12 +141,16 @@ def build_image(client: Any, root: pathlib.Path, *, name: str) -> float:
     return time.monotonic() - started
 
 
+class NoRootBuilder(BrokerUnavailable):
+    """The kit's image is missing and this version of the kit cannot make a root for it."""
+
+
 def _ensure_root(version: str) -> pathlib.Path:
     """The Debian root with RabbitMQ ``version`` (built and cached by ``_rootfs``)."""
     try:
         from ._rootfs import ensure_root  # type: ignore[import-not-found,unused-ignore]
     except ImportError as exc:
-        raise BrokerUnavailable(
+        raise NoRootBuilder(
             f"the image {local_image_name(version)} is missing and this version of the kit "
             "cannot make a Debian root for it; build it from an existing root with\n"
             "    python -m ackkit.testing._docker_image --root DIR"
@@ -175,6 +179,19 @@ def ensure_local_image(client: Any, version: str = DEFAULT_VERSION) -> str:
     return name
 
 
+def _image_for_tests(client: Any) -> str | None:
+    """The image the test kit would run here when it is not the kit's own, else None."""
+    from ._docker_engine import network_mode
+    from ._env import DEFAULT_IMAGE, ENV_IMAGE
+
+    explicit = os.environ.get(ENV_IMAGE, "").strip()
+    if explicit:
+        return None if local_image_version(explicit) else explicit
+    if network_mode(client) == "bridge" and not image_exists(client, local_image_name()):
+        return DEFAULT_IMAGE
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m ackkit.testing._docker_image",
@@ -183,6 +200,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", default=DEFAULT_VERSION, help="RabbitMQ version (4.3)")
     parser.add_argument("--root", type=pathlib.Path, help="Debian root to import (read only)")
     parser.add_argument("--force", action="store_true", help="rebuild when it exists")
+    parser.add_argument(
+        "--for-tests",
+        action="store_true",
+        help="only when the test kit would run this image on this engine (exit 3: "
+        "it would, but this kit cannot make a Debian root)",
+    )
     args = parser.parse_args(argv)
     import docker
     import docker.errors
@@ -193,6 +216,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no Docker engine answers (DOCKER_HOST?): {exc}", file=sys.stderr)
         return 1
     try:
+        if args.for_tests:
+            other = _image_for_tests(client)
+            if other is not None:
+                print(f"the test kit runs {other} on this engine")
+                return 0
+            wanted = os.environ.get("ACKKIT_TEST_RABBITMQ_IMAGE", "").strip()
+            args.version = local_image_version(wanted) or args.version
         name = local_image_name(args.version)
         if image_exists(client, name) and not args.force:
             print(f"{name} exists")
@@ -209,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     except BrokerUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return 3 if isinstance(exc, NoRootBuilder) else 1
     finally:
         client.close()
     return 0

@@ -356,3 +356,21 @@ def test_the_docker_leg_runs_on_containers(rabbitmq: BrokerHandle) -> None:
     if os.environ.get("ACKKIT_TEST_BROKER", "").strip().lower() != "docker":
         pytest.skip("not the Docker leg (ACKKIT_TEST_BROKER is not docker)")
     assert rabbitmq.kind == "docker" and rabbitmq.own
+
+
+def test_image_cli_for_tests(
+    client: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What `make test-docker` runs first: nothing to build for another image; exit 3
+    (skip) when the kit's image is missing and no Debian root can be made."""
+    monkeypatch.setenv("ACKKIT_TEST_RABBITMQ_IMAGE", "rabbitmq:4.1")
+    assert _docker_image.main(["--for-tests"]) == 0
+    assert "runs rabbitmq:4.1" in capsys.readouterr().out
+
+    def no_root(version: str) -> pathlib.Path:
+        raise _docker_image.NoRootBuilder(f"no root for {version} (test)")
+
+    monkeypatch.setattr(_docker_image, "_ensure_root", no_root)
+    monkeypatch.setenv("ACKKIT_TEST_RABBITMQ_IMAGE", "ackkit-test/rabbitmq:0.0-missing")
+    assert _docker_image.main(["--for-tests"]) == 3
+    assert "no root for 0.0-missing" in capsys.readouterr().err
