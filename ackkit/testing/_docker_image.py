@@ -179,16 +179,16 @@ def ensure_local_image(client: Any, version: str = DEFAULT_VERSION) -> str:
     return name
 
 
-def _image_for_tests(client: Any) -> str | None:
+def _image_for_tests(client: Any, version: str) -> str | None:
     """The image the test kit would run here when it is not the kit's own, else None."""
     from ._docker_engine import network_mode
-    from ._env import DEFAULT_IMAGE, ENV_IMAGE
+    from ._env import ENV_IMAGE
 
     explicit = os.environ.get(ENV_IMAGE, "").strip()
     if explicit:
         return None if local_image_version(explicit) else explicit
-    if network_mode(client) == "bridge" and not image_exists(client, local_image_name()):
-        return DEFAULT_IMAGE
+    if network_mode(client) == "bridge" and not image_exists(client, local_image_name(version)):
+        return f"rabbitmq:{version}"
     return None
 
 
@@ -203,8 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--for-tests",
         action="store_true",
-        help="only when the test kit would run this image on this engine (exit 3: "
-        "it would, but this kit cannot make a Debian root)",
+        help="the image the test kit would run on this engine, for the version "
+        "ACKKIT_TEST_RABBITMQ asks for (exit 3: this kit cannot make its Debian root)",
     )
     args = parser.parse_args(argv)
     import docker
@@ -217,7 +217,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         if args.for_tests:
-            other = _image_for_tests(client)
+            from ._docker_engine import docker_version
+            from ._env import wanted_version
+
+            args.version = docker_version(wanted_version())
+            other = _image_for_tests(client, args.version)
             if other is not None:
                 print(f"the test kit runs {other} on this engine")
                 return 0
