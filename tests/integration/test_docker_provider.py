@@ -28,6 +28,7 @@ from ackkit.testing import (
     provision_broker,
 )
 from ackkit.testing import _broker as broker_mod
+from ackkit.testing._env import wanted_version
 from ackkit.testing.plugin import QueueFactory
 
 pytestmark = pytest.mark.integration
@@ -104,6 +105,11 @@ def test_start_gives_an_owned_node_on_loopback(client: Any, docker_broker: Broke
     assert b.ping()
     info = _container(client, b).attrs
     assert info["State"]["Running"]
+    if not os.environ.get("ACKKIT_TEST_RABBITMQ_IMAGE"):  # the version asked for runs
+        version = _docker_engine.docker_version(wanted_version())
+        assert b.image.endswith(f":{version}")
+        running = b.ctl("eval", "rabbit_misc:version().")
+        assert running.strip().strip('"').startswith(version + "."), running
     if b.network == "host":
         assert info["HostConfig"]["NetworkMode"] == "host"
         ports = {b.amqp_port, b._dist_port, b._epmd_port}
