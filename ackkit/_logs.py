@@ -192,3 +192,25 @@ def log_stop(what: str, exc: BaseException, exit_signals: tuple[type[BaseExcepti
         log.error("%s; stopping the app", what)
     else:
         log.error("%s: %s; stopping the app", what, short(exc), exc_info=exc)
+
+
+def log_cancel(logger: logging.Logger, listener: str, outstanding: int) -> None:
+    """The one WARNING both runtimes log when the broker cancelled a listener's consumer."""
+    logger.warning(
+        "%s: the broker cancelled the consumer (a consumer timeout on RabbitMQ 4.3+, or its "
+        "queue was deleted); %d deliveries in flight go back to the queue and their "
+        "settles are dropped; consuming again on a new channel",
+        listener,
+        outstanding,
+    )
+
+
+def log_dropped_arguments(logger: logging.Logger, queue: str, dropped: tuple[str, ...]) -> None:
+    """The WARNING both runtimes log for queue arguments the broker would refuse."""
+    if dropped:
+        logger.warning(
+            "queue %r: declared without %s (RabbitMQ 4.3+ removed classic queue v1; the "
+            "queue is a CQv2 queue)",
+            queue,
+            ", ".join(dropped),
+        )

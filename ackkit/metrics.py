@@ -114,6 +114,11 @@ COUNTERS: tuple[tuple[Stage, str, str], ...] = (
         "ackkit_returned",
         "Prefetched deliveries returned unstarted at shutdown.",
     ),
+    (
+        Stage.CONSUMER_CANCELLED,
+        "ackkit_consumer_cancelled",
+        "Times the broker cancelled the consumer (e.g. a consumer timeout on RabbitMQ 4.3+).",
+    ),
 )
 
 

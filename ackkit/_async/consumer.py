@@ -49,7 +49,7 @@ from .._core.outcome import Outcome
 from .._core.policy import AckMode
 from .._delivery import Delivery
 from .._invocation import Invocation
-from .._logs import FailureLog, short
+from .._logs import FailureLog, log_cancel, short
 from .._publish import Outgoing
 from .._spec import Instrument, ListenerSpec
 from .._wire import describe
@@ -138,6 +138,7 @@ class AsyncConsumer(ChannelSettler):
             self.channel = ch
             self._reasons = frames.reasons_of(conn)
             ch.closing.add_done_callback(functools.partial(self._on_channel_closed, ch))
+            ch.on_consumer_cancel_callbacks.add(functools.partial(self._on_cancelled, ch))
             if any(type(a) is TxSelect for a in acts):
                 await ch.tx_select()
             await ch.basic_qos(prefetch_count=self.spec.policy.prefetch)
@@ -156,6 +157,22 @@ class AsyncConsumer(ChannelSettler):
             if isinstance(reason, aiormq.exceptions.ChannelClosed):
                 log.error("%s: channel closed by the broker: %s", self.spec.name, short(reason))
             self.rt.spawn(self._reopen_later(conn))
+
+    def _on_cancelled(self, ch: AbstractChannel, frame: Any) -> None:
+        """basic.cancel from the broker (RabbitMQ 4.3's consumer timeout, a deleted
+        queue): the core fences the consumer's deliveries; a new channel consumes again."""
+        if ch is not self.channel or self.rt.stopping:
+            return
+        outstanding = self.core.consumer_cancelled()
+        log_cancel(log, self.spec.name, outstanding)
+        self.consumer_tag = None
+        # Not awaited here: aiormq calls this from the channel's frame reader, which the
+        # close must leave free to read the broker's close-ok.
+        self.rt.spawn(self._close_after_cancel(ch))
+
+    async def _close_after_cancel(self, ch: AbstractChannel) -> None:
+        with contextlib.suppress(*CHANNEL_GONE, TimeoutError):
+            await ch.close()  # -> _on_channel_closed: a new channel after the usual pause
 
     def lost(self, reason: BaseException | None) -> None:
         """The channel is gone: its tags are stale, its unstarted deliveries too."""

@@ -34,7 +34,7 @@ from .._core.events import Observer
 from .._core.exchanges import plan
 from .._core.outcome import EXIT_SIGNALS
 from .._io import TICK, ConnectFailed, FatalConnectError, reconnect_logger, reconnect_wait
-from .._logs import log_stop
+from .._logs import log_dropped_arguments, log_stop
 from .._publish import Outgoing, not_confirmed
 from .._spec import AppBase, Instrument, ListenerSpec
 from .._url import mask_text
@@ -201,9 +201,12 @@ class AsyncRuntime:
         try:
             try:
                 own = [q for c in self.consumers for q in c.core.topology()]
-                user = [
-                    (c.spec.queue, c.spec.queue_arguments) for c in self.consumers if c.spec.declare
-                ]
+                user = []
+                for c in self.consumers:
+                    if c.spec.declare:
+                        args, dropped = c.core.queue_arguments(c.spec.queue_arguments)
+                        log_dropped_arguments(log, c.spec.queue, dropped)
+                        user.append((c.spec.queue, args))
                 existing = [c.spec.queue for c in self.consumers if not c.spec.declare]
                 await declare_queues(amqp, self.numbers, own, user, existing, self.exchanges)
                 for c in self.consumers:

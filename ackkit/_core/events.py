@@ -31,6 +31,10 @@ class Stage(str, Enum):
     """A MANUAL/CLIENT handler returned without settling; the default was applied."""
     RETURNED = "returned"
     """Prefetched but never started at shutdown: requeued, not counted as a failure."""
+    CONSUMER_CANCELLED = "consumer_cancelled"
+    """The broker cancelled the listener's consumer (basic.cancel: RabbitMQ 4.3's consumer
+    timeout, a deleted queue): counted once per cancel; the listener consumes again on a
+    new channel and the old deliveries' settles are dropped (DROPPED_STALE)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -122,6 +122,13 @@ class ListenerCore:
         """Queues ackkit declares for this listener: the DLQ and the retry delay tiers."""
         return _topology.topology(self.policy)
 
+    def queue_arguments(
+        self, arguments: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], tuple[str, ...]]:
+        """The listener queue's arguments to declare on this broker, and those left off
+        (see `topology.declarable`)."""
+        return _topology.declarable(arguments, self.broker)
+
     def extra_delay_queue(self, delay: float) -> QueueSpec | None:
         """The delay queue a RetryLater(delay=...) needs, if it is not one of the tiers
         and not declared yet."""
@@ -136,6 +143,20 @@ class ListenerCore:
     def channel_opened(self) -> list[Action]:
         self.ledger.opened()
         return [TxSelect()] if self.mode is AckMode.TRANSACTED else []
+
+    def consumer_cancelled(self) -> int:
+        """The broker cancelled the listener's consumer (basic.cancel from the server).
+
+        RabbitMQ 4.3 does this on a consumer timeout instead of closing the channel, and
+        returns every delivery of the consumer to its queue; 4.3.6 keeps the consumer
+        registered until the channel closes (an answer to its cancel would close the
+        channel before 4.3.7). Decision: the old deliveries are fenced at once, like a
+        closed channel's (their settles are dropped and counted, never sent), and the
+        runtime closes this channel and consumes on a new one, where tags start afresh.
+        Returns how many deliveries were outstanding.
+        """
+        self.counters.counts[Stage.CONSUMER_CANCELLED] += 1
+        return self.ledger.closed()
 
     def channel_closed(self) -> int:
         """The channel is gone: every outstanding delivery of it is now stale.

@@ -10,10 +10,11 @@ declared already is the listener's state (ListenerCore).
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .brokers import BrokerTraits
 from .policy import ListenerPolicy, RetryStrategy
 
 
@@ -98,3 +99,30 @@ def own_queue(policy: ListenerPolicy, name: str) -> QueueSpec | None:
     if name.startswith(prefix) and name.endswith("ms") and ms.isdigit():
         return delay_spec(policy, int(ms))
     return None
+
+
+def _is_one(value: Any) -> bool:
+    return not isinstance(value, bool) and (value == 1 or value in ("1", b"1"))
+
+
+def declarable(
+    arguments: Mapping[str, Any], broker: BrokerTraits
+) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The queue arguments to declare on `broker`, and the ones left off (as
+    "name=value" texts for a warning).
+
+    RabbitMQ 4.3 removed classic queue v1: `x-queue-version: 1` is refused (seen on
+    4.3.6: PRECONDITION_FAILED "unsupported queue version") and `x-queue-mode` is
+    listed as refused in the 4.3 release notes (4.3.6 still accepts and ignores it;
+    lazy mode has been a no-op since CQv2 in 3.12). Both are left off on such a
+    broker, and on one whose version is unknown; a queue gets CQv2 there anyway.
+    """
+    out = dict(arguments)
+    if broker.classic_v1_arguments:
+        return out, ()
+    dropped: list[str] = []
+    if "x-queue-mode" in out:
+        dropped.append(f"x-queue-mode={out.pop('x-queue-mode')!r}")
+    if "x-queue-version" in out and _is_one(out["x-queue-version"]):
+        dropped.append(f"x-queue-version={out.pop('x-queue-version')!r}")
+    return out, tuple(dropped)

@@ -22,7 +22,7 @@ from .._core.outcome import Outcome
 from .._core.policy import AckMode
 from .._delivery import Delivery
 from .._invocation import Invocation
-from .._logs import FailureLog
+from .._logs import FailureLog, log_cancel
 from .._publish import Outgoing
 from .._spec import AppBase, ListenerSpec
 from .._wire import describe
@@ -86,6 +86,7 @@ class Consumer(Executor):
             return
         self.channel = ch
         ch.add_on_close_callback(self._on_channel_closed)
+        ch.add_on_cancel_callback(lambda frame: self._on_cancelled_by_broker(ch, frame))
         with self.lock:
             acts = self.core.channel_opened()
         for a in acts:
@@ -120,6 +121,18 @@ class Consumer(Executor):
         conn = self.rt.connection
         if not self.rt.stopping and conn is not None and conn.is_open:
             conn.ioloop.call_later(1.0, lambda: self._reopen(conn))
+
+    def _on_cancelled_by_broker(self, ch: Any, frame: Any) -> None:
+        """basic.cancel from the broker (RabbitMQ 4.3's consumer timeout, a deleted
+        queue): the core fences the consumer's deliveries; a new channel consumes again."""
+        if ch is not self.channel or self.rt.stopping:
+            return
+        with self.lock:
+            outstanding = self.core.consumer_cancelled()
+        log_cancel(log, self.spec.name, outstanding)
+        self.consumer_tag = None
+        if ch.is_open:
+            ch.close()  # -> _on_channel_closed: a new channel after the usual pause
 
     def _on_message(self, ch: Any, method: Any, props: Any, body: bytes) -> None:
         exchange, rk = method.exchange, method.routing_key

@@ -18,7 +18,7 @@ from .._core.brokers import traits_of
 from .._core.outcome import EXIT_SIGNALS
 from .._delivery import Delivery
 from .._io import ConnectFailed
-from .._logs import log_stop
+from .._logs import log_dropped_arguments, log_stop
 from .._publish import Outgoing, not_confirmed
 from .._spec import AppBase
 from ._pika import declare_queues, parameters
@@ -153,7 +153,12 @@ class Runtime(Engine):
             with c.lock:
                 c.core.use_broker(broker)  # before anything of this connection is decided
         own = [q for c in self.consumers for q in c.core.topology()]
-        user = [(c.spec.queue, c.spec.queue_arguments) for c in self.consumers if c.spec.declare]
+        user = []
+        for c in self.consumers:
+            if c.spec.declare:
+                args, dropped = c.core.queue_arguments(c.spec.queue_arguments)
+                log_dropped_arguments(log, c.spec.queue, dropped)
+                user.append((c.spec.queue, args))
         existing = [c.spec.queue for c in self.consumers if not c.spec.declare]
         plan = self.app._topology_plan()
         declare_queues(conn, own, user, existing, plan)  # TopologyConflict: fatal, from start()

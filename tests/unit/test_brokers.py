@@ -3,15 +3,19 @@ from them (no broker needed)."""
 
 from __future__ import annotations
 
+import ast
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import ackkit
 from ackkit import Retry
 from ackkit._core import headers as H
+from ackkit._core.actions import Ack
 from ackkit._core.brokers import (
     UNKNOWN,
     V3,
@@ -23,8 +27,10 @@ from ackkit._core.brokers import (
     traits_for,
     traits_of,
 )
+from ackkit._core.events import Stage
 from ackkit._core.listener import ListenerCore
 from ackkit._core.policy import ListenerPolicy
+from ackkit._core.topology import declarable
 
 KNOWN = (V3, V40, V43)
 
@@ -187,3 +193,98 @@ def test_use_broker_switches_the_counting_on_reconnect() -> None:
     assert c.count_source is CountSource.DELIVERY_COUNT
     c.use_broker(V43)  # the broker was upgraded while ackkit reconnected
     assert c.count_source is CountSource.ACQUIRED_COUNT and c.broker is V43
+
+
+# -- a consumer cancelled by the broker (RabbitMQ 4.3's consumer timeout) ---------------
+
+
+def test_a_cancelled_consumer_fences_its_deliveries_like_a_closed_channel() -> None:
+    c = _core(V43, "quorum")
+    a, b = c.receive(1), c.receive(2)
+    c.finish(a)  # its ack is held for the batch
+    assert c.pending_acks == 1
+    assert c.consumer_cancelled() == 1  # b was outstanding; a's pending ack is dropped
+    assert c.counters.counts[Stage.CONSUMER_CANCELLED] == 1
+    assert c.finish(b) == []  # its settle is never sent: the broker returned it
+    assert c.counters.counts[Stage.DROPPED_STALE] == 1
+    assert c.tick() == [] and c.drain() == []
+    assert c.channel_closed() == 0  # the runtime then closes the channel: nothing left
+    c.channel_opened()
+    t = c.receive(1, redelivered=True, headers={"x-acquired-count": 1})
+    assert t.attempt == 2
+    c.finish(t)
+    assert c.drain() == [Ack(1)]
+
+
+# -- arguments a 4.3 broker refuses -------------------------------------------------------
+
+
+@pytest.mark.parametrize("traits", [V43, UNKNOWN])
+@given(
+    extra=st.dictionaries(
+        st.text(max_size=8).filter(lambda k: k not in ("x-queue-mode", "x-queue-version")),
+        st.integers(),
+        max_size=3,
+    ),
+    version=st.sampled_from([1, "1", 2, None]),
+    mode=st.sampled_from(["lazy", "default", None]),
+)
+def test_classic_v1_arguments_are_left_off_where_refused(
+    traits: BrokerTraits, extra: dict[str, Any], version: Any, mode: Any
+) -> None:
+    args: dict[str, Any] = dict(extra)
+    if version is not None:
+        args["x-queue-version"] = version
+    if mode is not None:
+        args["x-queue-mode"] = mode
+    out, dropped = declarable(args, traits)
+    assert "x-queue-mode" not in out
+    assert out.get("x-queue-version") in (None, 2)
+    assert {k: v for k, v in out.items() if k != "x-queue-version"} == extra
+    assert len(dropped) == (mode is not None) + (version in (1, "1"))
+
+
+@pytest.mark.parametrize("traits", [V3, V40])
+def test_classic_v1_arguments_are_kept_before_43(traits: BrokerTraits) -> None:
+    args = {"x-queue-mode": "lazy", "x-queue-version": 1}
+    assert declarable(args, traits) == (args, ())
+
+
+# -- what ackkit itself declares: never refused by 4.3 -----------------------------------
+
+
+def _calls(name: str) -> list[tuple[str, ast.Call]]:
+    root = Path(ackkit.__file__).parent
+    out = []
+    for path in root.rglob("*.py"):
+        if path.parent.name == "testing":
+            continue  # the test kit declares what its caller asks for
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == name:
+                out.append((str(path.relative_to(root)), node))
+    return out
+
+
+def test_ackkit_declares_only_durable_queues() -> None:
+    """Transient non-exclusive queues are deprecated in 4.x (deprecated feature
+    transient_nonexcl_queues; an operator may deny them): every queue ackkit declares is
+    durable (or only checked, passive)."""
+    calls = _calls("queue_declare")
+    assert len(calls) >= 5
+    for where, call in calls:
+        kw = {k.arg: k.value for k in call.keywords}
+        durable, passive = kw.get("durable"), kw.get("passive")
+        ok = (isinstance(durable, ast.Constant) and durable.value is True) or (
+            isinstance(passive, ast.Constant) and passive.value is True
+        )
+        assert ok, f"{where}:{call.lineno} declares a queue that is not durable"
+
+
+def test_ackkit_never_asks_for_global_qos() -> None:
+    """basic.qos global=true is a denied deprecated feature on 4.3 (global_qos)."""
+    calls = _calls("basic_qos")
+    assert len(calls) >= 3
+    for where, call in calls:
+        names = {k.arg for k in call.keywords}
+        assert not names & {"global_qos", "global_", "global"}, f"{where}:{call.lineno}"
+        assert len(call.args) <= 2, f"{where}:{call.lineno}"

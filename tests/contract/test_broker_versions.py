@@ -1,0 +1,254 @@
+"""What differs per RabbitMQ version, on App and AsyncApp, asserted on the broker.
+
+Run the suite once per broker (AMQP_URL=...:5672 for 3.10, ...:5673 for 4.3): each
+test reads the version the broker reports and expects that version's behaviour.
+The headers are read back by a plain pika client (basic.get), not by ackkit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from ackkit import Delivery, RequeueMessage, Retry
+from ackkit._core.brokers import BrokerTraits, traits_of
+from ackkit._core.events import Counters
+
+from .conftest import IO, Broker, Runtime, eventually
+
+pytestmark = pytest.mark.contract
+
+QUORUM = {"x-queue-type": "quorum"}
+
+
+@pytest.fixture(scope="module")
+def traits(rabbitmq: Any) -> BrokerTraits:
+    conn = rabbitmq.connect()
+    try:
+        return traits_of(conn._impl.server_properties)
+    finally:
+        conn.close()
+
+
+def _get_all(broker: Broker, queue: str) -> list[tuple[bool, dict[str, Any]]]:
+    """(redelivered, headers) of every ready message, taken with basic.get + ack."""
+    out: list[tuple[bool, dict[str, Any]]] = []
+    conn = broker.handle.connect()
+    try:
+        ch = conn.channel()
+        while True:
+            method, props, _body = ch.basic_get(queue, auto_ack=False)
+            if method is None:
+                return out
+            out.append((bool(method.redelivered), dict(props.headers or {})))
+            ch.basic_ack(method.delivery_tag)
+    finally:
+        conn.close()
+
+
+class Gate:
+    """A handler waits here until the test opens it (set from a timer once the app is
+    stopping, so that the stop finds this handler in flight and the rest prefetched)."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.open = threading.Event()
+
+    async def hold(self, io: IO) -> None:
+        self.started.set()
+        while not self.open.is_set():
+            await io.sleep(0.02)
+
+    def open_later(self, seconds: float = 1.0) -> None:
+        threading.Timer(seconds, self.open.set).start()
+
+
+def _counts(app: Any) -> Counters:
+    """The only listener's counters (still readable after the app stopped)."""
+    ((_spec, core),) = app._cores.values()
+    counters: Counters = core.counters
+    return counters
+
+
+def test_a_failure_is_a_reject_that_counts_toward_the_delivery_limit(
+    runtime: Runtime, broker: Broker, queue_factory: Any, traits: BrokerTraits
+) -> None:
+    """RequeueMessage settles with basic.reject: on every version it increments the quorum
+    queue's x-delivery-count (what its delivery-limit counts)."""
+    q = queue_factory()
+    gate = Gate()
+    runs: list[int] = []
+
+    async def fail(payload: Any, d: Delivery, io: IO) -> None:
+        runs.append(d.attempt)
+        if len(runs) == 4:
+            await gate.hold(io)
+        raise RequeueMessage("try again")
+
+    app = runtime.app()
+    runtime.listen(app, q, fail, prefetch=1, retry=Retry(max_attempts=10), queue_arguments=QUORUM)
+    with runtime.running(app):
+        counts = _counts(app)
+        broker.publish(q, [b"{}"], content_type=None)
+        eventually(gate.started.is_set, what="the fourth run")
+        gate.open_later()
+    stats = counts.snapshot()
+    failures, returned = stats["requeued"], stats["returned"]
+    assert runs == [1, 2, 3, 4] and failures == 4
+    ((redelivered, headers),) = _get_all(broker, q)
+    assert redelivered
+    if traits.reject_counts_nack_does_not:  # 4.3+: only the rejects count
+        assert headers["x-delivery-count"] == failures
+        assert headers["x-acquired-count"] == failures + returned
+    else:  # every return counts
+        assert headers["x-delivery-count"] == failures + returned
+        assert "x-acquired-count" not in headers
+
+
+def test_a_return_at_shutdown_is_a_nack_that_does_not_count_on_43(
+    runtime: Runtime, broker: Broker, queue_factory: Any, traits: BrokerTraits
+) -> None:
+    """Prefetched deliveries whose handler never started go back with basic.nack at
+    shutdown: RabbitMQ 4.3 does not count them toward the delivery-limit."""
+    q = queue_factory()
+    gate = Gate()
+
+    async def slow(payload: Any, d: Delivery, io: IO) -> None:
+        await gate.hold(io)
+
+    app = runtime.app()
+    runtime.listen(app, q, slow, prefetch=10, concurrency=1, queue_arguments=QUORUM)
+    with runtime.running(app):
+        broker.publish(q, [b"{}"] * 5, content_type=None)
+        eventually(gate.started.is_set, what="the first handler started")
+        broker.wait_for(q, unacked=5)
+        counts = _counts(app)
+        gate.open_later()
+    returned = counts.snapshot()["returned"]
+    assert returned == 4
+    got = _get_all(broker, q)
+    assert len(got) == returned  # the first was handled and acked; nothing else lost
+    for redelivered, headers in got:
+        assert redelivered
+        if traits.reject_counts_nack_does_not:
+            assert headers.get("x-delivery-count", 0) == 0
+            assert headers["x-acquired-count"] == 1
+        else:
+            assert headers["x-delivery-count"] == 1
+
+
+def test_attempts_after_a_return_ignore_a_publishers_delivery_count(
+    runtime: Runtime, broker: Broker, queue_factory: Any
+) -> None:
+    """A publisher's x-delivery-count 7 survives a basic.nack on RabbitMQ 4.3 (the broker
+    writes the header only once it incremented the count): a returned message is
+    attempt 2 on every version, never 8 (which would dead-letter it at once)."""
+    q = queue_factory()
+    gate = Gate()
+
+    async def slow(payload: Any, d: Delivery, io: IO) -> None:
+        await gate.hold(io)
+
+    app = runtime.app()
+    retry = Retry(max_attempts=3)
+    runtime.listen(app, q, slow, prefetch=10, concurrency=1, retry=retry, queue_arguments=QUORUM)
+    with runtime.running(app):
+        broker.publish(q, [b"{}"] * 3, content_type=None, headers={"x-delivery-count": 7})
+        eventually(gate.started.is_set, what="the first handler started")
+        broker.wait_for(q, unacked=3)
+        counts = _counts(app)
+        gate.open_later()
+    returned = counts.snapshot()["returned"]
+    assert returned == 2
+    seen: list[int] = []
+
+    async def record(payload: Any, d: Delivery, io: IO) -> None:
+        seen.append(d.attempt)
+
+    app2 = runtime.app()
+    runtime.listen(app2, q, record, retry=retry, queue_arguments=QUORUM)
+    with runtime.running(app2):
+        broker.wait_for(q, ready=0, unacked=0)
+        eventually(lambda: len(seen) == returned, what="the returned messages handled")
+    assert seen == [2] * returned
+    assert broker.counts(f"{q}.dlq").total == 0
+
+
+def test_a_consumer_timeout_on_43_cancels_the_consumer_and_ackkit_consumes_again(
+    runtime: Runtime,
+    broker: Broker,
+    queue_factory: Any,
+    traits: BrokerTraits,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    if not traits.timeout_cancels_consumer:
+        pytest.skip(f"RabbitMQ {traits.series}: a consumer timeout closes the channel")
+    q = queue_factory()
+    calls: list[tuple[int, float]] = []
+
+    async def slow_once(payload: Any, d: Delivery, io: IO) -> None:
+        calls.append((d.attempt, time.monotonic()))
+        if len(calls) == 1:
+            await io.sleep(4.0)  # past the queue's 1 s consumer timeout
+
+    app = runtime.app()
+    args = {**QUORUM, "x-consumer-timeout": 1000}
+    runtime.listen(app, q, slow_once, prefetch=5, concurrency=2, queue_arguments=args)
+    with caplog.at_level(logging.INFO, logger="ackkit"), runtime.running(app):
+        broker.publish(q, [json.dumps({"n": 1})], content_type=None)
+        eventually(lambda: len(calls) >= 2, timeout=30, what="handled again")
+        broker.wait_for(q, ready=0, unacked=0, consumers=1, timeout=30)
+        time.sleep(4.5)  # the slow first run ends: its ack must be dropped, not sent
+        broker.wait_for(q, ready=0, unacked=0, consumers=1)
+        stats = runtime.stats(app)
+    assert stats["consumer_cancelled"] == 1
+    assert stats["acked"] == 1  # the redelivery; the slow run's settle was fenced
+    if runtime.kind == "sync":  # AsyncApp cancels the handler task with the channel
+        assert stats["dropped_stale"] == 1
+    assert [a for a, _ in calls] == [1, 2]  # x-acquired-count: the lost run counted
+    gap = calls[1][1] - calls[0][1]
+    print(f"consumer timeout 1 s: handled again after {gap:.2f} s")
+    assert 0.9 < gap < 20, gap
+    assert "broker cancelled the consumer" in caplog.text
+    assert "unknown delivery tag" not in caplog.text
+    assert broker.counts(f"{q}.dlq").total == 0
+
+
+def test_classic_v1_arguments_never_reach_a_43_broker(
+    runtime: Runtime,
+    broker: Broker,
+    queue_factory: Any,
+    traits: BrokerTraits,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """RabbitMQ 4.3 refuses x-queue-version 1 (PRECONDITION_FAILED): ackkit leaves it
+    and x-queue-mode off there, says so, and consumes; older brokers get them."""
+    q = queue_factory()
+    seen: list[int] = []
+
+    async def handle(payload: Any, d: Delivery, io: IO) -> None:
+        seen.append(1)
+
+    app = runtime.app()
+    args = {"x-queue-version": 1, "x-queue-mode": "lazy"}
+    runtime.listen(app, q, handle, queue_arguments=args)
+    with caplog.at_level(logging.WARNING, logger="ackkit"), runtime.running(app):
+        broker.publish(q, [b"{}"], content_type=None)
+        eventually(lambda: seen == [1], what="handled")
+        broker.wait_for(q, ready=0, unacked=0)
+    text = broker.handle.ctl(
+        "list_queues", "-p", broker.handle.vhost, "name", "arguments", "--formatter", "json", "-q"
+    )
+    (row,) = [r for r in json.loads(text[text.find("[") :]) if r["name"] == q]
+    declared = json.dumps(row["arguments"])
+    if traits.classic_v1_arguments:
+        assert "x-queue-version" in declared and "x-queue-mode" in declared
+        assert "declared without" not in caplog.text
+    else:
+        assert "x-queue-version" not in declared and "x-queue-mode" not in declared
+        assert "declared without x-queue-mode='lazy', x-queue-version=1" in caplog.text
