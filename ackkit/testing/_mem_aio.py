@@ -66,6 +66,7 @@ class AioChannel:
         self.closing.add_done_callback(_retrieve)
         self._closed = False
         self._consumers: dict[str, Any] = {}
+        self.on_consumer_cancel_callbacks: set[Any] = set()  # never called: no broker cancel
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ctags = itertools.count(1)
 

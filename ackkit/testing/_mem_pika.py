@@ -34,6 +34,7 @@ class SelectChannel:
         self.channel_number = conn.next_channel()
         self._on_close: list[Callback] = []
         self._on_return: list[Callback] = []
+        self._on_cancel: list[Callback] = []  # the in-memory broker never cancels a consumer
         self._consumers: dict[str, Callback] = {}
         self._on_confirm: Callback | None = None
         self._seq = 0
@@ -78,6 +79,9 @@ class SelectChannel:
 
     def add_on_return_callback(self, cb: Callback) -> None:
         self._on_return.append(cb)
+
+    def add_on_cancel_callback(self, cb: Callback) -> None:
+        self._on_cancel.append(cb)
 
     def _check(self) -> None:
         if not self.is_open:

@@ -26,9 +26,15 @@ pytestmark = pytest.mark.contract
 QUORUM = {"x-queue-type": "quorum"}
 
 
-@pytest.fixture(scope="module")
-def traits(rabbitmq: Any) -> BrokerTraits:
-    conn = rabbitmq.connect()
+@pytest.fixture(autouse=True)
+def _real_broker_only(transport: str) -> None:
+    if transport != "rabbitmq":
+        pytest.skip("what differs per RabbitMQ version needs a real broker of that version")
+
+
+@pytest.fixture
+def traits(broker: Broker) -> BrokerTraits:
+    conn = broker.handle.connect()
     try:
         return traits_of(conn._impl.server_properties)
     finally:
