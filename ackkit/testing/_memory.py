@@ -22,6 +22,7 @@ import contextlib
 import itertools
 import os
 import threading
+import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any, TypeVar
@@ -218,6 +219,37 @@ class InMemoryBroker(BrokerHandle):
         if c is None:
             raise QueueNotFound(f"queue {queue!r} does not exist (in-memory broker {self.name})")
         return QueueCounts(*c)
+
+    def wait_for(
+        self,
+        queue: str,
+        *,
+        ready: int | None = None,
+        unacked: int | None = None,
+        total: int | None = None,
+        consumers: int | None = None,
+        timeout: float = 10.0,
+        interval: float = 0.05,
+    ) -> QueueCounts:
+        """Like BrokerHandle.wait_for, woken by every change of the broker (no polling delay)."""
+        want = {"ready": ready, "unacked": unacked, "total": total, "consumers": consumers}
+        want = {k: v for k, v in want.items() if v is not None}
+        deadline = time.monotonic() + timeout
+        last: QueueCounts | str = "no answer yet"
+        with self.model.changed:
+            while True:
+                try:
+                    last = self.counts(queue)
+                    if all(getattr(last, k) == v for k, v in want.items()):
+                        return last
+                except QueueNotFound as exc:
+                    last = str(exc)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(
+                        f"queue {queue!r} did not reach {want} within {timeout:.1f}s; last: {last}"
+                    )
+                self.model.changed.wait(min(left, interval))
 
     def counts_all(self) -> dict[str, QueueCounts]:
         with self.model.lock:

@@ -21,6 +21,8 @@ Fixtures:
                    (with the reason) only when ``AMQP_URL`` / ``ACKKIT_TEST_BROKER=url``
                    forces an external broker.
 ``rabbitmq_version``  the session broker's version as it announces itself ("4.3.6")
+``amqp_broker``    ``memory_broker``, or ``rabbitmq`` with ``--real-broker`` /
+                   ``ACKKIT_TEST_REAL_BROKER=1``: one test suite, both brokers
 ``memory_broker``  a fresh :class:`~ackkit.testing.InMemoryBroker` for the test (no
                    network); ``App(memory_broker.url)`` runs on it
 
@@ -53,8 +55,11 @@ from ._handle import BrokerHandle
 from ._memory import InMemoryBroker
 from ._util import mask_url
 
+ENV_REAL = "ACKKIT_TEST_REAL_BROKER"
+
 __all__ = [
     "QueueFactory",
+    "amqp_broker",
     "amqp_url",
     "fresh_queue",
     "memory_broker",
@@ -100,6 +105,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help=f"RabbitMQ version of the kit's own brokers: {' | '.join(VERSIONS)} "
         f"(sets {ENV_VERSION}; 3.10 is the machine's rabbitmq-server, 4.x a node in a "
         "Debian root built on first use)",
+    )
+    group.addoption(
+        "--real-broker",
+        action="store_true",
+        default=False,
+        help=f"the amqp_broker fixture gives the real RabbitMQ (as {ENV_REAL}=1 does) "
+        "instead of an in-memory broker",
     )
 
 
@@ -153,6 +165,23 @@ def rabbitmq() -> Iterator[BrokerHandle]:
 @pytest.fixture
 def memory_broker() -> Iterator[InMemoryBroker]:
     """A fresh in-memory broker for this test (``App(memory_broker.url)``), closed after it."""
+    with InMemoryBroker() as broker:
+        yield broker
+
+
+def _real_broker_wanted(config: pytest.Config) -> bool:
+    env = os.environ.get(ENV_REAL, "").strip().lower()
+    return bool(config.getoption("--real-broker", default=False)) or env in ("1", "true", "yes")
+
+
+@pytest.fixture
+def amqp_broker(request: pytest.FixtureRequest) -> Iterator[BrokerHandle]:
+    """The broker a service's tests run on: a fresh in-memory broker, or the session's
+    real RabbitMQ with ``--real-broker`` (or ``ACKKIT_TEST_REAL_BROKER=1``): the same
+    tests, fast by default and against RabbitMQ when asked."""
+    if _real_broker_wanted(request.config):
+        yield request.getfixturevalue("rabbitmq")
+        return
     with InMemoryBroker() as broker:
         yield broker
 

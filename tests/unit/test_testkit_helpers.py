@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
@@ -146,3 +147,48 @@ def test_the_in_memory_broker_needs_aio_pika_only_for_async_apps() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.strip() == "[]"
+
+
+USER_SUITE = """
+from ackkit import App
+
+def test_service(amqp_broker, queue_factory):
+    q = queue_factory(broker=amqp_broker)
+    seen = []
+    app = App(amqp_broker.url, shutdown_timeout=5)
+
+    @app.listener(q)
+    def handle(order: dict) -> None:
+        seen.append(order)
+
+    with app.running():
+        amqp_broker.publish(q, {"id": 1})
+        amqp_broker.wait_for(q, ready=0, unacked=0)
+    assert seen == [{"id": 1}]
+    print("BROKER-KIND", amqp_broker.kind)
+"""
+
+
+def run_user_suite(tmp_path: Any, *args: str, env: dict[str, str] | None = None) -> str:
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "test_user.py").write_text(USER_SUITE)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+def test_amqp_broker_is_in_memory_unless_a_real_one_is_asked_for(tmp_path: Any) -> None:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "ACKKIT_TEST_REAL_BROKER"}
+    assert "BROKER-KIND memory" in run_user_suite(tmp_path, env=env)

@@ -1,0 +1,20 @@
+"""`--real-broker`: the amqp_broker fixture of a user's suite gives the real RabbitMQ."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ackkit.testing import BrokerHandle
+
+pytestmark = pytest.mark.integration
+
+
+def test_real_broker_option_gives_amqp_broker_the_real_rabbitmq(
+    rabbitmq: BrokerHandle, tmp_path: Any
+) -> None:
+    from tests.unit.test_testkit_helpers import run_user_suite
+
+    out = run_user_suite(tmp_path, "--real-broker", env={"AMQP_URL": rabbitmq.url})
+    assert "BROKER-KIND memory" not in out and "BROKER-KIND" in out
