@@ -354,6 +354,9 @@ MEMORY_SKIPS = {
     "test_refused_login_fails_start_at_once": (
         "the in-memory broker has no users or passwords: nothing to refuse"
     ),
+    "test_classic_v1_arguments_never_reach_a_43_broker": (
+        "it reads the queues' arguments with rabbitmqctl; the in-memory broker has no node"
+    ),
 }
 """Contract tests the in-memory broker does not run, by name, and why."""
 
