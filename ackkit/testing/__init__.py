@@ -13,7 +13,9 @@ Where the broker comes from (first that applies):
 1. ``AMQP_URL`` is set: that broker (``own=False``; counts through rabbitmqctl
    when it runs on this machine, ``ACKKIT_TEST_NODE`` names its node otherwise).
 2. A Docker engine answers: a RabbitMQ container via testcontainers
-   (image ``ACKKIT_TEST_RABBITMQ_IMAGE``, default ``rabbitmq:3.13``).
+   (image ``ACKKIT_TEST_RABBITMQ_IMAGE``, default ``rabbitmq:4.3``; on an engine
+   without a bridge network the container shares the host's network and binds
+   to 127.0.0.1 on ports of its own, see ``ACKKIT_TEST_DOCKER_NETWORK``).
 3. ``rabbitmq-server`` is installed: a throwaway node with its own data
    directory, ports, node name and Erlang cookie, removed on exit.
 4. Otherwise :class:`BrokerUnavailable`, saying how to get a broker.

@@ -355,6 +355,10 @@ def test_image_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ACKKIT_TEST_RABBITMQ_IMAGE", "ackkit-test/rabbitmq:4.0")
     assert _docker_engine.choose_image(bare, "bridge") == "ackkit-test/rabbitmq:4.0"
     assert built == ["4.3", "4.3", "4.0"]
+    monkeypatch.delenv("ACKKIT_TEST_RABBITMQ_IMAGE")
+    assert _docker_engine.choose_image(bare, "bridge", "4.0") == "rabbitmq:4.0"
+    assert _docker_engine.docker_version("3.10") == "4.3"  # the kit's default: 4.3 in Docker
+    assert _docker_engine.docker_version("4.0") == "4.0"
 
 
 def test_the_docker_leg_runs_on_containers(rabbitmq: BrokerHandle) -> None:
