@@ -23,6 +23,7 @@ from ._core.policy import (
     RetryStrategy,
     Unsettled,
 )
+from ._core.topology import check_delivery_limit
 from ._handler import DEFAULT_MAX_BODY, Binding, Decoder
 from ._logs import LifecycleLog
 from ._tls import TLS, client_tls
@@ -261,6 +262,7 @@ class AppBase:
         if retry is not None and not isinstance(retry, Retry):
             raise TypeError(f"retry must be a Retry or None, got {retry!r}")
         r = retry or NO_RETRY
+        check_delivery_limit(r, args)
         # ListenerPolicy checks the rest (dead_letter, on_unsettled, flush) before the
         # handler is bound, so a wrong option fails at the decorator's line.
         probe = ListenerPolicy(

@@ -196,10 +196,11 @@ class AsyncRuntime:
         )
         self.connection, self.amqp, self.numbers = conn, amqp, ChannelNumbers()
         broker = traits_of(amqp.server_properties)
-        for c in self.consumers:
-            c.core.use_broker(broker)  # before anything of this connection is decided
         try:
             try:
+                for c in self.consumers:
+                    c.core.use_broker(broker)  # before anything of this connection is decided
+                    c.core.check_broker()  # TopologyConflict: fatal, from start()
                 own = [q for c in self.consumers for q in c.core.topology()]
                 user = []
                 for c in self.consumers:

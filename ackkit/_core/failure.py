@@ -16,7 +16,8 @@ In order:
 5. Neither a RetryLater nor an exception the policy retries: dead-lettered.
 6. Attempts used up (attempt >= max_attempts): dead-lettered.
 7. Otherwise retried: in process after the backoff (or the RetryLater's
-   delay), or through the delay queue of that delay.
+   delay), through the delay queue of that delay, or (QUORUM_DELAYED) rejected
+   back to a quorum queue that holds it for its own linear delay.
 
 A dead letter on a listener without a dead-letter queue is a reject without
 requeue (REJECT): the queue's own dead-letter exchange takes it, if it has one.
@@ -52,6 +53,9 @@ class Fate(str, Enum):
     """Run the handler again after `Failure.delay` seconds; the delivery stays unacked."""
     RETRY_BROKER = "retry_broker"
     """A copy to the delay queue of `Failure.delay_ms`, then the original acked."""
+    RETRY_QUORUM = "retry_quorum"
+    """basic.reject with requeue to a quorum queue that delays it (RabbitMQ 4.3's native
+    delayed retry, RetryStrategy.QUORUM_DELAYED): the queue holds it `Failure.delay`."""
     LOST = "lost"
     """AckMode.NONE without a dead-letter queue: nothing is left to settle; reported only."""
 
@@ -121,6 +125,11 @@ def decide(
     if retry.strategy is RetryStrategy.IN_PROCESS:
         delay = asked if asked is not None else retry.jittered(attempt, rnd)
         return Failure(Fate.RETRY_IN_PROCESS, why, delay=delay, asked=asked is not None)
+    if retry.strategy is RetryStrategy.QUORUM_DELAYED:
+        # The queue computes the delay; over AMQP 0-9-1 a message cannot carry its own.
+        if asked is not None:
+            why = f"{why} (the queue's delay applies, not the {asked:g} s asked for)"
+        return Failure(Fate.RETRY_QUORUM, why, delay=retry.delay(attempt))
     # Broker delays come in fixed TTL tiers (one delay queue each); jitter does not apply.
     ms = retry.tier_for(attempt) if asked is None else round_delay_ms(asked)
     return Failure(Fate.RETRY_BROKER, why, delay_ms=ms, asked=asked is not None)

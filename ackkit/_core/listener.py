@@ -126,8 +126,12 @@ class ListenerCore:
         self, arguments: Mapping[str, Any]
     ) -> tuple[dict[str, Any], tuple[str, ...]]:
         """The listener queue's arguments to declare on this broker, and those left off
-        (see `topology.declarable`)."""
-        return _topology.declarable(arguments, self.broker)
+        (see `topology.listener_arguments`)."""
+        return _topology.listener_arguments(self.policy, self.broker, arguments)
+
+    def check_broker(self) -> None:
+        """Raise TopologyConflict when the listener needs what this broker lacks."""
+        _topology.check_broker(self.policy, self.broker)
 
     def extra_delay_queue(self, delay: float) -> QueueSpec | None:
         """The delay queue a RetryLater(delay=...) needs, if it is not one of the tiers
@@ -504,6 +508,9 @@ class ListenerCore:
             self._emit(Stage.REJECTED, t, f.reason)
             return []
         self._emit(Stage.RETRYING, t, f.reason)
+        if fate is Fate.RETRY_QUORUM:
+            self.ledger.gone(t)
+            return [Reject(t.tag, requeue=True)]  # counts: the queue delays it
         if fate is Fate.RETRY_IN_PROCESS:
             if t.first_failure is None:
                 t.first_failure = CH.iso(self._wallclock())

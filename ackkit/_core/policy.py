@@ -60,6 +60,14 @@ class RetryStrategy(str, Enum):
     """Re-invoke the handler after a backoff while the delivery stays unacked. For
     short transient errors; bounded by the broker's consumer_timeout."""
 
+    QUORUM_DELAYED = "quorum_delayed"
+    """RabbitMQ 4.3+ quorum queues only: basic.reject the delivery back to its queue,
+    which holds it for min(initial_interval * n, max_interval) (n: its failed deliveries
+    so far, a linear delay) before delivering it again. Nothing is republished and no
+    delay queue is declared; ackkit declares the queue with x-delayed-retry-type
+    'failed' and -min / -max from the Retry. No jitter, no multiplier, and a
+    RetryLater's own delay cannot be honoured (AMQP 0-9-1 has no per-message delay)."""
+
 
 class Unsettled(str, Enum):
     """What happens to a delivery a MANUAL/CLIENT handler left unsettled."""
@@ -90,7 +98,7 @@ class Retry:
 
     max_attempts: int = 1
     initial_interval: float = 1.0
-    multiplier: float = 2.0
+    multiplier: float = 2.0  # DEFAULT_MULTIPLIER
     max_interval: float = 30.0
     jitter: float = 0.0
     strategy: RetryStrategy = RetryStrategy.BROKER
@@ -114,6 +122,8 @@ class Retry:
             raise ValueError(f"Retry.jitter must be >= 0 and < 1, got {self.jitter!r}")
         set_(self, "jitter", jitter)
         set_(self, "strategy", C.enum("Retry.strategy", RetryStrategy, self.strategy))
+        if self.strategy is RetryStrategy.QUORUM_DELAYED:
+            self._check_linear()
         set_(self, "retry_on", C.exception_types("Retry.retry_on", self.retry_on))
         set_(self, "fatal", C.exception_types("Retry.fatal", self.fatal))
         tiers = self._walk_tiers(MAX_DELAY_TIERS + 1)
@@ -130,6 +140,34 @@ class Retry:
                 "max_attempts or RetryStrategy.IN_PROCESS"
             )
         set_(self, "_tiers", tiers)
+
+    def _check_linear(self) -> None:
+        """RetryStrategy.QUORUM_DELAYED: the broker's delay is linear and exact."""
+        if self.multiplier != DEFAULT_MULTIPLIER:
+            raise ValueError(
+                f"Retry.multiplier={self.multiplier:g} does not apply to "
+                "RetryStrategy.QUORUM_DELAYED: the quorum queue's delay grows linearly "
+                "(initial_interval * n, up to max_interval); leave multiplier unset"
+            )
+        if self.jitter:
+            raise ValueError(
+                "Retry.jitter does not apply to RetryStrategy.QUORUM_DELAYED: the quorum "
+                "queue computes the delay; leave jitter at 0"
+            )
+        if self.initial_interval <= 0 or self.max_interval < self.initial_interval:
+            raise ValueError(
+                "RetryStrategy.QUORUM_DELAYED needs 0 < initial_interval <= max_interval, got "
+                f"{self.initial_interval:g} and {self.max_interval:g}"
+            )
+
+    def quorum_delay_arguments(self) -> dict[str, object]:
+        """The queue arguments that make a RabbitMQ 4.3 quorum queue hold each delivery
+        rejected with requeue for min(initial_interval * delivery_count, max_interval)."""
+        return {
+            "x-delayed-retry-type": "failed",
+            "x-delayed-retry-min": _ms(self.initial_interval),
+            "x-delayed-retry-max": _ms(self.max_interval),
+        }
 
     # -- delays: O(1) per attempt, never an overflowing power -----------------
 
@@ -191,6 +229,8 @@ class Retry:
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait after failed attempt `attempt` (1-based), before jitter."""
+        if self.strategy is RetryStrategy.QUORUM_DELAYED:  # the broker's linear delay
+            return min(self.initial_interval * max(attempt, 1), self.max_interval)
         return self._at(max(attempt - 1, 0))
 
     def jittered(self, attempt: int, rnd: random.Random | None = None) -> float:
@@ -212,6 +252,9 @@ class Retry:
         n = self.max_attempts - 1
         if n < 1 or self.initial_interval == 0:
             return 0.0
+        if self.strategy is RetryStrategy.QUORUM_DELAYED:  # linear up to the cap
+            below = min(n, int(self.max_interval // self.initial_interval))
+            return self.initial_interval * below * (below + 1) / 2 + (n - below) * self.max_interval
         cap = self._cap_exponent()
         if cap is None:  # multiplier 1 and below the cap: a constant delay
             return n * self.initial_interval
@@ -228,6 +271,8 @@ class Retry:
             return False
         return isinstance(exc, self.retry_on)
 
+
+DEFAULT_MULTIPLIER = 2.0
 
 MAX_DELAY_TIERS = 100
 """Most distinct broker retry delays (each one is a delay queue)."""
@@ -312,6 +357,12 @@ class ListenerPolicy:
             C.text("queue_arguments['x-queue-type']", self.queue_type)
         if self.mode is AckMode.NONE and self.retry.max_attempts > 1:
             raise ValueError("AckMode.NONE cannot retry: the broker forgot the message on send")
+        if self.retry.strategy is RetryStrategy.QUORUM_DELAYED and self.queue_type != "quorum":
+            raise ValueError(
+                "RetryStrategy.QUORUM_DELAYED needs a quorum queue (RabbitMQ 4.3+): declare "
+                "it with queue_arguments={'x-queue-type': 'quorum'}, or use "
+                f"RetryStrategy.BROKER (queue type here: {self.queue_type or 'not given'})"
+            )
         self._check_dead_letter()
         if self.retry.strategy is RetryStrategy.BROKER and self.retry.max_attempts > 1:
             # the longest name a delay queue can get (a RetryLater(delay=) included)

@@ -15,7 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from .brokers import BrokerTraits
-from .policy import ListenerPolicy, RetryStrategy
+from .errors import TopologyConflict
+from .policy import ListenerPolicy, Retry, RetryStrategy
+
+QUORUM_DEFAULT_DELIVERY_LIMIT = 20
+"""A RabbitMQ 4.x quorum queue's delivery-limit when its arguments set none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,3 +130,42 @@ def declarable(
     if "x-queue-version" in out and _is_one(out["x-queue-version"]):
         dropped.append(f"x-queue-version={out.pop('x-queue-version')!r}")
     return out, tuple(dropped)
+
+
+def listener_arguments(
+    policy: ListenerPolicy, broker: BrokerTraits, arguments: Mapping[str, Any]
+) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The listener queue's arguments to declare: the user's, plus the native delayed
+    retry's under RetryStrategy.QUORUM_DELAYED, minus what `broker` refuses."""
+    args = dict(arguments)
+    if policy.retry.strategy is RetryStrategy.QUORUM_DELAYED:
+        args.update(policy.retry.quorum_delay_arguments())
+    return declarable(args, broker)
+
+
+def check_broker(policy: ListenerPolicy, broker: BrokerTraits) -> None:
+    """Raise TopologyConflict when the listener needs what `broker` does not have."""
+    if policy.retry.strategy is RetryStrategy.QUORUM_DELAYED and not broker.native_delayed_retry:
+        seen = ".".join(map(str, broker.version)) if broker.version else "no readable version"
+        raise TopologyConflict(
+            f"listener {policy.name!r}: RetryStrategy.QUORUM_DELAYED needs RabbitMQ 4.3 or "
+            f"later (quorum queues' native delayed retry); the broker reports {seen}. Use "
+            "RetryStrategy.BROKER (delay queues), which works on every version."
+        )
+
+
+def check_delivery_limit(retry: Retry, arguments: Mapping[str, Any]) -> None:
+    """Under RetryStrategy.QUORUM_DELAYED every failed attempt is a basic.reject that the
+    quorum queue's delivery-limit counts: a limit below max_attempts would make the
+    broker drop (or dead-letter by its own DLX) the message before ackkit's last attempt."""
+    if retry.strategy is not RetryStrategy.QUORUM_DELAYED:
+        return
+    limit = arguments.get("x-delivery-limit", QUORUM_DEFAULT_DELIVERY_LIMIT)
+    if isinstance(limit, int) and 0 <= limit < retry.max_attempts:
+        raise ValueError(
+            f"Retry(max_attempts={retry.max_attempts}) with RetryStrategy.QUORUM_DELAYED: the "
+            f"quorum queue's delivery-limit is {limit} (RabbitMQ 4.x's default 20 when "
+            "queue_arguments set none), so the broker would drop the message before its "
+            "attempts are used up; set queue_arguments['x-delivery-limit'] to at least "
+            "max_attempts"
+        )

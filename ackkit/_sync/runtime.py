@@ -152,6 +152,7 @@ class Runtime(Engine):
         for c in self.consumers:
             with c.lock:
                 c.core.use_broker(broker)  # before anything of this connection is decided
+            c.core.check_broker()  # TopologyConflict: fatal, from start()
         own = [q for c in self.consumers for q in c.core.topology()]
         user = []
         for c in self.consumers:

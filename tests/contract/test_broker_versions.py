@@ -8,6 +8,7 @@ The headers are read back by a plain pika client (basic.get), not by ackkit.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import threading
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from ackkit import Delivery, RequeueMessage, Retry
+from ackkit import Delivery, RequeueMessage, Retry, RetryStrategy, TopologyConflict
 from ackkit._core.brokers import BrokerTraits, traits_of
 from ackkit._core.events import Counters
 
@@ -253,3 +254,49 @@ def test_classic_v1_arguments_never_reach_a_43_broker(
     else:
         assert "x-queue-version" not in declared and "x-queue-mode" not in declared
         assert "declared without x-queue-mode='lazy', x-queue-version=1" in caplog.text
+
+
+def test_quorum_delayed_retry_on_43_and_refused_before(
+    runtime: Runtime, broker: Broker, queue_factory: Any, traits: BrokerTraits
+) -> None:
+    """RetryStrategy.QUORUM_DELAYED: the failed delivery is rejected back to its quorum
+    queue, which holds it min(0.5 s * n, 1 s); after 4 attempts the DLQ. No delay queue.
+    On a broker without native delayed retry start() says so."""
+    q = queue_factory()
+    runs: list[tuple[int, float]] = []
+
+    async def fail(payload: Any, d: Delivery, io: IO) -> None:
+        runs.append((d.attempt, time.monotonic()))
+        raise ValueError(f"attempt {d.attempt}")
+
+    app = runtime.app()
+    retry = Retry(
+        max_attempts=4,
+        initial_interval=0.5,
+        max_interval=1.0,
+        strategy=RetryStrategy.QUORUM_DELAYED,
+    )
+    runtime.listen(app, q, fail, retry=retry, queue_arguments=QUORUM)
+    if not traits.native_delayed_retry:
+        with pytest.raises(TopologyConflict, match=r"needs RabbitMQ 4\.3"), runtime.running(app):
+            pass
+        return
+    with runtime.running(app):
+        broker.publish(q, [b"{}"], content_type=None)
+        broker.wait_for(f"{q}.dlq", ready=1, timeout=30)
+        broker.wait_for(q, ready=0, unacked=0)
+    assert [a for a, _ in runs] == [1, 2, 3, 4]
+    gaps = [round(b - a, 2) for (_, a), (_, b) in itertools.pairwise(runs)]
+    print(f"quorum delayed retry: gaps between attempts {gaps} (queue: 0.5, 1.0, 1.0)")
+    for gap, want in zip(gaps, (0.5, 1.0, 1.0), strict=True):
+        assert want - 0.05 <= gap <= want + 2.0, gaps
+    (dead,) = broker.take_all(f"{q}.dlq")
+    assert dead.headers["ackkit-attempts"] == 4
+    assert dead.headers["ackkit-reason"] == "attempts exhausted (4 of 4)"
+    text = broker.handle.ctl(
+        "list_queues", "-p", broker.handle.vhost, "name", "arguments", "--formatter", "json", "-q"
+    )
+    rows = json.loads(text[text.find("[") :])
+    assert not [r for r in rows if r["name"].startswith(f"{q}.retry.")]  # no delay queue
+    (row,) = [r for r in rows if r["name"] == q]
+    assert "x-delayed-retry-type" in json.dumps(row["arguments"])

@@ -13,9 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import ackkit
-from ackkit import Retry
+from ackkit import Retry, RetryLater, RetryStrategy, TopologyConflict
 from ackkit._core import headers as H
-from ackkit._core.actions import Ack
+from ackkit._core.actions import Ack, Reject, Republish
 from ackkit._core.brokers import (
     UNKNOWN,
     V3,
@@ -30,7 +30,7 @@ from ackkit._core.brokers import (
 from ackkit._core.events import Stage
 from ackkit._core.listener import ListenerCore
 from ackkit._core.policy import ListenerPolicy
-from ackkit._core.topology import declarable
+from ackkit._core.topology import check_delivery_limit, declarable
 
 KNOWN = (V3, V40, V43)
 
@@ -288,3 +288,106 @@ def test_ackkit_never_asks_for_global_qos() -> None:
         names = {k.arg for k in call.keywords}
         assert not names & {"global_qos", "global_", "global"}, f"{where}:{call.lineno}"
         assert len(call.args) <= 2, f"{where}:{call.lineno}"
+
+
+# -- RetryStrategy.QUORUM_DELAYED: RabbitMQ 4.3's native delayed retry ------------------
+
+QD = RetryStrategy.QUORUM_DELAYED
+
+
+@given(
+    initial=st.floats(0.001, 100),
+    ratio=st.floats(1, 50),
+    attempts=st.integers(1, 200),
+)
+def test_quorum_delays_are_the_brokers_linear_ones(
+    initial: float, ratio: float, attempts: int
+) -> None:
+    """min(min_delay * delivery_count, max_delay), as RabbitMQ computes it."""
+    r = Retry(
+        max_attempts=attempts, initial_interval=initial, max_interval=initial * ratio, strategy=QD
+    )
+    for n in (1, 2, attempts):
+        assert r.delay(n) == min(initial * n, initial * ratio)
+    expected = sum(min(initial * n, initial * ratio) for n in range(1, attempts))
+    assert r.total_delay() == pytest.approx(expected, rel=1e-9, abs=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"multiplier": 3.0}, "multiplier"),
+        ({"multiplier": 1.0}, "multiplier"),
+        ({"jitter": 0.1}, "jitter"),
+        ({"initial_interval": 0.0}, "initial_interval"),
+        ({"initial_interval": 5.0, "max_interval": 1.0}, "initial_interval"),
+    ],
+)
+def test_quorum_delayed_refuses_what_the_broker_cannot_do(kw: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        Retry(max_attempts=3, strategy=QD, **kw)
+
+
+@pytest.mark.parametrize("queue_type", [None, "classic"])
+def test_quorum_delayed_needs_a_quorum_queue(queue_type: str | None) -> None:
+    with pytest.raises(ValueError, match="needs a quorum queue"):
+        ListenerPolicy(
+            name="l", queue="q", retry=Retry(max_attempts=3, strategy=QD), queue_type=queue_type
+        )
+
+
+def _qd_core(traits: BrokerTraits = V43, **kw: Any) -> ListenerCore:
+    retry = Retry(max_attempts=3, initial_interval=0.5, max_interval=2.0, strategy=QD, **kw)
+    c = ListenerCore(
+        ListenerPolicy(name="l", queue="q", retry=retry, queue_type="quorum"), broker=traits
+    )
+    c.channel_opened()
+    return c
+
+
+def test_a_quorum_delayed_failure_is_a_reject_with_requeue_then_a_dead_letter() -> None:
+    c = _qd_core()
+    t = c.receive(1)
+    assert c.finish(t, ValueError("boom")) == [Reject(1, requeue=True)]
+    assert c.counters.counts[Stage.RETRYING] == 1
+    t2 = c.receive(2, redelivered=True, headers={"x-acquired-count": 1, "x-delivery-count": 1})
+    assert t2.attempt == 2
+    assert c.finish(t2, RetryLater("later", delay=60)) == [Reject(2, requeue=True)]
+    t3 = c.receive(3, redelivered=True, headers={"x-acquired-count": 2, "x-delivery-count": 2})
+    (dead,) = c.finish(t3, ValueError("boom"))
+    assert isinstance(dead, Republish) and dead.purpose == "dead-letter"
+    assert c.topology()[0].purpose == "dead-letter" and len(c.topology()) == 1
+
+
+def test_quorum_delayed_declares_the_delay_on_the_queue() -> None:
+    args, dropped = _qd_core().queue_arguments({"x-queue-type": "quorum"})
+    assert args == {
+        "x-queue-type": "quorum",
+        "x-delayed-retry-type": "failed",
+        "x-delayed-retry-min": 500,
+        "x-delayed-retry-max": 2000,
+    }
+    assert dropped == ()
+
+
+@pytest.mark.parametrize("traits", [V3, V40, UNKNOWN])
+def test_quorum_delayed_is_refused_by_a_broker_without_it(traits: BrokerTraits) -> None:
+    c = _qd_core(traits)
+    with pytest.raises(TopologyConflict, match=r"needs RabbitMQ 4\.3"):
+        c.check_broker()
+    _qd_core(V43).check_broker()
+    _core(traits).check_broker()  # other strategies: any broker
+
+
+@pytest.mark.parametrize(("limit", "ok"), [(None, True), (2, False), (3, True), (100, True)])
+def test_quorum_delayed_needs_a_delivery_limit_of_max_attempts(limit: int | None, ok: bool) -> None:
+    args = {} if limit is None else {"x-delivery-limit": limit}
+    retry = Retry(max_attempts=3, strategy=QD)
+    if ok:
+        check_delivery_limit(retry, args)
+    else:
+        with pytest.raises(ValueError, match="delivery-limit"):
+            check_delivery_limit(retry, args)
+    with pytest.raises(ValueError, match="delivery-limit is 20"):
+        check_delivery_limit(Retry(max_attempts=21, strategy=QD), {})
+    check_delivery_limit(Retry(max_attempts=21), {})  # broker retries: fresh copies
