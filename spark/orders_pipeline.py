@@ -71,17 +71,30 @@ def order_messages(
         yield oid, json.dumps(order).encode(), not bad
 
 
+def customer_of(body: bytes) -> str:
+    """The shard key of an order: its customer."""
+    return str(json.loads(body)["customer"])
+
+
 def publish_orders(
-    url: str, queue: str, n: int, *, poison_every: int = 0, start: int = 0
+    url: str,
+    queue: str,
+    n: int,
+    *,
+    poison_every: int = 0,
+    start: int = 0,
+    layout: aks.ShardLayout | None = None,
 ) -> tuple[list[str], list[str]]:
     """Publish orders (persistent, with message_id, publisher confirms). Returns the ids of
-    the valid and of the malformed ones."""
+    the valid and of the malformed ones. With a shard `layout` (then `queue` is unused),
+    orders are routed by customer: one customer's orders go to one shard, in order."""
     good: list[str] = []
     bad: list[str] = []
     conn = pika.BlockingConnection(pika.URLParameters(url))
     try:
         ch = conn.channel()
-        ch.queue_declare(queue, durable=True)
+        if layout is None:
+            ch.queue_declare(queue, durable=True)
         ch.confirm_delivery()
         for oid, body, ok in order_messages(n, poison_every=poison_every, start=start):
             props = pika.BasicProperties(
@@ -90,7 +103,10 @@ def publish_orders(
                 delivery_mode=2,
                 timestamp=int(time.time()),
             )
-            ch.basic_publish("", queue, body, props)
+            if layout is None:
+                ch.basic_publish("", queue, body, props)
+            else:
+                ch.basic_publish(*layout.route(customer_of(body)), body, props)
             (good if ok else bad).append(oid)
     finally:
         conn.close()
@@ -211,6 +227,9 @@ def spark_session(app: str = "ackkit-orders", *, cores: int = 2) -> Any:
         .config("spark.sql.shuffle.partitions", str(cores))
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", "2g")
+        # The source runner and Python workers must connect back to the JVM within this;
+        # the default 15 s is missed on a machine busy with several JVMs.
+        .config("spark.python.authenticate.socketTimeout", "120s")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
@@ -227,23 +246,28 @@ def start_query(
     max_batch: int = 5000,
     dead_letter: bool = True,
     writer: Callable[[Any, int], None] | None = None,
+    layout: aks.ShardLayout | None = None,
     **options: Any,
 ) -> tuple[Any, aks.AckAfterCommit]:
     """Start the streaming query; returns it and its ack_after_commit wrapper (counters).
 
-    `writer(df, batch_id)` defaults to idempotent Parquet batches under `output`.
+    `writer(df, batch_id)` defaults to idempotent Parquet batches under `output`. With a
+    shard `layout`, its queues are read in parallel (`queue` only names the query) and
+    the output has a `queue` column.
     """
+    where: dict[str, Any] = {"queue": queue} if layout is None else {"queues": layout.queues}
     df = aks.read_stream(
         spark,
         url=url,
-        queue=queue,
+        **where,
         checkpoint=checkpoint,
         model=Order,
         max_batch=max_batch,
         on_invalid="dead_letter" if dead_letter else "fail",
         **options,
     )
-    orders = df.select("seq", "message_id", "attempt", "redelivered", *Order.model_fields)
+    extra = ["queue"] if layout is not None else []
+    orders = df.select("seq", "message_id", "attempt", "redelivered", *extra, *Order.model_fields)
     acking = aks.ack_after_commit(writer or aks.parquet_batches(output), checkpoint=checkpoint)
     query = (
         orders.writeStream.queryName(f"orders-{queue}")
@@ -258,13 +282,15 @@ def wait_until_drained(
     query: Any,
     *,
     url: str,
-    queue: str,
+    queue: str | list[str] | tuple[str, ...],
     checkpoint: str | os.PathLike[str],
     timeout: float = 600.0,
     settle: float = 1.0,
 ) -> dict[str, Any]:
-    """Block until the queue is empty and every delivery the source got is written and
-    acked or dead-lettered (stable for `settle` seconds). Returns the source's counters."""
+    """Block until the queue(s) are empty and every delivery the source(s) got is written
+    and acked or dead-lettered (stable for `settle` seconds). Returns the source's
+    counters (summed over the queues, with `per_queue` when there are several)."""
+    queues = [queue] if isinstance(queue, str) else list(queue)
     deadline = time.monotonic() + timeout
     conn = pika.BlockingConnection(pika.URLParameters(url))
     calm_since: float | None = None
@@ -275,16 +301,21 @@ def wait_until_drained(
             exc = query.exception() if not query.isActive else None
             if exc is not None:
                 raise RuntimeError(f"the streaming query failed: {exc}")
-            ready = ch.queue_declare(queue, passive=True).method.message_count
-            try:
-                stats = aks.source_stats(checkpoint, queue, timeout=5.0)
-            except Exception:
-                stats = {}
+            ready = sum(ch.queue_declare(q, passive=True).method.message_count for q in queues)
+            per: dict[str, dict[str, Any]] = {}
+            for q in queues:
+                try:
+                    per[q] = aks.source_stats(checkpoint, q, timeout=5.0)
+                except Exception:
+                    per = {}
+                    break
+            stats = _summed(per) if len(queues) > 1 else per.get(queues[0], {})
             busy = (
                 ready
-                or not stats
+                or not per
                 or any(
-                    stats.get(k, 1)
+                    st.get(k, 1)
+                    for st in per.values()
                     for k in ("buffered", "unwritten", "holding", "republishing", "pending_acks")
                 )
             )
@@ -296,11 +327,22 @@ def wait_until_drained(
             elif now - calm_since >= settle:
                 return stats
             if now > deadline:
-                raise TimeoutError(f"{queue!r} not drained within {timeout:.0f} s: {stats}")
+                raise TimeoutError(f"{queues!r} not drained within {timeout:.0f} s: {stats}")
             conn.sleep(0.25)
     finally:
         if conn.is_open:
             conn.close()
+
+
+def _summed(per: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for st in per.values():
+        for k, v in st.items():
+            if isinstance(v, int) and not isinstance(v, bool) and k != "pid":
+                out[k] = out.get(k, 0) + v
+    if per:
+        out["per_queue"] = per
+    return out
 
 
 def count_output(spark: Any, output: str | os.PathLike[str]) -> tuple[int, int]:

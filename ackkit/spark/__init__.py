@@ -64,7 +64,9 @@ suppressed (acked, not written) while the first is remembered.
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Sequence
 from typing import Any
 
 try:
@@ -77,13 +79,15 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from pydantic import BaseModel
 
+from ..shards import ShardKind, ShardLayout, ShardPublisher, declare_shards, shard_queues
 from ._checkpoint import AckFailed, batch_offsets
 from ._consumer import SourceFailed
 from ._ipc import request
-from ._options import KeyFrom, OnInvalid, SourceOptions, ipc_address, local_path
+from ._options import KeyFrom, OnInvalid, SourceOptions, ipc_address
 from ._schema import RowSchema, model_path
 from ._sink import AckAfterCommit, ack_after_commit, parquet_batches
 from ._source import RabbitMQDataSource, RabbitMQStreamReader
+from ._store import normalize_location
 from ._wal import WalError
 
 FORMAT = "rabbitmq"
@@ -98,28 +102,63 @@ def read_stream(
     spark: Any,
     *,
     url: str,
-    queue: str,
     checkpoint: str | os.PathLike[str],
+    queue: str | None = None,
+    queues: Sequence[str] | None = None,
+    exchange: str | None = None,
+    shards: int | None = None,
+    shard_kind: ShardKind | str = ShardKind.AUTO,
     model: type[BaseModel] | str | None = None,
     **options: Any,
 ) -> Any:
-    """`spark.readStream.format("rabbitmq")` with these options (registers the source)."""
+    """`spark.readStream.format("rabbitmq")` with these options (registers the source).
+
+    One of: `queue` (one queue), `queues` (several), or `exchange` and `shards` (declares
+    the N shard queues `<exchange>.shard-<i>` and the hashing exchange, see
+    `ackkit.shards.declare_shards`). With several queues, each is read by a source of its
+    own (its own runner process, connection, write-ahead log and acks) and the sources
+    are unioned; a `queue` column then says which queue a row came from ((queue, seq) is
+    unique)."""
     register(spark)
-    r = spark.readStream.format(FORMAT).option("url", url).option("queue", queue)
-    r = r.option("checkpoint", os.fspath(checkpoint))
-    if model is not None:
-        r = r.option("model", model if isinstance(model, str) else model_path(model))
-    for k, v in options.items():
-        r = r.option(k, str(v).lower() if isinstance(v, bool) else str(v))
-    return r.load()
+    if exchange is not None or shards is not None:
+        if exchange is None or shards is None or queue is not None or queues is not None:
+            raise ValueError("give exchange= and shards= together, without queue/queues")
+        names = list(declare_shards(url, exchange, shards, kind=shard_kind).queues)
+    elif queues is not None:
+        if queue is not None:
+            raise ValueError("give queue= or queues=, not both")
+        if isinstance(queues, str):
+            raise TypeError("queues= takes a list of queue names")
+        names = list(queues)
+        if not names or len(set(names)) != len(names) or not all(names):
+            raise ValueError(f"queues= needs distinct non-empty names, got {names!r}")
+    elif queue is not None:
+        names = [queue]
+    else:
+        raise ValueError("read_stream needs queue=, queues= or exchange= with shards=")
+
+    def one(q: str) -> Any:
+        r = spark.readStream.format(FORMAT).option("url", url).option("queue", q)
+        r = r.option("checkpoint", os.fspath(checkpoint))
+        if model is not None:
+            r = r.option("model", model if isinstance(model, str) else model_path(model))
+        for k, v in options.items():
+            r = r.option(k, str(v).lower() if isinstance(v, bool) else str(v))
+        return r.load()
+
+    if queue is not None:
+        return one(queue)
+    from pyspark.sql import functions as F
+
+    frames = [one(q).withColumn("queue", F.lit(q)) for q in names]
+    return functools.reduce(lambda a, b: a.union(b), frames)
 
 
 def source_stats(
     checkpoint: str | os.PathLike[str], queue: str, timeout: float = 10.0
 ) -> dict[str, Any]:
     """Counters of a running source (received, buffered, dead_lettered, ...), asked over IPC."""
-    path = local_path(os.fspath(checkpoint))
-    return request(ipc_address(path, queue), {"op": "stats"}, timeout)
+    return request(ipc_address(normalize_location(checkpoint), queue), {"op": "stats"}, timeout)
 
 
 __all__ = [
@@ -131,14 +170,19 @@ __all__ = [
     "RabbitMQDataSource",
     "RabbitMQStreamReader",
     "RowSchema",
+    "ShardKind",
+    "ShardLayout",
+    "ShardPublisher",
     "SourceFailed",
     "SourceOptions",
     "WalError",
     "ack_after_commit",
     "batch_offsets",
+    "declare_shards",
     "model_path",
     "parquet_batches",
     "read_stream",
     "register",
+    "shard_queues",
     "source_stats",
 ]

@@ -1,12 +1,15 @@
-"""Reading Spark's own checkpoint: which offsets a batch covers, what Spark committed."""
+"""Reading Spark's own checkpoint: which offsets a batch covers, what Spark committed.
+
+Through `Store`, so a checkpoint on an object store (s3a://, gs://, abfss://) is read
+the same way as a local one."""
 
 from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 from .._core.errors import AckkitError
+from ._store import Store, masked
 
 
 class AckFailed(AckkitError):
@@ -15,19 +18,26 @@ class AckFailed(AckkitError):
     redelivered messages are acked then."""
 
 
-def batch_offsets(checkpoint: Path, batch_id: int) -> list[tuple[str, int]]:
+def _store(checkpoint: str | os.PathLike[str] | Store) -> Store:
+    return checkpoint if isinstance(checkpoint, Store) else Store(checkpoint)
+
+
+def batch_offsets(
+    checkpoint: str | os.PathLike[str] | Store, batch_id: int
+) -> list[tuple[str, int]]:
     """(queue, end offset) of every rabbitmq source in `<checkpoint>/offsets/<batch_id>`.
 
     Spark writes that file before it runs the batch: a version line, a metadata line,
     then one line per source (JSON, or "-" when the source has no offset yet).
     """
-    path = checkpoint / "offsets" / str(batch_id)
+    offsets = _store(checkpoint).child("offsets")
     try:
-        lines = path.read_text().splitlines()
+        lines = offsets.read(str(batch_id)).decode().splitlines()
     except FileNotFoundError:
         raise AckFailed(
-            f"{path} does not exist: ack_after_commit(checkpoint=...) must be the query's "
-            "checkpointLocation (and the rabbitmq source's 'checkpoint' option)"
+            f"{masked(offsets.location)}/{batch_id} does not exist: ack_after_commit(checkpoint="
+            "...) must be the query's checkpointLocation (and the rabbitmq source's "
+            "'checkpoint' option)"
         ) from None
     out = []
     for line in lines[2:]:
@@ -43,18 +53,16 @@ def batch_offsets(checkpoint: Path, batch_id: int) -> list[tuple[str, int]]:
     return out
 
 
-def committed_end(checkpoint: Path, queue: str) -> int:
+def committed_end(checkpoint: str | os.PathLike[str] | Store, queue: str) -> int:
     """The end offset of `queue`'s source in the newest batch Spark committed (0 if none).
 
     Spark writes `<checkpoint>/commits/<id>` once batch `id`'s sink has returned.
     """
-    try:
-        ids = [int(n) for n in os.listdir(checkpoint / "commits") if n.isdigit()]
-    except FileNotFoundError:
-        return 0
+    store = _store(checkpoint)
+    ids = [int(n) for n in store.child("commits").names() if n.isdigit()]
     for batch_id in sorted(ids, reverse=True):
         try:
-            ends = [e for q, e in batch_offsets(checkpoint, batch_id) if q == queue]
+            ends = [e for q, e in batch_offsets(store, batch_id) if q == queue]
         except AckFailed:
             continue
         if ends:

@@ -9,10 +9,9 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path
-from urllib.parse import urlsplit
 
 from .._core.policy import DLQ_DEFAULT
+from ._store import check_location, child_location, is_local, normalize_location
 
 MAX_PREFETCH = 65535  # basic.qos prefetch-count is a short
 
@@ -47,31 +46,31 @@ def _flag(value: str) -> bool:
     raise ValueError(f"not a boolean: {value!r}")
 
 
-def local_path(location: str) -> Path:
-    """A checkpoint location as a local path (file: URIs accepted)."""
-    parts = urlsplit(location)
-    if parts.scheme in ("", "file") or (len(parts.scheme) == 1 and sys.platform == "win32"):
-        path = parts.path if parts.scheme == "file" else location
-        return Path(os.path.realpath(os.path.expanduser(path)))
-    raise ValueError(
-        f"checkpoint {location!r}: the rabbitmq source keeps its write-ahead log with plain file "
-        "I/O, so the checkpoint must be a local (or mounted) path"
-    )
+def local_path(location: str) -> str:
+    """A location that must be local (file: URIs accepted), made absolute."""
+    if is_local(location):
+        return normalize_location(location)
+    raise ValueError(f"{location!r}: this needs a local (or mounted) path")
 
 
-def ipc_address(checkpoint: Path, queue: str) -> str:
+def ipc_address(checkpoint: str | os.PathLike[str], queue: str) -> str:
     """Where the source's runner listens for "batch written" notices (an abstract unix socket
-    on Linux, a short socket file elsewhere). Both sides derive it from the same two values."""
-    digest = hashlib.sha256(f"{checkpoint}\0{queue}".encode()).hexdigest()[:24]
+    on Linux, a short socket file elsewhere). Both sides derive it from the same two values
+    (the checkpoint as `normalize_location` gives it)."""
+    digest = hashlib.sha256(f"{os.fspath(checkpoint)}\0{queue}".encode()).hexdigest()[:24]
     if sys.platform.startswith("linux"):
         return f"\0ackkit-spark-{digest}"
     return os.path.join("/tmp", f"ackkit-spark-{digest}.sock")
 
 
-def wal_dir(checkpoint: Path, queue: str) -> Path:
+def wal_dir(checkpoint: str, queue: str, wal_location: str | None = None) -> str:
+    """The queue's write-ahead log: `<wal_location>/<queue>-<hash>`, by default inside the
+    checkpoint (`<checkpoint>/ackkit/<queue>-<hash>`)."""
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", queue)[:80]
     digest = hashlib.sha256(queue.encode()).hexdigest()[:8]
-    return checkpoint / "ackkit" / f"{safe}-{digest}"
+    if wal_location:
+        return child_location(wal_location, f"{safe}-{digest}")
+    return child_location(checkpoint, "ackkit", f"{safe}-{digest}")
 
 
 @dataclass(frozen=True)
@@ -80,7 +79,8 @@ class SourceOptions:
 
     url: str
     queue: str
-    checkpoint: Path
+    checkpoint: str
+    """The query's checkpointLocation: a local path or a URI (s3a://, gs://, abfss://...)."""
     max_batch: int = 20_000
     """Most messages in one micro-batch."""
     prefetch: int = 20_000
@@ -102,6 +102,8 @@ class SourceOptions:
     fsync: bool = True
     retain_batches: int = 10
     """Written batches whose rows stay in the write-ahead log (deduplication window)."""
+    wal_location: str | None = None
+    """Where the write-ahead logs live, when not inside the checkpoint (a path or a URI)."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -130,6 +132,7 @@ class SourceOptions:
             "declare",
             "fsync",
             "retain_batches",
+            "wal_location",
             "path",
         }
         unknown = sorted(set(opts) - known)
@@ -149,7 +152,7 @@ class SourceOptions:
         return cls(
             url=opts["url"],
             queue=opts["queue"],
-            checkpoint=local_path(opts["checkpoint"]),
+            checkpoint=check_location(opts["checkpoint"]),
             max_batch=max_batch,
             prefetch=prefetch,
             model=opts.get("model") or None,
@@ -163,11 +166,12 @@ class SourceOptions:
             declare=_flag(opts.get("declare", "true")),
             fsync=_flag(opts.get("fsync", "true")),
             retain_batches=int(opts.get("retain_batches", 10)),
+            wal_location=check_location(opts["wal_location"]) if opts.get("wal_location") else None,
         )
 
     @property
-    def wal_dir(self) -> Path:
-        return wal_dir(self.checkpoint, self.queue)
+    def wal_dir(self) -> str:
+        return wal_dir(self.checkpoint, self.queue, self.wal_location)
 
     @property
     def address(self) -> str:

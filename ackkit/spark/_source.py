@@ -14,11 +14,14 @@ Where things run (PySpark 4.x):
 from __future__ import annotations
 
 import atexit
+import collections
 import logging
 import os
+import resource
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,6 +35,7 @@ from ._faults import crash_point
 from ._ipc import IpcServer
 from ._options import SourceOptions
 from ._schema import KEY_COLUMN, RowSchema, load_model
+from ._store import masked
 from ._wal import WalError, WriteAheadLog
 
 log = logging.getLogger("ackkit.spark")
@@ -100,7 +104,7 @@ class RabbitMQStreamReader(SimpleDataSourceStreamReader):
         if self._rows is None:
             self._rows = _schema(self.opts)
         rows = self._rows
-        wal = WriteAheadLog(self.opts.wal_dir)
+        wal = WriteAheadLog(self.opts.wal_dir)  # on an executor: read from the store
         return iter([rows.rows(b) for b in wal.read(int(start["seq"]), int(end["seq"]))])
 
     def commit(self, end: dict[str, Any]) -> None:
@@ -114,7 +118,7 @@ class _Runner:
     def __init__(self, opts: SourceOptions) -> None:
         self.opts = opts
         self.rows = _schema(opts)
-        self.wal = WriteAheadLog(opts.wal_dir, fsync=opts.fsync)
+        self.wal = WriteAheadLog(opts.wal_dir, fsync=opts.fsync, cache=True)
         self.wal.create()
         # Spark's commit log says a batch's sink returned: written, even if this log missed
         # it (a sink without ack_after_commit, acked only through commit()).
@@ -136,6 +140,7 @@ class _Runner:
         self.rows.batch(0, [], [], [])
         self._closed = False
         self._handed_out = 0
+        self.timings: collections.deque[dict[str, float]] = collections.deque(maxlen=500)
         atexit.register(self.close)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -158,20 +163,37 @@ class _Runner:
                 f"{ahead[0]} and later: the checkpoint's offsets and the log disagree"
             )
         sealed: list[pa.RecordBatch] = []
+        t0 = time.monotonic()
+        marks = [t0, t0, t0]
 
         def seal(items: list[Item], plan: BatchPlan) -> None:
+            marks[0] = time.monotonic()
             batch = self.rows.batch(
                 start,
                 [it.meta for it in items],
                 [it.parsed for it in items],
                 [it.key for it in items],
             )
+            marks[1] = time.monotonic()
             self.wal.write(start, plan.end, batch)
+            marks[2] = time.monotonic()
             sealed.append(self.rows.rows(batch))
 
         plan = self.consumer.take(start, seal)
         if not sealed:
             return iter([]), _offset(q, start)
+        # Where a batch's time went in this process (see spark/README.md, Throughput).
+        self.timings.append(
+            {
+                "start": start,
+                "rows": plan.end - start,
+                "called": t0,
+                "wait_s": marks[0] - t0,
+                "arrow_s": marks[1] - marks[0],
+                "wal_s": marks[2] - marks[1],
+                "returned": time.monotonic(),
+            }
+        )
         self._handed_out += 1
         crash_point("wal_written", self._handed_out, group=True)
         return iter(sealed), _offset(q, plan.end)
@@ -201,15 +223,19 @@ class _Runner:
         op = req.get("op")
         if op == "written":
             ckpt = req.get("checkpoint")
-            if ckpt is not None and ckpt != str(self.opts.checkpoint):
+            if ckpt is not None and ckpt != self.opts.checkpoint:
                 raise ValueError(
-                    f"ack_after_commit's checkpoint {ckpt!r} is not the source's "
-                    f"{str(self.opts.checkpoint)!r}"
+                    f"ack_after_commit's checkpoint {masked(ckpt)!r} is not the source's "
+                    f"{masked(self.opts.checkpoint)!r}"
                 )
             out = self.written(int(req["end"]))
             return {"ok": True, **out}
         if op == "stats":
-            return {"ok": True, **self.consumer.stats()}
+            usage = resource.getrusage(resource.RUSAGE_SELF)
+            cpu = round(usage.ru_utime + usage.ru_stime, 3)
+            return {"ok": True, "pid": os.getpid(), "cpu_s": cpu, **self.consumer.stats()}
+        if op == "timings":
+            return {"ok": True, "timings": list(self.timings)}
         raise ValueError(f"unknown request {op!r}")
 
     # -- shutdown ------------------------------------------------------------------------------

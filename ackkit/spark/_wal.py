@@ -1,26 +1,29 @@
 """The write-ahead log of handed-out batches, kept inside the query's checkpoint.
 
-One Arrow IPC file per batch, `batch-<start>-<end>.arrow`, written (and
-fsynced) before the source tells Spark the batch exists; the rows in it are
-exactly what Spark got, plus each row's deduplication key. A replayed batch
-is read back from here, so it has the same rows whatever the broker does in
-between. `state.json` holds how far the output is known to be written.
+One Arrow IPC file per batch, `batch-<start>-<end>.arrow`, written whole before the
+source tells Spark the batch exists; the rows in it are exactly what Spark got, plus
+each row's deduplication key. A replayed batch is read back from here (by an
+executor, on a cluster), so it has the same rows whatever the broker does in between.
+How far the output is known to be written is a marker `written-<end>`, a new one per
+batch (the newest wins), so no file is ever overwritten: the log works the same on a
+local disk and on an object store without rename (see `_store`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.ipc
 
+from ._store import Store, masked
+
 _NAME = re.compile(r"^batch-(\d+)-(\d+)\.arrow$")
+_WRITTEN = re.compile(r"^written-(\d+)$")
+KEEP_MARKERS = 2
 
 
 class WalError(RuntimeError):
@@ -28,46 +31,51 @@ class WalError(RuntimeError):
 
 
 class WriteAheadLog:
-    """Batches (start, end] of one source, as files in `directory`."""
+    """Batches (start, end] of one source, as files in a `Store` directory.
 
-    def __init__(self, directory: str | os.PathLike[str], *, fsync: bool = True) -> None:
-        self.dir = Path(directory)
-        self.fsync = fsync
+    `cache=True` (the source runner, the log's only writer) lists the directory once and
+    then keeps the list itself; readers elsewhere (executors) list it on every read."""
+
+    def __init__(
+        self, location: str | os.PathLike[str] | Store, *, fsync: bool = True, cache: bool = False
+    ) -> None:
+        self.store = location if isinstance(location, Store) else Store(location, fsync=fsync)
+        self._cache = cache
+        self._known: list[tuple[int, int]] | None = None
+
+    @property
+    def location(self) -> str:
+        return self.store.location
 
     def create(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.store.create()
 
-    def _path(self, start: int, end: int) -> Path:
-        return self.dir / f"batch-{start:020d}-{end:020d}.arrow"
+    @staticmethod
+    def _name(start: int, end: int) -> str:
+        return f"batch-{start:020d}-{end:020d}.arrow"
 
     def batches(self) -> list[tuple[int, int]]:
         """Every (start, end) in the log, oldest first."""
-        if not self.dir.is_dir():
-            return []
+        if self._known is not None:
+            return list(self._known)
         out = []
-        for name in os.listdir(self.dir):
+        for name in self.store.names():
             m = _NAME.match(name)
             if m:
                 out.append((int(m[1]), int(m[2])))
-        return sorted(out)
+        out.sort()
+        if self._cache:
+            self._known = out
+        return list(out)
 
     def write(self, start: int, end: int, batch: pa.RecordBatch) -> None:
-        """Durably add batch (start, end]: a temporary file, fsync, rename, fsync the directory."""
-        self.create()
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-batch-", dir=self.dir)
-        try:
-            with os.fdopen(fd, "wb") as raw:
-                with pa.ipc.new_file(raw, batch.schema) as w:
-                    w.write_batch(batch)
-                raw.flush()
-                if self.fsync:
-                    os.fsync(raw.fileno())
-            os.replace(tmp, self._path(start, end))
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
-        self._sync_dir()
+        """Durably add batch (start, end] (all of it or nothing, see `Store.put`)."""
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, batch.schema) as w:
+            w.write_batch(batch)
+        self.store.put(self._name(start, end), sink.getvalue().to_pybytes())
+        if self._known is not None:
+            self._known = sorted({*self._known, (start, end)})
 
     def read(self, start: int, end: int) -> Iterator[pa.RecordBatch]:
         """The batches covering exactly (start, end], in order."""
@@ -77,15 +85,14 @@ class WriteAheadLog:
                 continue
             if s != pos or e > end:
                 break
-            # Read into memory (not a memory map): the batches outlive this generator.
-            reader = pa.ipc.open_file(pa.py_buffer(self._path(s, e).read_bytes()))
+            reader = pa.ipc.open_file(pa.py_buffer(self.store.read(self._name(s, e))))
             for i in range(reader.num_record_batches):
                 yield reader.get_batch(i)
             pos = e
         if pos != end:
             raise WalError(
-                f"the write-ahead log in {self.dir} has no batch covering offsets ({pos}, {end}]; "
-                "was the checkpoint directory changed or partly deleted?"
+                f"the write-ahead log in {masked(self.location)} has no batch covering offsets "
+                f"({pos}, {end}]; was the checkpoint directory changed or partly deleted?"
             )
 
     def keys(self, start: int, end: int, column: str) -> list[str | None]:
@@ -105,40 +112,34 @@ class WriteAheadLog:
         old = [b for b in self.batches() if b[1] <= upto]
         doomed = old[: max(len(old) - keep, 0)]
         for s, e in doomed:
-            self._path(s, e).unlink(missing_ok=True)
+            self.store.delete(self._name(s, e))
+        if doomed and self._known is not None:
+            self._known = [b for b in self._known if b not in doomed]
         return doomed
 
     def wipe(self) -> None:
-        for s, e in self.batches():
-            self._path(s, e).unlink(missing_ok=True)
-        (self.dir / "state.json").unlink(missing_ok=True)
+        for name in self.store.names():
+            if _NAME.match(name) or _WRITTEN.match(name) or name == "state.json":
+                self.store.delete(name)
+        self._known = None
 
     # -- how far the output is written ------------------------------------------------
 
+    def _markers(self) -> list[int]:
+        return sorted(int(m[1]) for n in self.store.names() if (m := _WRITTEN.match(n)))
+
     def written_upto(self) -> int:
-        try:
-            data = json.loads((self.dir / "state.json").read_text())
+        marks = self._markers()
+        try:  # the single overwritten file of earlier versions
+            legacy = int(json.loads(self.store.read("state.json")).get("written_upto", 0))
         except FileNotFoundError:
-            return 0
-        return int(data.get("written_upto", 0))
+            legacy = 0
+        return max([legacy, *marks])
 
     def set_written_upto(self, end: int) -> None:
-        self.create()
-        target = self.dir / "state.json"
-        tmp = self.dir / ".tmp-state.json"
-        with open(tmp, "w") as f:
-            json.dump({"written_upto": end}, f)
-            f.flush()
-            if self.fsync:
-                os.fsync(f.fileno())
-        os.replace(tmp, target)
-        self._sync_dir()
-
-    def _sync_dir(self) -> None:
-        if not self.fsync:
-            return
-        fd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        """Record that the output holds every batch up to `end` (a new write-once marker,
+        then the older markers are deleted)."""
+        self.store.put(f"written-{end:020d}", b"")
+        for old in self._markers()[:-KEEP_MARKERS]:
+            if old < end:
+                self.store.delete(f"written-{old:020d}")

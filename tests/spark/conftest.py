@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import secrets
 import shutil
+import socket
+import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,3 +38,57 @@ def spark() -> Iterator[Any]:
     session = spark_session("ackkit-tests")
     yield session
     session.stop()
+
+
+# Credentials for the S3-compatible test server (any value does): set before Spark starts,
+# so that the source runner and the Python workers the JVM spawns inherit them.
+os.environ.setdefault("AWS_ACCESS_KEY_ID", "ackkit-test")
+os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "ackkit-test")
+os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def s3_base() -> Iterator[str]:
+    """An S3-compatible server (moto, server mode) on 127.0.0.1 with a fresh bucket; yields
+    an s3:// URI prefix whose query points pyarrow at it."""
+    moto = Path(sys.executable).with_name("moto_server")
+    if not moto.exists():
+        pytest.skip("moto[server] is not installed (pip install 'ackkit[dev]')")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [str(moto), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=1).close()
+                break
+            except urllib.error.HTTPError:
+                break  # it answers
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail("the moto S3 server did not start")
+                time.sleep(0.2)
+        bucket = f"ackkit-{secrets.token_hex(4)}"
+        query = f"endpoint_override=127.0.0.1:{port}&scheme=http&region=us-east-1"
+        import pyarrow.fs as pafs
+
+        fs, _ = pafs.FileSystem.from_uri(f"s3://{bucket}?{query}&allow_bucket_creation=true")
+        fs.create_dir(bucket)
+        yield f"s3://{bucket}/run?{query}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import secrets
 import threading
 from pathlib import Path
 from typing import Literal
@@ -23,9 +24,11 @@ from ackkit.spark import (
     batch_offsets,
     model_path,
 )
+from ackkit.spark._checkpoint import committed_end
 from ackkit.spark._ipc import IpcServer, RunnerUnreachable, request
 from ackkit.spark._options import ipc_address
 from ackkit.spark._schema import KEY_COLUMN, RowMeta, load_model
+from ackkit.spark._store import Store, child_location, masked, normalize_location
 from ackkit.spark._wal import WriteAheadLog
 
 pytestmark = pytest.mark.spark
@@ -87,10 +90,17 @@ def test_batch_is_capped_by_prefetch_so_it_can_always_fill(tmp_path: Path):
             "key": "body",
         }
     )
-    assert o.checkpoint == tmp_path.resolve()
+    assert o.checkpoint == str(tmp_path.resolve())
     assert (o.on_invalid, o.key) == (OnInvalid.DEAD_LETTER, KeyFrom.BODY)
-    with pytest.raises(ValueError, match="local"):
-        SourceOptions.parse({"url": "u", "queue": "q", "checkpoint": "s3://bucket/ck"})
+    # Object-store checkpoints are taken; the log goes inside them, a URI's query kept.
+    s3 = SourceOptions.parse(
+        {"url": "u", "queue": "q", "checkpoint": "s3a://bucket/ck/?endpoint_override=h:9"}
+    )
+    assert s3.checkpoint == "s3a://bucket/ck?endpoint_override=h:9"
+    assert s3.wal_dir.startswith("s3a://bucket/ck/ackkit/q-")
+    assert s3.wal_dir.endswith("?endpoint_override=h:9")
+    with pytest.raises(ValueError, match="nosuch"):
+        SourceOptions.parse({"url": "u", "queue": "q", "checkpoint": "nosuch://bucket/ck"})
 
 
 def test_model_fields_become_typed_columns():
@@ -218,3 +228,53 @@ def test_committed_end_is_the_newest_committed_batch_of_the_queue(tmp_path: Path
     assert committed_end(tmp_path, "orders") == 250
     assert committed_end(tmp_path, "other") == 7
     assert committed_end(tmp_path, "missing") == 0
+
+
+def test_wal_on_s3_writes_whole_objects_once_and_reads_them_back(s3_base: str):
+    rs = RowSchema()
+    loc = child_location(s3_base, f"wal-{secrets.token_hex(3)}")
+    wal = WriteAheadLog(loc, cache=True)
+    wal.create()
+    wal.write(0, 2, rs.batch(0, [meta(1), meta(2)], [None, None], ["a", "b"]))
+    wal.write(2, 3, rs.batch(2, [meta(3)], [None], ["c"]))
+    # Another reader (an executor) lists the store itself and sees the same batches.
+    other = WriteAheadLog(loc)
+    assert other.batches() == wal.batches() == [(0, 2), (2, 3)]
+    assert other.keys(0, 3, KEY_COLUMN) == ["a", "b", "c"]
+    for end in (2, 3, 5):
+        wal.set_written_upto(end)
+    assert other.written_upto() == 5
+    names = Store(loc).names()
+    # Write-once names only: no temporary objects, old markers pruned.
+    assert sorted(n for n in names if n.startswith("written-")) == [
+        f"written-{e:020d}" for e in (3, 5)
+    ]
+    assert not [n for n in names if n.startswith(".")]
+    assert wal.prune(3, keep=1) == [(0, 2)]
+    assert other.batches() == [(2, 3)]
+
+
+def test_spark_checkpoint_files_are_read_through_the_store(s3_base: str):
+    ck = child_location(s3_base, f"ck-{secrets.token_hex(3)}")
+    store = Store(ck)
+    store.child("offsets").put(
+        "4", b'v1\n{"batchWatermarkMs":0}\n{"ackkit": "a", "seq": 40}\n{"ackkit": "b", "seq": 7}\n'
+    )
+    store.child("offsets").put(
+        "5", b'v1\n{}\n{"ackkit": "a", "seq": 90}\n{"ackkit": "b", "seq": 7}\n'
+    )
+    store.child("commits").put("4", b"v1\n{}\n")
+    assert batch_offsets(ck, 5) == [("a", 90), ("b", 7)]
+    assert committed_end(ck, "a") == 40  # batch 5 is not committed
+    assert committed_end(ck, "c") == 0
+
+
+def test_locations_keep_their_query_and_mask_secrets():
+    loc = "s3a://key:secret@bucket/ck/?endpoint_override=h:9000&scheme=http"
+    assert (
+        normalize_location(loc) == "s3a://key:secret@bucket/ck?endpoint_override=h:9000&scheme=http"
+    )
+    assert child_location(normalize_location(loc), "ackkit", "q").endswith(
+        "/ck/ackkit/q?endpoint_override=h:9000&scheme=http"
+    )
+    assert "secret" not in masked(loc)
