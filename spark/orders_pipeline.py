@@ -301,7 +301,16 @@ def wait_until_drained(
             exc = query.exception() if not query.isActive else None
             if exc is not None:
                 raise RuntimeError(f"the streaming query failed: {exc}")
-            ready = sum(ch.queue_declare(q, passive=True).method.message_count for q in queues)
+            try:
+                ready = sum(ch.queue_declare(q, passive=True).method.message_count for q in queues)
+            except pika.exceptions.AMQPConnectionError:
+                # Our own watching connection was cut (a shared broker): watch on a new one.
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+                conn = pika.BlockingConnection(pika.URLParameters(url))
+                ch = conn.channel()
+                continue
             per: dict[str, dict[str, Any]] = {}
             for q in queues:
                 try:
@@ -328,7 +337,7 @@ def wait_until_drained(
                 return stats
             if now > deadline:
                 raise TimeoutError(f"{queues!r} not drained within {timeout:.0f} s: {stats}")
-            conn.sleep(0.25)
+            time.sleep(0.25)
     finally:
         if conn.is_open:
             conn.close()
