@@ -61,6 +61,30 @@ def prefill(url: str, queue: str, n: int, *, with_ids: bool = True) -> None:
         conn.close()
 
 
+def prefill_shards(url: str, name: str, shards: int, n: int) -> list[str]:
+    """Client-routed shard queues of `name` with n messages spread by key; their names."""
+    layout = aks.declare_shards(url, name, shards, kind=aks.ShardKind.CLIENT)
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        ch = conn.channel()
+        for q in layout.queues:
+            ch.queue_purge(q)
+        pub = aks.ShardPublisher(ch, layout)
+        for i in range(n):
+            props = pika.BasicProperties(delivery_mode=2, message_id=f"b{i}")
+            pub.publish(f"key-{i}", BODY, props)
+        deadline = time.monotonic() + 120
+        while (
+            sum(ch.queue_declare(q, passive=True).method.message_count for q in layout.queues) < n
+        ):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"pre-fill of {name} shards did not reach {n}")
+            conn.sleep(0.2)
+    finally:
+        conn.close()
+    return list(layout.queues)
+
+
 def delete_queue(url: str, queue: str) -> None:
     conn = pika.BlockingConnection(pika.URLParameters(url))
     try:
@@ -81,42 +105,77 @@ def run_case(url: str, queue: str, n: int) -> None:
     drain(url, queue, n)
 
 
+def steady_batch(n: int) -> int:
+    """The batch size of the steady-state case: the default, but at most n / 5, so that
+    the steady window (after the first batch) holds several batches."""
+    return max(min(DEFAULT_BATCH, n // 5), 100)
+
+
+def run_steady(url: str, queue: str | list[str], n: int) -> dict[str, float]:
+    """The harness's steady-state case: {"messages", "seconds"} after the first batch."""
+    res = drain(url, queue, n, max_batch=steady_batch(n))
+    return {"messages": res["steady_messages"], "seconds": res["steady_s"]}
+
+
 def warm(url: str = DEFAULT_URL) -> None:
     """Start the SparkSession and warm the JVM with a 5,000-message query."""
     queue = f"ackkit.bench.warm.{os.getpid()}"
     prefill(url, queue, 5000)
     try:
-        drain(url, queue, 5000, max_batch=5000)
+        drain(url, queue, 5000, max_batch=2500)
     finally:
         delete_queue(url, queue)
 
 
 def drain(
     url: str,
-    queue: str,
+    queue: str | list[str],
     n: int,
     *,
     max_batch: int = DEFAULT_BATCH,
     workdir: str | os.PathLike[str] | None = None,
     timeout: float = 600.0,
+    profile: bool = False,
     **options: Any,
 ) -> dict[str, Any]:
-    """Drain `n` pre-filled messages of `queue` to Parquet with ack after commit.
+    """Drain `n` pre-filled messages of `queue` (or of several queues, read in parallel)
+    to Parquet with ack after commit.
 
     Returns once every message is written and acked (the broker has processed the
-    acks), and the query is stopped. The SparkSession is reused between calls.
+    acks), and the query is stopped: {"seconds" (start to end), "first_batch_s" (start
+    to the first acked batch), "steady_s" and "steady_messages" (after it), "batches"}.
+    The SparkSession is reused between calls.
     """
     spark = session()
     base = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="ackkit-bench-"))
     ckpt, out = base / "ck", base / "out"
-    df = aks.read_stream(
-        spark, url=url, queue=queue, checkpoint=ckpt, max_batch=max_batch, **options
-    )
+    where: dict[str, Any] = {"queue": queue} if isinstance(queue, str) else {"queues": queue}
+    df = aks.read_stream(spark, url=url, checkpoint=ckpt, max_batch=max_batch, **where, **options)
     writer = aks.ack_after_commit(aks.parquet_batches(out), checkpoint=ckpt)
+    marks: list[tuple[float, int]] = []
+    driver: list[dict[str, float]] = []
+    plain = writer.writer
+
+    def parquet(df: Any, batch_id: int) -> None:
+        driver.append({"batch": batch_id, "write_called": time.monotonic()})
+        plain(df, batch_id)
+        driver[-1]["written"] = time.monotonic()
+
+    writer.writer = parquet
+
+    def timed(df: Any, batch_id: int) -> None:
+        before = writer.acked
+        writer(df, batch_id)
+        if driver and driver[-1]["batch"] == batch_id:
+            driver[-1]["acked"] = time.monotonic()
+            driver[-1]["rows"] = writer.acked - before
+        if writer.acked:
+            marks.append((time.monotonic(), writer.acked))
+
     t0 = time.monotonic()
     query = (
         df.select("seq", "message_id", "body", "redelivered", "attempt")
-        .writeStream.foreachBatch(writer)
+        .writeStream.foreachBatch(timed)
         .option("checkpointLocation", str(ckpt))
         .start()
     )
@@ -128,11 +187,72 @@ def drain(
                 raise TimeoutError(f"{writer.acked} of {n} acked after {timeout:.0f} s")
             time.sleep(0.02)
         seconds = time.monotonic() - t0
+        queues = [queue] if isinstance(queue, str) else list(queue)
+        runner = {q: aks.source_stats(ckpt, q) for q in queues}
+        timings = {q: _timings(ckpt, q) for q in queues} if profile else {}
     finally:
         query.stop()
         if workdir is None:
             shutil.rmtree(base, ignore_errors=True)
-    return {"messages": n, "seconds": seconds, "batches": writer.batches, "max_batch": max_batch}
+    (t_first, first), (t_last, last) = marks[0], marks[-1]
+    steady_s = t_last - t_first
+    return {
+        "messages": n,
+        "seconds": seconds,
+        "first_batch_s": t_first - t0,
+        "steady_s": steady_s if last > first else seconds,
+        "steady_messages": last - first if last > first else n,
+        "batches": writer.batches,
+        "max_batch": max_batch,
+        "runner_cpu_s": {q: st.get("cpu_s") for q, st in runner.items()},
+        "profile": breakdown(driver, timings) if profile else None,
+    }
+
+
+def _timings(ckpt: Path, queue: str) -> list[dict[str, float]]:
+    from ackkit.spark._ipc import request
+    from ackkit.spark._options import ipc_address
+    from ackkit.spark._store import normalize_location
+
+    reply = request(ipc_address(normalize_location(ckpt), queue), {"op": "timings"}, 10.0)
+    return list(reply.get("timings", []))
+
+
+def breakdown(
+    driver: list[dict[str, float]], timings: dict[str, list[dict[str, float]]]
+) -> dict[str, Any]:
+    """Median seconds per batch of each step, batches with rows after the first:
+
+    runner_wait (read() waiting for the buffer to fill), arrow (rows to Arrow), wal (the
+    write-ahead log), to_writer (runner returned -> foreachBatch called: Spark's offset
+    log, planning, moving the rows to the JVM, the job's start), write (the Parquet
+    job), ack (the runners' acks), to_next_read (acked -> the next read(): Spark's
+    commit log, commit(), planning the next batch)."""
+    runner = sorted((t for ts in timings.values() for t in ts), key=lambda t: t["called"])
+    batches = [d for d in driver if d.get("rows") and "acked" in d]
+    steps: dict[str, list[float]] = {
+        k: [] for k in ("runner_wait", "arrow", "wal", "to_writer", "write", "ack", "to_next_read")
+    }
+    cycle: list[float] = []
+    for i, d in enumerate(batches[1:], start=1):
+        mine = [t for t in runner if t["returned"] <= d["write_called"]]
+        later = [t for t in runner if t["called"] >= d["acked"]]
+        if not mine or not later:
+            continue
+        prev = [t for t in mine if t["called"] >= batches[i - 1]["acked"]] or mine[-1:]
+        t = prev[-1]
+        steps["runner_wait"].append(max(p["wait_s"] for p in prev))
+        steps["arrow"].append(sum(p["arrow_s"] for p in prev))
+        steps["wal"].append(sum(p["wal_s"] for p in prev))
+        steps["to_writer"].append(d["write_called"] - t["returned"])
+        steps["write"].append(d["written"] - d["write_called"])
+        steps["ack"].append(d["acked"] - d["written"])
+        steps["to_next_read"].append(later[0]["called"] - d["acked"])
+        cycle.append(later[0]["called"] - prev[0]["called"])
+    med = {k: round(statistics.median(v), 4) if v else None for k, v in steps.items()}
+    med["cycle"] = round(statistics.median(cycle), 4) if cycle else None
+    med["batches"] = len(cycle)
+    return med
 
 
 def raw_pika(url: str, queue: str, n: int, *, prefetch: int = 1000, ack_every: int = 100) -> float:
@@ -159,24 +279,47 @@ def raw_pika(url: str, queue: str, n: int, *, prefetch: int = 1000, ack_every: i
         conn.close()
 
 
-def curve(url: str, n: int, batches: list[int], rounds: int = 1) -> dict[str, Any]:
-    """Raw pika, then each batch size, `rounds` times interleaved (the machine's noise
-    hits every case alike); each case reports its median."""
+def curve(
+    url: str,
+    n: int,
+    batches: list[int],
+    rounds: int = 1,
+    *,
+    shards: list[int] | None = None,
+    shard_batch: int = DEFAULT_BATCH,
+    profile: bool = False,
+) -> dict[str, Any]:
+    """Raw pika, then each batch size (one queue), then each shard count (at
+    `shard_batch`), `rounds` times interleaved (the machine's noise hits every case
+    alike); each case reports its median, whole run and steady state (after the first
+    batch) apart."""
     queue = f"ackkit.bench.spark.{os.getpid()}"
     warm(url)  # JVM start-up, code generation, the Parquet writer: not measured
     raw: list[float] = []
-    spark_runs: dict[int, list[dict[str, Any]]] = {b: [] for b in batches}
+    plan: list[tuple[str, int, int]] = [(f"max_batch={b}", b, 0) for b in batches]
+    plan += [(f"shards={k} max_batch={shard_batch}", shard_batch, k) for k in shards or []]
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in plan}
     for r in range(rounds):
         prefill(url, queue, n)
         raw.append(n / raw_pika(url, queue, n))
         print(f"round {r + 1}: raw pika {raw[-1]:,.0f} msg/s", flush=True)
-        for b in batches:
-            prefill(url, queue, n)
-            res = drain(url, queue, n, max_batch=b)
-            spark_runs[b].append(res)
+        for name, b, k in plan:
+            if k:
+                target: str | list[str] = prefill_shards(url, f"{queue}.s{k}", k, n)
+            else:
+                prefill(url, queue, n)
+                target = queue
+            res = drain(url, target, n, max_batch=b, profile=profile)
+            runs[name].append(res)
             print(
-                f"round {r + 1}: spark max_batch={b}: {n / res['seconds']:,.0f} msg/s", flush=True
+                f"round {r + 1}: spark {name}: {n / res['seconds']:,.0f} msg/s, steady "
+                f"{res['steady_messages'] / res['steady_s']:,.0f} msg/s"
+                + (f", per batch {res['profile']}" if profile else ""),
+                flush=True,
             )
+            if k:
+                for q in target:
+                    delete_queue(url, q)
     raw_rate = statistics.median(raw)
     results: dict[str, Any] = {
         "messages": n,
@@ -184,22 +327,31 @@ def curve(url: str, n: int, batches: list[int], rounds: int = 1) -> dict[str, An
         "raw_pika": {"msgs_per_s": round(raw_rate), "runs": [round(x) for x in raw]},
         "cases": [],
     }
-    print(f"\n{'case':<24}{'msg/s':>10}{'vs raw':>8}{'batches':>9}")
-    print(f"{'raw pika (ack every 100)':<24}{raw_rate:>10,.0f}{1:>8.2f}{'-':>9}")
-    for b, runs in spark_runs.items():
-        rate = statistics.median(n / x["seconds"] for x in runs)
+    print(f"\n{'case':<30}{'msg/s':>9}{'vs raw':>8}{'steady':>9}{'vs raw':>8}{'batches':>9}")
+    print(f"{'raw pika (ack every 100)':<30}{raw_rate:>9,.0f}{1:>8.2f}")
+    for name, b, k in plan:
+        rs = runs[name]
+        rate = statistics.median(n / x["seconds"] for x in rs)
+        steady = statistics.median(x["steady_messages"] / x["steady_s"] for x in rs)
         results["cases"].append(
             {
+                "case": name,
                 "max_batch": b,
+                "shards": k,
                 "msgs_per_s": round(rate),
                 "vs_raw": round(rate / raw_rate, 2),
-                "batches": runs[0]["batches"],
-                "runs": [round(n / x["seconds"]) for x in runs],
+                "steady_msgs_per_s": round(steady),
+                "steady_vs_raw": round(steady / raw_rate, 2),
+                "first_batch_s": round(statistics.median(x["first_batch_s"] for x in rs), 2),
+                "batches": rs[0]["batches"],
+                "runner_cpu_s": rs[0]["runner_cpu_s"],
+                "profile": rs[0]["profile"],
+                "runs": [round(n / x["seconds"]) for x in rs],
             }
         )
         print(
-            f"{f'spark max_batch={b}':<24}{rate:>10,.0f}{rate / raw_rate:>8.2f}"
-            f"{runs[0]['batches']:>9}"
+            f"{name:<30}{rate:>9,.0f}{rate / raw_rate:>8.2f}{steady:>9,.0f}"
+            f"{steady / raw_rate:>8.2f}{rs[0]['batches']:>9}"
         )
     delete_queue(url, queue)
     return results
@@ -210,11 +362,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--url", default=os.environ.get("AMQP_URL", DEFAULT_URL))
     p.add_argument("--messages", type=int, default=100_000)
     p.add_argument("--batches", default="1000,5000,20000")
+    p.add_argument("--shards", default="", help="shard counts to run, e.g. 1,2,4")
+    p.add_argument("--shard-batch", type=int, default=DEFAULT_BATCH)
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--profile", action="store_true", help="per-batch time breakdown")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
-    batches = [int(x) for x in args.batches.split(",")]
-    res = curve(args.url, args.messages, batches, args.rounds)
+    batches = [int(x) for x in args.batches.split(",") if x]
+    shards = [int(x) for x in args.shards.split(",") if x]
+    res = curve(
+        args.url,
+        args.messages,
+        batches,
+        args.rounds,
+        shards=shards,
+        shard_batch=args.shard_batch,
+        profile=args.profile,
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2))
     if _session is not None:

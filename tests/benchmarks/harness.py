@@ -60,6 +60,10 @@ RATIOS: tuple[tuple[str, str, float], ...] = (
     ("ackkit.async.auto", "faststream.default", 5.0),
     ("ackkit.deadletter", "publish.confirm", 0.8),
     ("spark.ackkit", "pika.batched", 0.5),
+    ("spark.ackkit.steady", "pika.batched", 0.8),
+    ("spark.ackkit.steady.shards1", "pika.batched", 0.8),
+    ("spark.ackkit.steady.shards2", "pika.batched", 0.8),
+    ("spark.ackkit.steady.shards4", "pika.batched", 0.8),
 )
 
 Status = Literal["ok", "invalid", "error", "n/a"]
@@ -237,7 +241,10 @@ def run_one(
                 run.reason = outcome.get("reason") or "case failed"
                 run.log_tail = _tail(log_path)
                 return run
-            if run.wall_s and run.wall_s > 0:
+            if outcome.get("measured_s"):
+                # A case that times its own window (steady state): its messages / seconds.
+                run.msgs_per_s = outcome["measured_messages"] / outcome["measured_s"]
+            elif run.wall_s and run.wall_s > 0:
                 run.msgs_per_s = n_messages / run.wall_s
             if run.cpu_s is not None and n_messages:
                 run.cpu_us_per_msg = run.cpu_s * 1e6 / n_messages

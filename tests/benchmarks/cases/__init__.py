@@ -18,6 +18,9 @@ A case is a plain function registered under a stable id::
   already imported the case's module and its ``requires`` modules, so import time is
   not timed. Wall time and the process's CPU time (user + sys, incl. reaped children)
   are measured around the call and nothing else.
+* A case may time its own window instead (e.g. a steady state after start-up): it
+  returns ``{"messages": m, "seconds": s}`` and its rate is m / s; wall and CPU time
+  are still measured around the whole call.
 * Return only when all ``n_messages`` have been consumed AND their acks have been sent
   (closing the connection cleanly is the easiest way to flush them). Stop by yourself
   after ``n_messages``: do not wait for the queue to go idle.
@@ -71,7 +74,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-CaseFn = Callable[[str, str, int], None]
+CaseFn = Callable[[str, str, int], "dict[str, float] | None"]
 SetupFn = Callable[[str, str, int], None]
 CheckFn = Callable[[str, str, int], "str | None"]
 AvailableFn = Callable[[], None]

@@ -26,6 +26,7 @@ from typing import Any
 
 from ackkit import Delivery  # module level: handler annotations are resolved at registration
 
+from .. import broker as _broker
 from . import CaseUnavailable, case
 
 
@@ -270,3 +271,66 @@ def spark_ackkit(url: str, queue: str, n: int) -> None:
     from spark.bench import run_case
 
     run_case(url, queue, n)
+
+
+def _spark_steady_setup(url: str, queue: str, n: int) -> None:
+    from spark.bench import prefill
+
+    prefill(url, queue, n)  # with message ids, as the source deduplicates by them
+
+
+@case(
+    "spark.ackkit.steady",
+    available=_spark_available,
+    setup=_spark_steady_setup,
+    timeout_s=1200,
+    requires=("ackkit", "pika"),
+)
+def spark_ackkit_steady(url: str, queue: str, n: int) -> dict[str, float]:
+    """Spark source to Parquet, one queue: the steady state after the first batch."""
+    from spark.bench import run_steady
+
+    return run_steady(url, queue, n)
+
+
+def _shard_cases(shards: int) -> None:
+    def setup(url: str, queue: str, n: int) -> None:
+        from spark.bench import prefill_shards
+
+        prefill_shards(url, queue, shards, n)
+
+    def check(url: str, queue: str, n: int) -> str | None:
+        from ackkit.shards import shard_queues
+
+        for q in shard_queues(queue, shards):
+            problem = _broker.check_drained(url, q, n)
+            if problem:
+                return f"{q}: {problem}"
+        return None
+
+    def cleanup(url: str, queue: str, n: int) -> None:
+        from ackkit.shards import shard_queues
+
+        for q in shard_queues(queue, shards):
+            _broker.delete_queue(url, q)
+
+    def run(url: str, queue: str, n: int) -> dict[str, float]:
+        from ackkit.shards import shard_queues
+        from spark.bench import run_steady
+
+        return run_steady(url, list(shard_queues(queue, shards)), n)
+
+    run.__doc__ = f"Spark source, {shards} shard queue(s) read in parallel: steady state."
+    case(
+        f"spark.ackkit.steady.shards{shards}",
+        available=_spark_available,
+        setup=setup,
+        check=check,
+        cleanup=cleanup,
+        timeout_s=1200,
+        requires=("ackkit", "pika"),
+    )(run)
+
+
+for _n in (1, 2, 4):
+    _shard_cases(_n)
