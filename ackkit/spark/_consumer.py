@@ -36,6 +36,7 @@ from .._core.listener import ListenerCore, Tracked
 from .._core.policy import NO_RETRY, AckMode, FlushPolicy, ListenerPolicy
 from .._delivery import _validation_reason
 from .._io import FatalConnectError
+from .._logs import log_cancel
 from .._sync import _frames as frames
 from .._sync._pika import declare_queues, parameters
 from .._sync.engine import Engine
@@ -303,6 +304,7 @@ class SourceConsumer(Engine, Executor):
     def _on_channel_open(self, ch: Any) -> None:
         self.channel = ch
         ch.add_on_close_callback(self._on_channel_closed)
+        ch.add_on_cancel_callback(lambda _frame: self._on_cancelled(ch))
         with self.lock:
             self.core.channel_opened()
         ch.basic_qos(prefetch_count=self.opts.prefetch, callback=lambda _f: self._consume(ch))
@@ -335,6 +337,14 @@ class SourceConsumer(Engine, Executor):
         conn = self.connection
         if not self.stopping and conn is not None and conn.is_open:
             conn.ioloop.call_later(1.0, lambda: self._reopen(conn))
+
+    def _on_cancelled(self, ch: Any) -> None:
+        """basic.cancel from the broker (RabbitMQ 4.3's consumer timeout): fenced like a
+        lost channel, then this channel is closed and a new one consumes."""
+        if ch is self.channel and not self.stopping:
+            with self.lock:
+                log_cancel(log, f"ackkit.spark:{self.opts.queue}", self.core.consumer_cancelled())
+            ch.close()
 
     def _reopen(self, conn: Any) -> None:
         if conn.is_open and not self.stopping and self.channel is None:
