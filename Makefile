@@ -1,10 +1,25 @@
 # ackkit: the targets a newcomer can guess. Every target bootstraps what it
 # needs (venv, packages, a RabbitMQ binary for the throwaway test node).
+#
+# RabbitMQ versions: 3.10 is the machine's own rabbitmq-server; 4.0 and 4.3 run
+# in a Debian root the test kit builds on first use (root + debootstrap, ~40 s,
+# cached in /var/cache/ackkit/rootfs). `make test` runs everything on 3.10 and
+# the broker-facing suites on 4.3; `make test-matrix` runs everything on each.
+# `make chaos RABBITMQ=4.3`, `make bench RABBITMQ=4.3` pick the broker.
+# The 4.x legs ignore AMQP_URL (they are about their version's node).
 PY      := .venv/bin/python
 PYTEST  := .venv/bin/pytest
 STAMP   := .venv/.ackkit-installed
+RABBITMQ ?= 3.10
+VERSIONS := 3.10 4.0 4.3
+# Suites that talk to a broker; unit tests need no second run.
+BROKER_SUITES := tests/contract tests/integration tests/adversarial \
+                 tests/chaos/test_chaos_quick.py tests/spark
+# The environment of a leg on RabbitMQ $(1): 3.10 keeps AMQP_URL as given.
+leg_env = $(if $(filter 3.10,$(1)),,env -u AMQP_URL) ACKKIT_TEST_RABBITMQ=$(1)
+RESULTS_SUFFIX := $(if $(filter 3.10,$(RABBITMQ)),,-$(RABBITMQ))
 
-.PHONY: demo test test-docker unit check bench bench-quick chaos clean
+.PHONY: demo test test-matrix test-docker unit check bench bench-quick chaos clean
 
 $(STAMP): pyproject.toml .ci/bootstrap
 	bash .ci/bootstrap
@@ -14,12 +29,25 @@ demo: $(STAMP)
 	$(PY) -m examples.demo
 
 test: $(STAMP)
-	$(PYTEST) tests -m "not bench" -p no:cacheprovider
-	$(MAKE) --no-print-directory test-docker
+	@status=0; \
+	echo "== RabbitMQ 3.10: every suite"; \
+	$(call leg_env,3.10) $(PYTEST) tests -m "not bench" -p no:cacheprovider || status=1; \
+	echo "== RabbitMQ 4.3: the broker suites"; \
+	$(call leg_env,4.3) $(PYTEST) $(BROKER_SUITES) -m "not bench" -p no:cacheprovider || status=1; \
+	echo "== Docker"; \
+	$(MAKE) --no-print-directory test-docker || status=1; \
+	exit $$status
 
 # contract + test-kit tests against RabbitMQ containers (skipped without Docker)
 test-docker: $(STAMP)
 	PYTEST=$(PYTEST) bash .ci/test-docker
+
+test-matrix: $(STAMP)
+	@status=0; for v in $(VERSIONS); do \
+	    echo "== RabbitMQ $$v: every suite"; \
+	    if [ "$$v" = 3.10 ]; then unset_url=; else unset_url="-u AMQP_URL"; fi; \
+	    env $$unset_url ACKKIT_TEST_RABBITMQ=$$v $(PYTEST) tests -m "not bench" -p no:cacheprovider || status=1; \
+	done; exit $$status
 
 unit: $(STAMP)
 	$(PYTEST) tests/unit -q
@@ -30,13 +58,15 @@ check: $(STAMP)
 	.venv/bin/mypy ackkit examples
 
 bench: $(STAMP)
-	$(PY) -m tests.benchmarks --json bench-results/latest.json
+	$(call leg_env,$(RABBITMQ)) $(PY) -m tests.benchmarks $(if $(RESULTS_SUFFIX),--own-broker) \
+	    --json bench-results/latest$(RESULTS_SUFFIX).json
 
 bench-quick: $(STAMP)
-	$(PY) -m tests.benchmarks --quick --json bench-results/quick.json
+	$(call leg_env,$(RABBITMQ)) $(PY) -m tests.benchmarks --quick $(if $(RESULTS_SUFFIX),--own-broker) \
+	    --json bench-results/quick$(RESULTS_SUFFIX).json
 
 chaos: $(STAMP)
-	$(PY) -m tests.chaos --json bench-results/chaos.json
+	$(call leg_env,$(RABBITMQ)) $(PY) -m tests.chaos --json bench-results/chaos$(RESULTS_SUFFIX).json
 
 clean:
 	rm -rf .venv build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
