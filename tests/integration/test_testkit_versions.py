@@ -15,6 +15,7 @@ import os
 import pathlib
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -324,3 +325,35 @@ def test_version_marker_reasons() -> None:
     assert _version_skip_reason(mark("4.3", "4.0").mark, "4.0.5") is None
     assert "needs RabbitMQ 4.3" in str(_version_skip_reason(mark("4.3").mark, "3.10.8"))
     assert _version_skip_reason(mark("3.10").mark, "3.10.8") is None
+
+
+def _run_pytest(tmp_path: pathlib.Path, source: str, *args: str, url: str) -> Any:
+    (tmp_path / "test_it.py").write_text(source)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACKKIT_TEST_")}
+    env.update(AMQP_URL=url, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "ackkit.testing.plugin", "-rs", "-q",
+         "-p", "no:cacheprovider", str(tmp_path / "test_it.py"), *args],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300, check=False,
+    )  # fmt: skip
+
+
+def test_the_rabbitmq_option_and_marker(tmp_path: pathlib.Path, rabbitmq: BrokerHandle) -> None:
+    source = (
+        "import os, pytest\n"
+        "def test_env():\n"
+        "    assert os.environ['ACKKIT_TEST_RABBITMQ'] == '4.0'\n"
+        "@pytest.mark.rabbitmq(min='99.0')\n"
+        "def test_future(rabbitmq):\n"
+        "    raise AssertionError('must be skipped')\n"
+        "def test_version(rabbitmq_version, rabbitmq):\n"
+        "    assert rabbitmq_version == rabbitmq.server_version()\n"
+        "    assert rabbitmq_version[0].isdigit()\n"
+    )
+    res = _run_pytest(tmp_path, source, "--rabbitmq=4.0", url=rabbitmq.url)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "2 passed, 1 skipped" in res.stdout
+    assert "needs RabbitMQ 99.0 or newer; the broker is" in res.stdout
+    bad = _run_pytest(tmp_path, source, "--rabbitmq=5.1", url=rabbitmq.url)
+    assert bad.returncode == 4  # usage error
+    assert "--rabbitmq" in bad.stderr and "3.10, 4.0, 4.3" in bad.stderr
