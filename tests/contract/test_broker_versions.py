@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from ackkit import Delivery, RequeueMessage, Retry, RetryStrategy, TopologyConflict
+from ackkit import AckMode, Delivery, RequeueMessage, Retry, RetryStrategy, TopologyConflict
 from ackkit._core.brokers import BrokerTraits, traits_of
 from ackkit._core.events import Counters
 
@@ -193,8 +193,11 @@ def test_a_consumer_timeout_on_43_cancels_the_consumer_and_ackkit_consumes_again
     q = queue_factory()
     calls: list[tuple[int, float]] = []
 
+    counted: list[Any] = []
+
     async def slow_once(payload: Any, d: Delivery, io: IO) -> None:
         calls.append((d.attempt, time.monotonic()))
+        counted.append(d.headers.get("x-delivery-count"))
         if len(calls) == 1:
             await io.sleep(4.0)  # past the queue's 1 s consumer timeout
 
@@ -213,6 +216,7 @@ def test_a_consumer_timeout_on_43_cancels_the_consumer_and_ackkit_consumes_again
     if runtime.kind == "sync":  # AsyncApp cancels the handler task with the channel
         assert stats["dropped_stale"] == 1
     assert [a for a, _ in calls] == [1, 2]  # x-acquired-count: the lost run counted
+    assert counted == [None, None]  # a consumer timeout does not count as a delivery
     gap = calls[1][1] - calls[0][1]
     print(f"consumer timeout 1 s: handled again after {gap:.2f} s")
     assert 0.9 < gap < 20, gap
@@ -300,3 +304,59 @@ def test_quorum_delayed_retry_on_43_and_refused_before(
     assert not [r for r in rows if r["name"].startswith(f"{q}.retry.")]  # no delay queue
     (row,) = [r for r in rows if r["name"] == q]
     assert "x-delayed-retry-type" in json.dumps(row["arguments"])
+
+
+def test_a_requeue_loop_ends_at_the_4x_default_delivery_limit(
+    runtime: Runtime, broker: Broker, queue_factory: Any, traits: BrokerTraits
+) -> None:
+    """What the README warns about: on RabbitMQ 4.x a quorum queue without its own
+    x-delivery-limit drops a message after 20 returns that count (no DLX here), so a
+    handler that always raises RequeueMessage sees it 21 times, then never again."""
+    if traits.default_delivery_limit is None:
+        pytest.skip(f"RabbitMQ {traits.series}: no default delivery-limit")
+    q = queue_factory()
+    runs: list[int] = []
+
+    async def requeue(payload: Any, d: Delivery, io: IO) -> None:
+        runs.append(d.attempt)
+        raise RequeueMessage("again")
+
+    app = runtime.app()
+    runtime.listen(app, q, requeue, prefetch=1, queue_arguments=QUORUM)
+    with runtime.running(app):
+        broker.publish(q, [b"{}"], content_type=None)
+        broker.wait_for(q, total=0, timeout=30)
+        eventually(lambda: len(runs) == traits.default_delivery_limit + 1, what="21 runs")
+        time.sleep(0.5)
+    assert len(runs) == traits.default_delivery_limit + 1
+    assert broker.counts(q).total == 0 and broker.counts(f"{q}.dlq").total == 0
+
+
+def test_a_handlers_reject_counts_and_its_nack_does_not_on_43(
+    runtime: Runtime, broker: Broker, queue_factory: Any, traits: BrokerTraits
+) -> None:
+    """delivery.reject(requeue=True) is basic.reject, delivery.nack(requeue=True) is
+    basic.nack: the third delivery shows what the broker counted."""
+    q = queue_factory()
+    seen: list[dict[str, Any]] = []
+
+    async def settle(payload: Any, d: Delivery, io: IO) -> None:
+        seen.append(dict(d.headers))
+        if len(seen) == 1:
+            await io.reject(d, requeue=True)
+        elif len(seen) == 2:
+            await io.nack(d, requeue=True)
+        else:
+            await io.ack(d)
+
+    app = runtime.app()
+    runtime.listen(app, q, settle, ack_mode=AckMode.MANUAL, prefetch=1, queue_arguments=QUORUM)
+    with runtime.running(app):
+        broker.publish(q, [b"{}"], content_type=None)
+        eventually(lambda: len(seen) == 3, what="three deliveries")
+        broker.wait_for(q, ready=0, unacked=0)
+    third = seen[2]
+    if traits.reject_counts_nack_does_not:
+        assert (third["x-delivery-count"], third["x-acquired-count"]) == (1, 2)
+    else:
+        assert third["x-delivery-count"] == 2
