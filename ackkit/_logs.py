@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ._core.events import Event, Stage
-from ._core.tb import text_of
+from ._core.tb import format_traceback, qualname, text_of
 from ._url import mask_text
 
 log = logging.getLogger("ackkit")
@@ -142,15 +142,22 @@ def short(exc: BaseException) -> str:
 
 
 class FailureLog:
-    """Warnings about failed handlers without a logging flood.
+    """Warnings about failed handlers, with tracebacks, without a logging flood.
 
-    At most `burst` lines in every `window` seconds; the failures left out are
-    counted and the next line says how many there were. A poison flood of
-    10,000 messages then writes a few dozen lines instead of 10,000 (each
-    failure still reaches the observers, the counters and, when dead-lettered,
-    the DLQ with its traceback). A line about a Delivery carries its context as
-    `extra=` (listener, queue, message_id, attempt, outcome="failed", error_type).
+    The first failure of each kind (listener and error type) is logged with its
+    traceback, and again at most every `traceback_every` seconds; so a message
+    that fails once and then succeeds on a retry still leaves its traceback in
+    the log. Every other failure is one line, at most `burst` of them in every
+    `window` seconds; the failures left out are counted and the next line says
+    how many there were. A poison flood of 10,000 messages then writes a few
+    dozen lines instead of 10,000 (each failure still reaches the observers, the
+    counters and, when dead-lettered, the DLQ with its traceback). A line about
+    a Delivery carries its context as `extra=` (listener, queue, message_id,
+    attempt, outcome="failed", error_type).
     """
+
+    MAX_KINDS = 1000
+    """Kinds remembered for the traceback rule (beyond that, the oldest are forgotten)."""
 
     def __init__(
         self,
@@ -158,14 +165,33 @@ class FailureLog:
         burst: int = 10,
         window: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
+        traceback_every: float = 60.0,
     ) -> None:
         self.logger = logger
         self._throttle = Throttle(burst, window, clock)
+        self._clock = clock
+        self._every = traceback_every
+        self._lock = threading.Lock()
+        self._last_tb: dict[tuple[str, str], float] = {}
+
+    def _traceback_due(self, listener: str, exc: BaseException) -> bool:
+        key = (listener, qualname(exc))
+        with self._lock:
+            now = self._clock()
+            last = self._last_tb.get(key)
+            if last is not None and now - last < self._every:
+                return False
+            self._last_tb.pop(key, None)
+            self._last_tb[key] = now
+            if len(self._last_tb) > self.MAX_KINDS:
+                del self._last_tb[next(iter(self._last_tb))]
+            return True
 
     def failed(self, listener: str, what: object, exc: BaseException) -> None:
         if not self.logger.isEnabledFor(logging.WARNING):
             return
-        skipped = self._throttle.admit()
+        with_tb = self._traceback_due(listener, exc)
+        skipped = 0 if with_tb else self._throttle.admit()
         if skipped is None:
             return
         more = f" ({skipped} more failures not logged)" if skipped else ""
@@ -177,8 +203,11 @@ class FailureLog:
             "failed",
             error_type=type(exc).__name__,
         )
+        # The traceback is part of the message, masked like the rest (an exception may
+        # quote a broker URL with its password).
+        tb = "\n" + mask_text(format_traceback(exc)).rstrip() if with_tb else ""
         self.logger.warning(
-            "%s: handler failed on %r: %s%s", listener, what, short(exc), more, extra=extra
+            "%s: handler failed on %r: %s%s%s", listener, what, short(exc), more, tb, extra=extra
         )
 
 

@@ -1,33 +1,35 @@
-"""The `ackkit` command: dead-letter queues, queue counts, running an App.
+"""The `ackkit` command: dead-letter queues, queue counts, running an app, its AsyncAPI.
 
-    ackkit dlq inspect QUEUE [--limit N] [--json]
+    ackkit dlq inspect QUEUE [--limit N] [--format auto|table|tsv|json]
     ackkit dlq replay QUEUE [--to Q] [--error-type T] [--reason-contains S]
                             [--message-id ID ...] [--limit N] [--json]
-    ackkit queues [QUEUE ...] [--json] [--source auto|management|rabbitmqctl|amqp]
-    ackkit run module:app [--workers N] [--metrics-port P [--metrics-addr A]]
+    ackkit queues [QUEUE ...] [--format ...] [--source auto|management|rabbitmqctl|amqp] [-v]
+    ackkit run module:app [--url URL] [--workers N] [--startup-timeout S] [--log-level L]
+                          [--metrics-port P [--metrics-addr A]]
+    ackkit docs module:app [--format json|yaml] [--output FILE]
+    ackkit --version
 
 The broker URL comes from --url or AMQP_URL; passwords are masked in all output.
+Listings are a table on a terminal and TSV when piped (--format chooses).
 typer and rich come with the `cli` extra: pip install 'ackkit[cli]'.
 """
 
 from __future__ import annotations
 
-import asyncio
-import importlib
-import inspect
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
+from ._cli_output import OutputFormat
+from ._cli_run import LOG_LEVELS, configure_logging, load_app, run_app, run_workers
 from ._url import mask_text, mask_url
 
 if TYPE_CHECKING:
     import typer
+
+__all__ = ["build_cli", "load_app", "main", "run_app", "run_workers"]
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2f"
 INSTALL_HINT = "the ackkit command needs typer and rich: pip install 'ackkit[cli]'"
@@ -44,104 +46,24 @@ def _safe(text: str, url: str) -> str:
     return mask_text(text, *_secrets(url))
 
 
-def load_app(target: str) -> Any:
-    """`module:attr` (attr defaults to `app`) -> the App object; the cwd is importable."""
-    mod_name, _, attr = target.partition(":")
-    if not mod_name:
-        raise ValueError(f"expected module:app, got {target!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    module = importlib.import_module(mod_name)
-    obj: Any = module
-    for part in (attr or "app").split("."):
-        obj = getattr(obj, part)
-    if callable(obj) and not hasattr(obj, "run"):
-        obj = obj()  # an app factory
-    if not hasattr(obj, "run"):
-        raise TypeError(f"{target} is not an ackkit App (it has no run())")
-    return obj
-
-
-def run_app(app: Any) -> None:
-    """Run an App (blocking, with its own signal handling) or an AsyncApp (asyncio.run)."""
-    if inspect.iscoroutinefunction(app.run):
-        asyncio.run(app.run())
-    else:
-        app.run()
-
-
-def run_workers(
-    target: str,
-    workers: int,
-    url: str | None,
-    metrics_port: int | None = None,
-    metrics_addr: str = "0.0.0.0",
-) -> int:
-    """Run `target` in `workers` processes; SIGINT/SIGTERM stop them all gracefully.
-
-    With `metrics_port`, worker i serves its metrics on `metrics_port + i`."""
-    cmd = [sys.executable, "-m", "ackkit.cli", "run", target, "--workers", "1"]
-    if url:
-        cmd += ["--url", url]
-
-    def worker_cmd(i: int) -> list[str]:
-        if metrics_port is None:
-            return cmd
-        return [*cmd, "--metrics-port", str(metrics_port + i), "--metrics-addr", metrics_addr]
-
-    procs = [subprocess.Popen(worker_cmd(i), start_new_session=True) for i in range(workers)]
-    stopping = False
-
-    def stop(signum: int, _frame: Any) -> None:
-        nonlocal stopping
-        stopping = True
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-
-    old = [signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)]
-    code = 0
-    try:
-        while any(p.poll() is None for p in procs):
-            for p in procs:
-                rc = p.poll()
-                if rc not in (None, 0) and not stopping:
-                    print(
-                        f"ackkit: worker {p.pid} exited with {rc}; stopping the others",
-                        file=sys.stderr,
-                    )
-                    code = rc or 1
-                    stop(signal.SIGTERM, None)
-            time.sleep(0.1)
-    finally:
-        for s, h in zip((signal.SIGINT, signal.SIGTERM), old, strict=True):
-            signal.signal(s, h)
-        for p in procs:
-            try:
-                p.wait(60)
-            except subprocess.TimeoutExpired:
-                p.kill()
-    if not code:
-        code = max((p.returncode or 0 for p in procs), default=0)
-    return code
-
-
 def build_cli() -> typer.Typer:
     """The typer application (imports typer and rich)."""
     import typer
     from rich.console import Console
     from rich.markup import escape
-    from rich.table import Table
-    from rich.text import Text
 
+    from . import __version__
+    from ._cli_output import Column, json_text, resolve, table, tsv
     from ._dead_letters import ReplayFilter
     from ._dlq import DeadLetterQueue, safe_error
     from ._queues import SOURCES, QueueSourceError, list_queues
 
-    out = Console()
-    err = Console(stderr=True)
+    def err() -> Console:  # made per call: the width and the streams are the caller's now
+        return Console(stderr=True, highlight=False, soft_wrap=True)
+
     cli = typer.Typer(
-        help="ackkit: RabbitMQ acknowledgement tools (dead-letter queues, queue counts, run).",
+        help="ackkit: RabbitMQ acknowledgement tools (dead-letter queues, queue counts, run, "
+        "AsyncAPI docs).",
         no_args_is_help=True,
         add_completion=False,
         pretty_exceptions_enable=False,
@@ -149,20 +71,48 @@ def build_cli() -> typer.Typer:
     dlq = typer.Typer(help="Inspect and replay dead-letter queues.", no_args_is_help=True)
     cli.add_typer(dlq, name="dlq")
 
+    def show_version(value: bool) -> None:
+        if value:
+            print(f"ackkit {__version__}")
+            raise typer.Exit()
+
+    @cli.callback()
+    def _root(
+        version: bool = typer.Option(
+            False,
+            "--version",
+            callback=show_version,
+            is_eager=True,
+            help="Print the version and exit.",
+        ),
+    ) -> None:
+        """ackkit: RabbitMQ acknowledgement tools."""
+
     url_opt = typer.Option(DEFAULT_URL, "--url", envvar="AMQP_URL", help="AMQP URL.")
+    format_opt = typer.Option(
+        OutputFormat.AUTO,
+        "--format",
+        "-f",
+        help="table (fits the terminal), tsv or json; auto: table on a terminal, tsv when piped.",
+    )
 
     def fail(msg: str, url: str, code: int = 1) -> typer.Exit:
-        err.print(f"[red]error:[/red] {escape(_safe(msg, url))}", markup=True, highlight=False)
+        err().print(f"[red]error:[/red] {escape(_safe(msg, url))}", markup=True)
         return typer.Exit(code)
 
-    def emit_json(data: Any, url: str) -> None:
-        print(_safe(json.dumps(data, indent=2, default=str), url))
+    def emit(text: str, url: str) -> None:
+        sys.stdout.write(_safe(text, url))
+        sys.stdout.flush()
+
+    def width() -> int:
+        return Console().width  # the terminal's, or COLUMNS, or 80
 
     @dlq.command("inspect")
     def dlq_inspect(
         queue: str = typer.Argument(..., help="The dead-letter queue, e.g. orders.dlq."),
         limit: int = typer.Option(20, "--limit", "-n", min=0, help="Messages to show (0: all)."),
-        as_json: bool = typer.Option(False, "--json", help="JSON instead of a table."),
+        fmt: OutputFormat = format_opt,
+        as_json: bool = typer.Option(False, "--json", help="The same as --format json."),
         url: str = url_opt,
     ) -> None:
         """Count and list dead letters (read and put back: nothing is removed)."""
@@ -172,36 +122,30 @@ def build_cli() -> typer.Typer:
                 letters = q.inspect(limit or None)
         except Exception as exc:
             raise fail(safe_error(exc, url), url) from None
-        if as_json:
-            emit_json(
-                {"queue": queue, "count": count, "messages": [d.to_dict() for d in letters]},
-                url,
-            )
+        fmt = resolve(fmt, as_json=as_json, tty=sys.stdout.isatty())
+        if fmt is OutputFormat.JSON:
+            data = {"queue": queue, "count": count, "messages": [d.to_dict() for d in letters]}
+            emit(json_text(data) + "\n", url)
             return
-        table = Table(title=f"{queue}: {count} message(s)", title_justify="left")
-        for col in ("message_id", "reason", "error type", "attempts", "original queue"):
-            table.add_column(col, overflow="fold")
-        table.add_column("dead-lettered at", no_wrap=True)
-        table.add_column("notes", overflow="fold")
-        for d in letters:
-            # Text cells: a header saying "[red]" is shown as written, never parsed as markup.
-            table.add_row(
-                *(
-                    Text(_safe(str(v), url))
-                    for v in (
-                        d.message_id or "-",
-                        d.reason,
-                        d.error_type or "-",
-                        "-" if d.attempts is None else d.attempts,
-                        d.original_queue or "-",
-                        d.dead_lettered_at or "-",
-                        "; ".join(d.notes) or "-",
-                    )
-                )
-            )
-        out.print(table)
+        keys = ("message_id", "attempts", "error_type", "reason", "original_queue")
+        rows = [[d.to_dict().get(k) for k in keys] for d in letters]
+        for row, d in zip(rows, letters, strict=True):
+            row += [d.dead_lettered_at, "; ".join(d.notes) or None]
+        if fmt is OutputFormat.TSV:
+            emit(tsv([*keys, "dead_lettered_at", "notes"], rows), url)
+            return
+        cols = [
+            Column("message_id", 12),
+            Column("attempts", 3, numeric=True),
+            Column("error type", 10),
+            Column("reason", 12),
+            Column("original queue", 8),
+            Column("dead-lettered at", 10),
+            Column("notes", 5),
+        ]
+        emit(f"{queue}: {count} message(s)\n" + table(cols, rows, width()), url)
         if len(letters) < count:
-            out.print(f"({count - len(letters)} more; --limit 0 shows all)")
+            emit(f"({count - len(letters)} more; --limit 0 shows all)\n", url)
 
     @dlq.command("replay")
     def dlq_replay(
@@ -226,25 +170,25 @@ def build_cli() -> typer.Typer:
         except Exception as exc:
             raise fail(safe_error(exc, url), url) from None
         if as_json:
-            emit_json(report.to_dict(), url)
+            emit(json_text(report.to_dict()) + "\n", url)
         else:
             where = ", ".join(f"{n} -> {t}" for t, n in report.targets.items()) or "-"
-            out.print(
+            emit(
                 f"{queue}: examined {report.examined}, replayed {report.replayed} ({where}), "
                 f"left {report.left} (filtered {report.skipped}, no origin {report.no_target}, "
-                f"failed {report.failed}); {report.remaining} in the queue now",
-                highlight=False,
-                markup=False,
+                f"failed {report.failed}); {report.remaining} in the queue now\n",
+                url,
             )
             for e in report.errors:
-                err.print(_safe(e, url), highlight=False, markup=False)
+                err().print(_safe(e, url), markup=False)
         if report.failed:
             raise typer.Exit(1)
 
     @cli.command("queues")
     def queues(
         names: list[str] = typer.Argument(None, help="Only these queues (needed for AMQP)."),  # noqa: B008
-        as_json: bool = typer.Option(False, "--json", help="JSON instead of a table."),
+        fmt: OutputFormat = format_opt,
+        as_json: bool = typer.Option(False, "--json", help="The same as --format json."),
         source: str = typer.Option(
             "auto", "--source", help=f"One of {', '.join(SOURCES)} (auto tries them in order)."
         ),
@@ -252,6 +196,9 @@ def build_cli() -> typer.Typer:
             None, "--management-url", help="Management API base (default http://HOST:15672)."
         ),
         node: str | None = typer.Option(None, "--node", help="Node name for rabbitmqctl."),
+        verbose: bool = typer.Option(
+            False, "--verbose", "-v", help="Also say which sources failed before one answered."
+        ),
         url: str = url_opt,
     ) -> None:
         """Queue counts (name, ready, unacked, total, consumers) like rabbitmqctl list_queues."""
@@ -263,28 +210,39 @@ def build_cli() -> typer.Typer:
             )
         except (QueueSourceError, Exception) as exc:
             raise fail(safe_error(exc, url), url) from None
-        if as_json:
-            emit_json({"url": mask_url(url), **listing.to_dict()}, url)
+        fmt = resolve(fmt, as_json=as_json, tty=sys.stdout.isatty())
+        if fmt is OutputFormat.JSON:
+            emit(json_text({"url": mask_url(url), **listing.to_dict()}) + "\n", url)
             return
-        table = Table(title=f"queues of {mask_url(url)} (source: {listing.source})")
-        table.add_column("name", overflow="fold")
-        for col in ("ready", "unacked", "total", "consumers"):
-            table.add_column(col, justify="right")
-        for r in listing.rows:
-            table.add_row(
-                r.name,
-                *("-" if v is None else str(v) for v in (r.ready, r.unacked, r.total, r.consumers)),
-            )
-        out.print(table)
+        keys = ("name", "ready", "unacked", "total", "consumers")
+        rows = [[r.to_dict()[k] for k in keys] for r in listing.rows]
+        if fmt is OutputFormat.TSV:
+            emit(tsv(keys, rows), url)
+        else:
+            cols = [Column("name", 12), *(Column(k, 5, numeric=True) for k in keys[1:])]
+            title = f"queues of {mask_url(url)} (source: {listing.source})\n"
+            emit(title + table(cols, rows, width()), url)
         for note in listing.notes:
-            err.print(_safe(note, url), highlight=False)
+            # A source that did not answer before another did is not news on every call.
+            if verbose or not note.startswith(tuple(f"{s}:" for s in SOURCES)):
+                err().print(_safe(note, url), markup=False)
 
     @cli.command("run")
     def run(
         target: str = typer.Argument(..., help="module:app (an App or AsyncApp, or a factory)."),
-        workers: int = typer.Option(1, "--workers", "-w", min=1, help="Processes to run."),
         url: str | None = typer.Option(
-            None, "--url", help="Override the App's URL (AMQP_URL is left to the app)."
+            None, "--url", envvar="AMQP_URL", help="Broker URL (default: the app's own URL)."
+        ),
+        workers: int = typer.Option(1, "--workers", "-w", min=1, help="Processes to run."),
+        startup_timeout: float | None = typer.Option(
+            None,
+            "--startup-timeout",
+            min=0.1,
+            help="Seconds to connect and start consuming before giving up (default: the "
+            "app's startup_timeout, 60 s).",
+        ),
+        log_level: str = typer.Option(
+            "INFO", "--log-level", help=f"One of {', '.join(LOG_LEVELS)}.", case_sensitive=False
         ),
         metrics_port: int | None = typer.Option(
             None,
@@ -296,15 +254,26 @@ def build_cli() -> typer.Typer:
             "0.0.0.0", "--metrics-addr", help="Address the metrics server listens on."
         ),
     ) -> None:
-        """Run an App until SIGINT/SIGTERM, then shut down gracefully (flush acks, requeue)."""
+        """Run an app until SIGINT/SIGTERM, then shut down gracefully (flush acks, requeue)."""
+        level = log_level.upper()
+        if level not in LOG_LEVELS:
+            raise fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}", url or "", 2)
         if workers > 1:
-            raise typer.Exit(run_workers(target, workers, url, metrics_port, metrics_addr))
+            opts = ["--log-level", level]
+            if startup_timeout is not None:
+                opts += ["--startup-timeout", str(startup_timeout)]
+            raise typer.Exit(
+                run_workers(target, workers, url, metrics_port, metrics_addr, options=opts)
+            )
+        configure_logging(level)
         try:
             app = load_app(target)
+            if url:
+                app.url = url
+            if startup_timeout is not None:
+                app.startup_timeout = startup_timeout
         except Exception as exc:
             raise fail(f"cannot load {target}: {exc}", url or "") from None
-        if url:
-            app.url = url
         shown = mask_url(str(getattr(app, "url", "")))
         if metrics_port is not None:
             try:
@@ -313,17 +282,43 @@ def build_cli() -> typer.Typer:
                 PrometheusMetrics(app).serve(metrics_port, metrics_addr)
             except (ImportError, OSError) as exc:
                 raise fail(f"--metrics-port {metrics_port}: {exc}", url or "") from None
-            err.print(
-                f"ackkit: metrics on http://{metrics_addr}:{metrics_port}/metrics",
-                highlight=False,
-            )
-        err.print(f"ackkit: running {target} ({shown}), pid {os.getpid()}", highlight=False)
+            err().print(f"ackkit: metrics on http://{metrics_addr}:{metrics_port}/metrics")
+        err().print(f"ackkit: running {target} ({shown}), pid {os.getpid()}", markup=False)
         try:
             run_app(app)
         except KeyboardInterrupt:
             pass
         except Exception as exc:
             raise fail(f"{type(exc).__name__}: {exc}", str(getattr(app, "url", ""))) from None
+
+    @cli.command("docs")
+    def docs(
+        target: str = typer.Argument(..., help="module:app (an App or AsyncApp, or a factory)."),
+        fmt: str = typer.Option("json", "--format", "-f", help="json or yaml."),
+        output: str | None = typer.Option(
+            None, "--output", "-o", help="Write to this file (default: standard output)."
+        ),
+        title: str | None = typer.Option(None, "--title", help="info.title (default: target)."),
+        version: str = typer.Option("1.0.0", "--app-version", help="info.version."),
+    ) -> None:
+        """Write an AsyncAPI 3.0 document of the app's listeners (nothing is connected)."""
+        from ._asyncapi import document, to_yaml
+
+        if fmt not in ("json", "yaml"):
+            raise fail("--format must be json or yaml", "", 2)
+        try:
+            app = load_app(target)
+        except Exception as exc:
+            raise fail(f"cannot load {target}: {exc}", "") from None
+        doc = document(app, title=title or target, version=version)
+        text = (json.dumps(doc, indent=2) if fmt == "json" else to_yaml(doc)) + "\n"
+        text = _safe(text, str(app.url))
+        if output:
+            with open(output, "w", encoding="utf-8") as f:
+                f.write(text)
+            err().print(f"ackkit: wrote {output} ({len(doc['channels'])} channels)", markup=False)
+        else:
+            sys.stdout.write(text)
 
     return cli
 

@@ -133,13 +133,17 @@ class Runtime(Engine):
         for c in self.consumers:
             for th in c.workers:
                 th.join(max(0.0, deadline - time.monotonic()))
-                if th.is_alive():
-                    log.warning(
-                        "%s: a handler is still running after %.0f s; its delivery "
-                        "is requeued by the broker when the channel closes",
-                        c.spec.name,
-                        timeout,
-                    )
+            # Idle workers are only on their way out (they took their None): a warning is
+            # for a handler that runs, never for a start that failed before any delivery.
+            alive = sum(th.is_alive() for th in c.workers)
+            if alive and c.in_handler:
+                log.warning(
+                    "%s: %d handler(s) still running after %.0f s; their deliveries are "
+                    "requeued by the broker when the channel closes",
+                    c.spec.name,
+                    min(alive, c.in_handler),
+                    timeout,
+                )
 
     # -- I/O thread: the engine's hooks ---------------------------------------------
 

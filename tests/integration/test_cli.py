@@ -74,7 +74,7 @@ def dead_letters(url: str, q: str, n: int) -> None:
 def test_dlq_inspect_table_and_json(rabbitmq: Any, fresh_queue: str, secret_url: str) -> None:
     q = fresh_queue
     dead_letters(rabbitmq.url, q, 3)
-    r = cli("dlq", "inspect", f"{q}.dlq", url=secret_url)
+    r = cli("dlq", "inspect", f"{q}.dlq", "--format", "table", url=secret_url)
     assert r.exit_code == 0, r.output
     assert f"{q}.dlq: 3 message(s)" in r.output
     for col in ("message_id", "reason", "error type", "attempts", "original queue"):
@@ -161,7 +161,7 @@ def test_queues_over_amqp(rabbitmq: Any, fresh_queue: str) -> None:
     publish(rabbitmq.url, q, b"x", declare=True)
     r = cli("queues", "--source", "amqp", url=rabbitmq.url)
     assert r.exit_code == 1 and "name the queues" in r.output
-    r = cli("queues", q, "--source", "amqp", url=rabbitmq.url)
+    r = cli("queues", q, "--source", "amqp", "--format", "table", url=rabbitmq.url)
     assert r.exit_code == 0, r.output
     assert "source: amqp" in r.output and q in r.output
 
@@ -216,7 +216,7 @@ def test_queues_through_the_management_api() -> None:
         assert path.startswith("/api/queues/prod?")
         assert base64.b64decode(auth.split()[1]).decode() == f"alice:{SECRET}"
         assert SECRET not in r.output
-        r = cli("queues", "--management-url", mgmt, url=url)
+        r = cli("queues", "--management-url", mgmt, "--format", "table", url=url)
         assert "source: management" in r.output and "orders.dlq" in r.output
     finally:
         server.shutdown()
@@ -244,6 +244,11 @@ def test_queues_through_rabbitmqctl(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert data["source"] == "rabbitmqctl"
     assert data["queues"] == [{"name": "a", "ready": 1, "unacked": 2, "total": 3, "consumers": 4}]
     assert any("management" in n for n in data["notes"])
+    # The management API's failure is not repeated on every listing, unless asked (-v).
+    r = cli("queues", "--management-url", closed, url="amqp://u:p@localhost:5672/%2f")
+    assert r.exit_code == 0 and "management" not in r.output and "a\t1\t2\t3\t4" in r.output
+    r = cli("queues", "-v", "--management-url", closed, url="amqp://u:p@localhost:5672/%2f")
+    assert r.exit_code == 0 and "management" in r.output
     # Another node's rabbitmqctl (the URL's port is not among its listeners) is not used.
     r = cli(
         "queues",

@@ -7,6 +7,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ackkit import App, DeadLetterMessage, Delivery, Event, Retry, Stage
 from ackkit._core.actions import Republish
@@ -334,3 +336,47 @@ def test_tracing_span_continues_the_producer_trace_and_is_carried_on(
         format(span.context.span_id, "016x"),
     ]
     assert trace.get_current_span() is trace.INVALID_SPAN  # detached after the handler
+
+
+def test_the_first_failure_of_each_kind_is_logged_with_its_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Later ones of the same listener and error type are one line, until the traceback
+    is due again; a new error type or listener gets its own traceback at once."""
+    now = [0.0]
+    flog = FailureLog(logging.getLogger("ackkit.test"), clock=lambda: now[0], burst=1000)
+
+    def fail(listener: str, exc: BaseException) -> str:
+        try:
+            raise exc
+        except BaseException as e:  # a real traceback
+            caplog.clear()
+            flog.failed(listener, "d", e)
+        (r,) = caplog.records
+        return r.getMessage()
+
+    with caplog.at_level(logging.WARNING, logger="ackkit.test"):
+        first = fail("l", KeyError("amqp://u:s3cret@h/v"))
+        assert "Traceback (most recent call last)" in first and "in fail" in first
+        assert "s3cret" not in first  # masked, traceback included
+        assert "Traceback" not in fail("l", KeyError("again"))
+        assert "Traceback" in fail("l", ValueError("other type"))
+        assert "Traceback" in fail("other-listener", KeyError("k"))
+        now[0] = 59.0
+        assert "Traceback" not in fail("l", KeyError("k"))
+        now[0] = 61.0
+        assert "Traceback" in fail("l", KeyError("k"))
+
+
+@given(st.lists(st.sampled_from(["A", "B", "C"]), max_size=50), st.floats(0.1, 100))
+def test_a_traceback_per_kind_at_most_once_a_minute(kinds: list[str], step: float) -> None:
+    now = [0.0]
+    flog = FailureLog(logging.getLogger("ackkit.test.h"), clock=lambda: now[0])
+    last: dict[str, float] = {}
+    for k in kinds:
+        due = flog._traceback_due("l", type(k, (Exception,), {})())
+        expected = k not in last or now[0] - last[k] >= 60.0
+        assert due == expected
+        if due:
+            last[k] = now[0]
+        now[0] += step
