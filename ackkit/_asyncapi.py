@@ -251,4 +251,13 @@ def to_yaml(data: Any, indent: int = 0) -> str:
             else:
                 lines.append(f"{pad}- {to_yaml(v)}")
         return "\n".join(lines)
+    if isinstance(data, float):
+        # YAML 1.1 readers (PyYAML) take a float only with a dot and a signed exponent.
+        text = repr(data)
+        mant, e, exp = text.partition("e")
+        if "." not in mant:
+            mant += ".0"
+        if e and exp[0] not in "+-":
+            exp = "+" + exp
+        return mant + e + exp
     return json.dumps(data, ensure_ascii=True)

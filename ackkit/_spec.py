@@ -325,6 +325,13 @@ class AppBase:
 
         return register
 
+    def asyncapi(self, *, title: str = "ackkit app", version: str = "1.0.0") -> dict[str, Any]:
+        """An AsyncAPI 3.0 document (a JSON-ready dict) of the registered listeners: their
+        queues, exchange bindings, dead-letter and retry queues, payload schemas."""
+        from ._asyncapi import document
+
+        return document(self, title=title, version=version)
+
     def _topology_plan(self) -> Plan:
         """The exchanges and bindings of every listener, each exchange once."""
         return plan((s.queue, s.binds) for s in self.specs)

@@ -86,3 +86,27 @@ def check_testing_example(out):
         "example.memory.orders": (0, 0),
         "example.memory.orders.dlq": (0, 0),
     }
+
+
+def test_publishing(rabbitmq):
+    out = run("publishing", rabbitmq)
+    assert out["replies"] == [(f"req-{i}", {"accepted": i}) for i in (1, 2, 3)]
+    assert "order.cancelled" in out["unroutable"]
+    assert out["table"] == {
+        "example.pub.orders": (0, 0),
+        "example.pub.invoices": (0, 0),
+        "example.pub.replies": (0, 0),
+    }
+
+
+def test_exchanges(rabbitmq):
+    out = run("exchanges", rabbitmq)
+    assert out["seen"] == [
+        ("audit", "anything"),
+        ("billing", "order.created"),
+        ("billing", "order.paid"),
+        ("billing", "refund.partial.eu"),
+        ("shipping", "order.paid"),
+    ]
+    assert "example.audit.log.dlq" in out["channels"]
+    assert all(v == (0, 0) for v in out["table"].values())
