@@ -57,35 +57,25 @@ def _as_int(value: Any) -> int | None:
     return None
 
 
-def broker_counts_deliveries(queue_type: str | None) -> bool:
-    """Does the broker maintain x-delivery-count on this queue's deliveries (RabbitMQ
-    before 4.3)? Only quorum queues do. Kept for callers without broker traits; the
-    listener core asks `BrokerTraits.count_source` instead."""
-    return queue_type == "quorum"
-
-
 def attempt_of(
     headers: Mapping[str, Any] | None,
     redelivered: bool,
     *,
-    trust_count: bool = False,
     count_header: str | None = None,
 ) -> int:
     """The 1-based attempt number of a delivery.
 
     ackkit's own header says which attempt this copy started at. On top of it,
     previous deliveries of this same copy count: the broker's count in
-    `count_header` (x-delivery-count, or 4.3's x-acquired-count; `trust_count` means
-    x-delivery-count), read only on a redelivery: a first delivery has no previous
-    one, whatever a publisher wrote there (RabbitMQ 4.3 passes a publisher's value
-    through until it increments the count itself). Elsewhere the redelivered flag
-    says "at least one". Raises BadAttemptHeader for a forged or garbage
-    ackkit-attempt header.
+    `count_header` (x-delivery-count, or 4.3's x-acquired-count; which one is
+    `BrokerTraits.count_source`'s decision), read only on a redelivery: a first
+    delivery has no previous one, whatever a publisher wrote there (RabbitMQ 4.3
+    passes a publisher's value through until it increments the count itself).
+    Elsewhere the redelivered flag says "at least one". Raises BadAttemptHeader for
+    a forged or garbage ackkit-attempt header.
     """
     base = 1
     extra = 1 if redelivered else 0
-    if trust_count and count_header is None:
-        count_header = X_DELIVERY_COUNT
     if headers:
         raw = headers.get(ATTEMPT)
         if raw is not None:

@@ -160,10 +160,13 @@ def test_attempt_from_headers():
     assert H.attempt_of({}, False) == 1
     assert H.attempt_of({}, True) == 2
     assert H.attempt_of({H.ATTEMPT: 3}, False) == 3
-    assert H.attempt_of({H.ATTEMPT: 3, "x-delivery-count": 2}, True, trust_count=True) == 5
+    assert (
+        H.attempt_of({H.ATTEMPT: 3, "x-delivery-count": 2}, True, count_header=H.X_DELIVERY_COUNT)
+        == 5
+    )
     # A classic queue passes a producer's x-delivery-count through: never read there.
     assert H.attempt_of({H.ATTEMPT: 3, "x-delivery-count": 2}, True) == 4
-    assert H.attempt_of({"x-delivery-count": 0}, True, trust_count=True) == 2
+    assert H.attempt_of({"x-delivery-count": 0}, True, count_header=H.X_DELIVERY_COUNT) == 2
     for bad in ("abc", -1, 10**12, b"\xff", True):
         with pytest.raises(H.BadAttemptHeader):
             H.attempt_of({H.ATTEMPT: bad}, False)
