@@ -335,3 +335,73 @@ def test_attach_runs_an_app_built_for_production_on_the_broker(broker: InMemoryB
             pass
     assert seen == [{"id": 1}]
     assert app.url == "amqp://svc:secret@rabbit.prod.example:5672/%2f"  # given back
+
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("publish"), st.integers(1, 3)),
+        st.tuples(st.just("get"), st.integers(0, 1)),
+        st.tuples(
+            st.sampled_from(["ack", "nack", "reject"]),
+            st.integers(0, 1),  # which channel
+            st.integers(0, 5),  # which of its unsettled deliveries
+            st.booleans(),  # requeue
+            st.booleans(),  # multiple
+        ),
+        st.tuples(st.just("close"), st.integers(0, 1)),
+    ),
+    max_size=40,
+)
+
+
+@given(OPS)
+def test_no_message_is_lost_or_duplicated_whatever_the_settles(ops: list[Any]) -> None:
+    """Whatever a client does (publish, get, ack / nack / reject with requeue and multiple,
+    closing channels), every message is exactly once either ready, unacked, acked, or in
+    the dead-letter queue, and the ready ones stay in publish order."""
+    with InMemoryBroker(manual_clock=True) as broker:
+        declare(broker, "dead")
+        declare(broker, "q", **{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dead"})
+        conn = broker.connect()
+        chans = [conn.channel(), conn.channel()]
+        held: list[list[tuple[int, bytes]]] = [[], []]
+        published = acked = 0
+        for op in ops:
+            kind = op[0]
+            if kind == "publish":
+                for _ in range(op[1]):
+                    chans[0].basic_publish("", "q", str(published).encode())
+                    published += 1
+                continue
+            i = op[1]
+            if not chans[i].is_open:
+                chans[i], held[i] = conn.channel(), []
+            ch = chans[i]
+            if kind == "get":
+                method, _, body = ch.basic_get("q")
+                if method is not None:
+                    held[i].append((method.delivery_tag, body))
+            elif kind == "close":
+                ch.close()
+                chans[i], held[i] = conn.channel(), []
+            elif held[i]:
+                _, _, pick, requeue, multiple = op
+                tag, _body = held[i][min(pick, len(held[i]) - 1)]
+                covered = [h for h in held[i] if h[0] <= tag] if multiple else [(tag, _body)]
+                if kind == "ack":
+                    ch.basic_ack(tag, multiple=multiple)
+                    acked += len(covered)
+                elif kind == "nack":
+                    ch.basic_nack(tag, multiple=multiple, requeue=requeue)
+                else:
+                    ch.basic_reject(tag, requeue=requeue)
+                    covered = [(tag, _body)]
+                held[i] = [h for h in held[i] if h not in covered]
+        c, dead = broker.counts("q"), broker.counts("dead")
+        assert c.unacked == len(held[0]) + len(held[1])
+        assert c.ready + c.unacked + dead.total + acked == published
+        conn.close()
+        ready = [int(m.body) for m in broker.messages("q", take=True)]
+        assert ready == sorted(ready)
+        assert len(set(ready)) == len(ready)
+        assert broker.counts("q").total == 0
