@@ -1,4 +1,15 @@
-"""Test kit: a real RabbitMQ broker for ackkit's tests and for users' own suites.
+"""Test kit: a broker for ackkit's tests and for users' own suites, in memory or real.
+
+    from ackkit.testing import InMemoryBroker
+
+    with InMemoryBroker() as broker:     # in this process: no network, no node
+        app = App(broker.url)           # memory://...: the whole of ackkit runs on it
+        broker.publish("orders", {"id": 1})
+        broker.wait_for("orders", ready=0, unacked=0)
+        broker.dead_letters("orders.dlq")
+
+A real RabbitMQ, with the same helpers (publish, messages, dead_letters,
+wait_for, wait_for_async):
 
     from ackkit.testing import provision_broker
 

@@ -11,10 +11,15 @@ from ackkit.testing import BrokerHandle
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.parametrize("how", ["option", "environment"])
 def test_real_broker_option_gives_amqp_broker_the_real_rabbitmq(
-    rabbitmq: BrokerHandle, tmp_path: Any
+    rabbitmq: BrokerHandle, tmp_path: Any, how: str
 ) -> None:
     from tests.unit.test_testkit_helpers import run_user_suite
 
-    out = run_user_suite(tmp_path, "--real-broker", env={"AMQP_URL": rabbitmq.url})
+    env = {"AMQP_URL": rabbitmq.url}
+    if how == "option":
+        out = run_user_suite(tmp_path, "--real-broker", env=env)
+    else:
+        out = run_user_suite(tmp_path, env={**env, "ACKKIT_TEST_REAL_BROKER": "1"})
     assert "BROKER-KIND memory" not in out and "BROKER-KIND" in out

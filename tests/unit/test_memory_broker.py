@@ -270,6 +270,15 @@ def test_force_closed_connections_requeue_their_deliveries(broker: InMemoryBroke
     assert broker.counts("q").ready == 1 and not conn.is_open
 
 
+def test_it_announces_the_rabbitmq_version_it_follows(broker: InMemoryBroker) -> None:
+    from ackkit._core.brokers import traits_of
+
+    assert broker.server_version() == "3.13.7"
+    with broker.connect() as conn:
+        traits = traits_of(conn._impl.server_properties)
+    assert traits.series == "3.x" and traits.version == (3, 13, 7)
+
+
 def test_a_closed_broker_refuses_connections() -> None:
     broker = InMemoryBroker()
     url = broker.url
