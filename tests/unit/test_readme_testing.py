@@ -25,7 +25,7 @@ def section_code(heading: str) -> list[str]:
 
 
 def test_the_sync_example_runs_as_written() -> None:
-    (code, async_code) = section_code("Fast tests without a broker")
+    (code, _async_code) = section_code("Fast tests without a broker")
     scope: dict[str, Any] = {}
     exec(compile(code, "README", "exec"), scope)
     with InMemoryBroker() as broker:
@@ -105,3 +105,35 @@ def test_direct_and_headers_exchanges_route() -> None:
 def test_there_is_no_rabbitmqctl() -> None:
     with InMemoryBroker() as broker, pytest.raises(BrokerError, match="rabbitmqctl"):
         broker.ctl("list_queues")
+
+
+def test_dlq_tools_and_pull_mode_take_the_memory_url() -> None:
+    import ackkit
+
+    with InMemoryBroker() as broker:
+        fail = [True]
+        seen: list[Any] = []
+        app = App(broker.url, shutdown_timeout=2)
+
+        @app.listener("orders")
+        def handle(order: dict[str, Any]) -> None:
+            if fail[0]:
+                raise ValueError("boom")
+            seen.append(order)
+
+        with app.running():
+            broker.publish("orders", {"id": 1})
+            broker.wait_for("orders.dlq", ready=1)
+            (dead,) = ackkit.inspect_dead_letters(broker.url, "orders.dlq")
+            assert dead.error_type == "ValueError" and dead.original_queue == "orders"
+            fail[0] = False
+            assert ackkit.replay_dead_letters(broker.url, "orders.dlq").replayed == 1
+            broker.wait_for("orders.dlq", ready=0)
+            broker.wait_for("orders", ready=0, unacked=0)
+        assert seen == [{"id": 1}]
+        broker.publish("orders", {"id": 2})
+        with ackkit.connect(broker.url) as conn:
+            d = conn.get("orders")
+            assert d is not None and d.json() == {"id": 2}
+            d.ack()
+        assert broker.counts("orders").total == 0
