@@ -337,3 +337,21 @@ def test_many_threads_publish_at_once(rabbitmq: Any, queue_factory: Any, idle: s
     assert not errors
     got = {(m["t"], m["i"]) for m in (json.loads(b) for _, b in drain(rabbitmq.url, out))}
     assert got == {(t, i) for t in range(4) for i in range(50)}
+
+
+def test_pull_connections_publish_with_the_same_options_and_errors(
+    rabbitmq: Any, queue_factory: Any
+) -> None:
+    import ackkit
+
+    q = queue_factory("pull", declare=True)
+    missing = queue_factory("missing")
+    with ackkit.connect(rabbitmq.url) as conn:
+        conn.publish(q, Order(id=1, amount=2.0), correlation_id="c", priority=1)
+        with pytest.raises(MessageUnroutable):
+            conn.publish(missing, b"x")
+        with pytest.raises(TypeError, match="unknown publish option"):
+            conn.publish(q, b"x", colour="red")
+    [(p, b)] = drain(rabbitmq.url, q)
+    assert json.loads(b) == {"id": 1, "amount": 2.0}
+    assert (p.correlation_id, p.priority, p.content_type) == ("c", 1, "application/json")

@@ -346,6 +346,7 @@ def test_run_gives_up_after_the_startup_timeout_and_reads_amqp_url(tmp_path: Pat
         re.match(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ WARNING", ln) for ln in lines
     )
     assert "still running" not in res.stderr
+    assert " INFO    pika" not in res.stderr  # the client's chatter: WARNING and up only
 
 
 def test_run_log_level_and_bad_options(tmp_path: Path) -> None:
