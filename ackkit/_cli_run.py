@@ -4,6 +4,7 @@ one process or several), and the default logging of the command."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import inspect
 import logging
@@ -30,6 +31,16 @@ def configure_logging(level: str) -> None:
     if level != "DEBUG":  # pika's and aiormq's connection chatter: ackkit says what matters
         for name in ("pika", "aiormq", "aio_pika"):
             logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLevelName(level)))
+
+
+def set_startup_timeout(app: Any, seconds: float) -> None:
+    """`ackkit run --startup-timeout`: on an app whose options are a frozen `settings`
+    value, a copy with the new timeout; else the attribute."""
+    settings = getattr(app, "settings", None)
+    if settings is not None and dataclasses.is_dataclass(settings):
+        app.settings = dataclasses.replace(settings, startup_timeout=seconds)  # type: ignore[type-var]
+    else:
+        app.startup_timeout = seconds
 
 
 def load_app(target: str) -> Any:

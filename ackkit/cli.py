@@ -23,7 +23,14 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
 from ._cli_output import OutputFormat
-from ._cli_run import LOG_LEVELS, configure_logging, load_app, run_app, run_workers
+from ._cli_run import (
+    LOG_LEVELS,
+    configure_logging,
+    load_app,
+    run_app,
+    run_workers,
+    set_startup_timeout,
+)
 from ._url import mask_text, mask_url
 
 if TYPE_CHECKING:
@@ -271,7 +278,7 @@ def build_cli() -> typer.Typer:
             if url:
                 app.url = url
             if startup_timeout is not None:
-                app.startup_timeout = startup_timeout
+                set_startup_timeout(app, startup_timeout)
         except Exception as exc:
             raise fail(f"cannot load {target}: {exc}", url or "") from None
         shown = mask_url(str(getattr(app, "url", "")))

@@ -358,3 +358,24 @@ def test_run_log_level_and_bad_options(tmp_path: Path) -> None:
     assert res.returncode == 2 and "--log-level" in res.stderr
     res, _ = run_cmd(tmp_path, "--startup-timeout", "0")
     assert res.returncode == 2
+
+
+def test_startup_timeout_is_set_on_apps_with_frozen_settings_or_attributes() -> None:
+    import dataclasses
+
+    from ackkit._cli_run import set_startup_timeout
+
+    @dataclasses.dataclass(frozen=True)
+    class Settings:
+        url: str = "amqp://"
+        startup_timeout: float = 60.0
+
+    class Frozen:
+        settings = Settings()
+
+    a = Frozen()
+    set_startup_timeout(a, 2.5)
+    assert a.settings == Settings(startup_timeout=2.5)
+    b = ackkit.App()
+    set_startup_timeout(b, 3.0)
+    assert b.startup_timeout == 3.0
