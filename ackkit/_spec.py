@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._core import checks as C
 from ._core.events import Event, Observer
-from ._core.exchanges import Bind, Exchange, Plan, binds, plan
+from ._core.exchanges import Bind, Exchange, binds, plan
 from ._core.policy import (
     DEFAULT_PREFETCH,
     DLQ_DEFAULT,
@@ -331,10 +331,6 @@ class AppBase:
         from ._asyncapi import document
 
         return document(self, title=title, version=version)
-
-    def _topology_plan(self) -> Plan:
-        """The exchanges and bindings of every listener, each exchange once."""
-        return plan((s.queue, s.binds) for s in self.specs)
 
     def _check_handler(self, binding: Binding) -> None:
         """Runtimes refuse handler kinds they cannot run."""

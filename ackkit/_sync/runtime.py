@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from .._core.brokers import traits_of
+from .._core.exchanges import plan
 from .._core.outcome import EXIT_SIGNALS
 from .._delivery import Delivery
 from .._io import ConnectFailed
@@ -37,6 +38,7 @@ class Runtime(Engine):
         self.app = app
         obs = app._observer()
         self.consumers = [Consumer(self, s, obs) for s in app.specs]
+        self.exchanges = plan((s.queue, s.binds) for s in app.specs)
         self.publisher = Publisher(self)
         self.stop_event = threading.Event()
         self.ready = threading.Event()
@@ -165,8 +167,8 @@ class Runtime(Engine):
                 log_dropped_arguments(log, c.spec.queue, dropped)
                 user.append((c.spec.queue, args))
         existing = [c.spec.queue for c in self.consumers if not c.spec.declare]
-        plan = self.app._topology_plan()
-        declare_queues(conn, own, user, existing, plan)  # TopologyConflict: fatal, from start()
+        # TopologyConflict: fatal, from start()
+        declare_queues(conn, own, user, existing, self.exchanges)
 
     def opened(self, conn: Any) -> None:
         self._ready_count = 0
