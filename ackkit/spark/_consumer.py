@@ -411,7 +411,8 @@ class SourceConsumer(Engine, Executor):
                     self.cond.notify_all()
             if acts:
                 self.outbox.append((t.generation, acts))
-        self.flush()
+        if acts:  # (actions queued by other threads come with a call_soon(flush) of their own)
+            self.flush()
 
     def _close(self) -> None:
         conn = self.connection
