@@ -190,6 +190,7 @@ def drain(
         queues = [queue] if isinstance(queue, str) else list(queue)
         runner = {q: aks.source_stats(ckpt, q) for q in queues}
         timings = {q: _timings(ckpt, q) for q in queues} if profile else {}
+        progress = [p["durationMs"] for p in query.recentProgress if p["numInputRows"]]
     finally:
         query.stop()
         if workdir is None:
@@ -206,7 +207,17 @@ def drain(
         "max_batch": max_batch,
         "runner_cpu_s": {q: st.get("cpu_s") for q, st in runner.items()},
         "profile": breakdown(driver, timings) if profile else None,
+        "spark_ms": _median_ms(progress[1:]) if profile else None,
     }
+
+
+def _median_ms(durations: list[dict[str, int]]) -> dict[str, float]:
+    """Spark's own per-batch durations (query progress `durationMs`), medians over the
+    batches with rows after the first: latestOffset (the source's read), walCommit (the
+    offset log), queryPlanning, addBatch (foreachBatch: write and ack), commitOffsets
+    (the commit log), triggerExecution (the whole batch)."""
+    keys = sorted({k for d in durations for k in d})
+    return {k: statistics.median(d.get(k, 0) for d in durations) for k in keys}
 
 
 def _timings(ckpt: Path, queue: str) -> list[dict[str, float]]:
@@ -314,7 +325,7 @@ def curve(
             print(
                 f"round {r + 1}: spark {name}: {n / res['seconds']:,.0f} msg/s, steady "
                 f"{res['steady_messages'] / res['steady_s']:,.0f} msg/s"
-                + (f", per batch {res['profile']}" if profile else ""),
+                + (f", per batch {res['profile']}, spark ms {res['spark_ms']}" if profile else ""),
                 flush=True,
             )
             if k:
@@ -346,6 +357,7 @@ def curve(
                 "batches": rs[0]["batches"],
                 "runner_cpu_s": rs[0]["runner_cpu_s"],
                 "profile": rs[0]["profile"],
+                "spark_ms": rs[0]["spark_ms"],
                 "runs": [round(n / x["seconds"]) for x in rs],
             }
         )
