@@ -100,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     good, bad = publish_orders(args.url, name, args.messages, poison_every=100, layout=layout)
     moto, wal = _moto() if args.s3 else (None, "")
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+    if args.s3:  # any credentials do for the local server (without, it refuses some calls)
+        env.setdefault("AWS_ACCESS_KEY_ID", "ackkit-killrun")
+        env.setdefault("AWS_SECRET_ACCESS_KEY", "ackkit-killrun")
+        env.setdefault("AWS_EC2_METADATA_DISABLED", "true")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     cmd = [sys.executable, str(DRIVER), args.url, name, str(base), str(args.max_batch)]
     cmd += [str(args.shards), wal]

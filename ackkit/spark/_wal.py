@@ -12,6 +12,7 @@ local disk and on an object store without rename (see `_store`).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ import pyarrow.ipc
 
 from ._store import Store, masked
 
+log = logging.getLogger("ackkit.spark")
 _NAME = re.compile(r"^batch-(\d+)-(\d+)\.arrow$")
 _WRITTEN = re.compile(r"^written-(\d+)$")
 KEEP_MARKERS = 2
@@ -107,12 +109,23 @@ class WriteAheadLog:
                 return s, e
         return None
 
+    def _delete(self, name: str) -> bool:
+        """Housekeeping: a file that cannot be deleted now is left for a later prune
+        (a store refusing deletes must not stop acks)."""
+        try:
+            self.store.delete(name)
+        except OSError as exc:
+            log.warning("ackkit.spark: cannot delete %s from %s: %s", name, self.store, exc)
+            return False
+        return True
+
     def prune(self, upto: int, keep: int) -> list[tuple[int, int]]:
-        """Delete batches with end <= upto, except the newest `keep` of them. Returns those."""
+        """Delete batches with end <= upto, except the newest `keep` of them. Returns those
+        deleted."""
         old = [b for b in self.batches() if b[1] <= upto]
-        doomed = old[: max(len(old) - keep, 0)]
-        for s, e in doomed:
-            self.store.delete(self._name(s, e))
+        doomed = [
+            (s, e) for s, e in old[: max(len(old) - keep, 0)] if self._delete(self._name(s, e))
+        ]
         if doomed and self._known is not None:
             self._known = [b for b in self._known if b not in doomed]
         return doomed
@@ -142,4 +155,4 @@ class WriteAheadLog:
         self.store.put(f"written-{end:020d}", b"")
         for old in self._markers()[:-KEEP_MARKERS]:
             if old < end:
-                self.store.delete(f"written-{old:020d}")
+                self._delete(f"written-{old:020d}")

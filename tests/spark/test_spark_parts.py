@@ -278,3 +278,21 @@ def test_locations_keep_their_query_and_mask_secrets():
         "/ck/ackkit/q?endpoint_override=h:9000&scheme=http"
     )
     assert "secret" not in masked(loc)
+
+
+def test_a_store_refusing_deletes_does_not_stop_the_log(tmp_path: Path, monkeypatch, caplog):
+    rs = RowSchema()
+    wal = WriteAheadLog(tmp_path / "wal", cache=True)
+    for i in range(3):
+        wal.write(i, i + 1, rs.batch(i, [meta(i)], [None], [f"k{i}"]))
+
+    def refuse(self: Store, name: str) -> None:
+        raise OSError("AccessDenied (test)")
+
+    monkeypatch.setattr(Store, "delete", refuse)
+    for end in (1, 2, 3, 4):
+        wal.set_written_upto(end)  # old markers stay; the new one is written
+    assert wal.written_upto() == 4
+    assert wal.prune(3, keep=1) == []  # nothing could be deleted: nothing reported
+    assert wal.batches() == [(0, 1), (1, 2), (2, 3)]
+    assert "cannot delete" in caplog.text
