@@ -7,7 +7,7 @@ import logging
 import ssl
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ._core import checks as C
 from ._core.events import Event, Observer
@@ -26,8 +26,8 @@ from ._core.policy import (
 from ._core.topology import check_delivery_limit
 from ._handler import DEFAULT_MAX_BODY, Binding, Decoder
 from ._logs import LifecycleLog
-from ._tls import TLS, client_tls
-from ._url import check_url, mask_url
+from ._settings import DEFAULT_URL, Settings
+from ._tls import TLS
 
 if TYPE_CHECKING:
     from ._core.listener import ListenerCore
@@ -142,12 +142,46 @@ def _check_queue_arguments(queue: str, args: dict[str, Any], mode: AckMode) -> N
         )
 
 
+class RunState(Protocol):
+    """What the app base reads of its running runtime."""
+
+    @property
+    def stopping(self) -> bool: ...
+
+    @property
+    def fatal(self) -> BaseException | None: ...
+
+
+def probe_for(
+    instruments: Sequence[Instrument], spec: ListenerSpec, core: ListenerCore
+) -> HandlerProbe | None:
+    """The probe a runtime calls around `spec`'s handler: every instrument's, or None."""
+    probes = [p for f in instruments if (p := f(spec, core)) is not None]
+    return _combine(probes) if probes else None
+
+
 class AppBase:
-    """Listener registry and settings shared by App (pika) and AsyncApp (aio-pika)."""
+    """Listener registry and settings shared by App (pika) and AsyncApp (aio-pika).
+
+    Options (keyword only after the URL; each checked here, a wrong one raises
+    ValueError or TypeError naming it):
+
+    - `url`: the broker, ``amqp://user:password@host:port/vhost`` or ``amqps://``.
+    - `heartbeat`: AMQP heartbeat in seconds (0 turns it off); 30.
+    - `shutdown_timeout`: seconds a graceful stop waits for running handlers
+      before their deliveries are left to the broker to requeue; 30.
+    - `reconnect_max_interval`: the longest wait between reconnect attempts (s); 15.
+    - `startup_timeout`: seconds `start()`/`run()` waits for a first connection
+      before raising `ConnectFailed`; 60.
+    - `connection_name`: the name the broker shows for the connection; "ackkit".
+    - `tls`: an `ackkit.TLS` or an `ssl.SSLContext` for an amqps:// URL.
+    """
+
+    _runtime: RunState | None = None
 
     def __init__(
         self,
-        url: str = "amqp://guest:guest@127.0.0.1:5672/%2f",
+        url: str = DEFAULT_URL,
         *,
         heartbeat: int = 30,
         shutdown_timeout: float = 30.0,
@@ -156,18 +190,15 @@ class AppBase:
         connection_name: str = "ackkit",
         tls: TLS | ssl.SSLContext | None = None,
     ) -> None:
-        self.url = check_url(url)
-        # amqps:// URLs: (context, server name); the files load here, so a bad path or
-        # an amqp:// URL with tls= fails at construction, not at the first connect.
-        self.tls = client_tls(url, tls)
-        # AMQP's heartbeat is an unsigned short (0: off)
-        self.heartbeat = C.integer("heartbeat", heartbeat, 0, C.MAX_SHORT)
-        self.shutdown_timeout = C.number("shutdown_timeout", shutdown_timeout, 0, _DAY)
-        self.reconnect_max_interval = C.number(
-            "reconnect_max_interval", reconnect_max_interval, 0, _DAY, above=True
+        self.settings = Settings.check(
+            url,
+            heartbeat=heartbeat,
+            shutdown_timeout=shutdown_timeout,
+            reconnect_max_interval=reconnect_max_interval,
+            startup_timeout=startup_timeout,
+            connection_name=connection_name,
+            tls=tls,
         )
-        self.startup_timeout = C.number("startup_timeout", startup_timeout, 0, _DAY, above=True)
-        self.connection_name = C.text("connection_name", connection_name, empty=True)
         self.specs: list[ListenerSpec] = []
         self._observers: list[Observer] = []
         self._instruments: list[Instrument] = []
@@ -175,11 +206,63 @@ class AppBase:
         self._cores: dict[str, tuple[ListenerSpec, ListenerCore]] = {}
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {mask_url(self.url)} listeners={len(self.specs)}>"
+        return f"<{type(self).__name__} {self.safe_url} listeners={len(self.specs)}>"
+
+    # -- settings (read-only but for the URL; see Settings) --------------------------
+
+    @property
+    def url(self) -> str:
+        return self.settings.url
+
+    @url.setter
+    def url(self, url: str) -> None:
+        """Point the app at another broker (checked now; used from the next start)."""
+        self.settings = self.settings.with_url(url)
 
     @property
     def safe_url(self) -> str:
-        return mask_url(self.url)
+        return self.settings.safe_url
+
+    @property
+    def heartbeat(self) -> int:
+        return self.settings.heartbeat
+
+    @property
+    def shutdown_timeout(self) -> float:
+        return self.settings.shutdown_timeout
+
+    @property
+    def reconnect_max_interval(self) -> float:
+        return self.settings.reconnect_max_interval
+
+    @property
+    def startup_timeout(self) -> float:
+        return self.settings.startup_timeout
+
+    @property
+    def connection_name(self) -> str:
+        return self.settings.connection_name
+
+    @property
+    def tls(self) -> tuple[ssl.SSLContext, str | None] | None:
+        return self.settings.tls
+
+    # -- state shared by both apps ------------------------------------------------------
+
+    @property
+    def is_running(self) -> bool:
+        """True while the app consumes: False once stopped, or once it failed."""
+        rt = self._runtime
+        return rt is not None and rt.fatal is None and not rt.stopping
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Lifecycle counters per listener (received, acked, dead_lettered, ...).
+
+        After the app stopped: the counters its last run ended with; `{}` before
+        the first start."""
+        return {name: core.counters.snapshot() for name, (_, core) in self._cores.items()}
+
+    # -- what a runtime is given ------------------------------------------------------
 
     def on_event(self, fn: Observer) -> Observer:
         """Register a lifecycle observer (called for every stage of every delivery)."""
@@ -196,12 +279,14 @@ class AppBase:
         """Instrument the listeners of every runtime started from now on (metrics, tracing)."""
         self._instruments.append(fn)
 
-    def _instrument(self, spec: ListenerSpec, core: ListenerCore) -> HandlerProbe | None:
-        """A runtime built `core` for `spec`: remember it (metrics read its counters when
-        scraped) and return the probe to call around its handler, None if there is none."""
+    def _run_instruments(self) -> tuple[Instrument, ...]:
+        """The instruments a new runtime calls for each listener core it builds: the app's
+        own (it remembers the core, for `stats()` and metrics), then the registered ones."""
+        self._cores.clear()
+        return (self._remember, *self._instruments)
+
+    def _remember(self, spec: ListenerSpec, core: ListenerCore) -> None:
         self._cores[spec.name] = (spec, core)
-        probes = [p for f in self._instruments if (p := f(spec, core)) is not None]
-        return _combine(probes) if probes else None
 
     def listener(
         self,

@@ -16,7 +16,7 @@ from .._handler import Binding, annotated
 from .._publish import AUTO, NOT_RUNNING, PUBLISH_TIMEOUT, outgoing
 from .._spec import AppBase
 from .delivery import AsyncDelivery
-from .runtime import AsyncRuntime, RuntimeSettings
+from .runtime import AsyncRuntime
 
 log = logging.getLogger("ackkit")
 
@@ -48,10 +48,8 @@ class AsyncApp(AppBase):
     not finished, and one slow handler does not hold back everyone else's acks.
     """
 
-    def __init__(self, url: str = "amqp://guest:guest@127.0.0.1:5672/%2f", **kw: Any) -> None:
-        super().__init__(url, **kw)
-        self._runtime: AsyncRuntime | None = None
-        self._stop_request: asyncio.Event | None = None
+    _runtime: AsyncRuntime | None = None
+    _stop_request: asyncio.Event | None = None
 
     def _check_handler(self, binding: Binding) -> None:
         if binding.is_async:
@@ -78,10 +76,10 @@ class AsyncApp(AppBase):
             raise RuntimeError("AsyncApp has no listeners: register one with @app.listener(...)")
         self._stop_request = asyncio.Event()
         rt = AsyncRuntime(
-            RuntimeSettings.of(self),
+            self.settings,
             self.specs,
             observer=self._observer(),
-            instrument=self._instrument,
+            instruments=self._run_instruments(),
         )
         self._runtime = rt
         try:
@@ -185,15 +183,3 @@ class AsyncApp(AppBase):
             raise RuntimeError(NOT_RUNNING.replace("app.run()", "await app.run()"))
         await rt.publish(msg)
 
-    @property
-    def is_running(self) -> bool:
-        """True while the app consumes: False once stopped, or once it failed."""
-        rt = self._runtime
-        return rt is not None and rt.fatal is None and not rt.stopping
-
-    def stats(self) -> dict[str, dict[str, int]]:
-        """Lifecycle counters per listener (received, acked, dead_lettered, ...)."""
-        rt = self._runtime
-        if rt is None:
-            return {}
-        return rt.stats()

@@ -35,7 +35,7 @@ import functools
 import logging
 import traceback
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
@@ -51,7 +51,7 @@ from .._delivery import Delivery
 from .._invocation import Invocation
 from .._logs import FailureLog, log_cancel, short
 from .._publish import Outgoing
-from .._spec import Instrument, ListenerSpec
+from .._spec import Instrument, ListenerSpec, probe_for
 from .._wire import describe
 from . import _frames as frames
 from ._amqp import CHANNEL_GONE, ChannelNumbers
@@ -94,7 +94,7 @@ class AsyncConsumer(ChannelSettler):
         rt: ConsumerHost,
         spec: ListenerSpec,
         observer: Observer | None,
-        instrument: Instrument | None = None,
+        instruments: Sequence[Instrument] = (),
     ) -> None:
         super().__init__(rt, spec.name, ListenerCore(spec.policy, observer=observer))
         self.rt: ConsumerHost = rt
@@ -117,7 +117,7 @@ class AsyncConsumer(ChannelSettler):
         self._reasons: frames.Reasons | None = None  # of the channel's connection
         self.failures = FailureLog(log)
         # metrics, tracing: None when off
-        self.probe = instrument(spec, self.core) if instrument is not None else None
+        self.probe = probe_for(instruments, spec, self.core)
         if not self.is_async:
             self.pool = ThreadPoolExecutor(
                 max_workers=spec.concurrency, thread_name_prefix=f"ackkit-{spec.name}"

@@ -8,7 +8,7 @@ flushed, copies confirmed, then the connection closed. Anything that must not
 go on quietly (a failure of ackkit's own tasks, a handler that raised an
 interpreter-exit signal) stops the app through `fail()`.
 
-The runtime reads nothing of the app: it gets a `RuntimeSettings` value, the
+The runtime reads nothing of the app: it gets a `Settings` value, the
 listener specs, the observer for their cores and the instrument hook.
 """
 
@@ -18,10 +18,8 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import ssl
 import time
 from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import aio_pika
@@ -36,7 +34,8 @@ from .._core.outcome import EXIT_SIGNALS
 from .._io import TICK, ConnectFailed, FatalConnectError, reconnect_logger, reconnect_wait
 from .._logs import log_dropped_arguments, log_stop
 from .._publish import Outgoing, not_confirmed
-from .._spec import AppBase, Instrument, ListenerSpec
+from .._settings import Settings
+from .._spec import Instrument, ListenerSpec
 from .._url import mask_text
 from ._amqp import CHANNEL_GONE, ChannelNumbers, declare_queues, open_connection
 from .consumer import CANCEL_TIMEOUT, AsyncConsumer
@@ -46,48 +45,20 @@ log = logging.getLogger("ackkit")
 CONFIRM_TIMEOUT = 5.0
 
 
-@dataclass(frozen=True)
-class RuntimeSettings:
-    """The connection and shutdown settings of one run of an app."""
-
-    url: str
-    safe_url: str
-    heartbeat: int
-    connection_name: str
-    tls: tuple[ssl.SSLContext, str | None] | None
-    startup_timeout: float
-    shutdown_timeout: float
-    reconnect_max_interval: float
-
-    @classmethod
-    def of(cls, app: AppBase) -> RuntimeSettings:
-        """The settings `app` has now: a run keeps them even if the app's attributes change."""
-        return cls(
-            url=app.url,
-            safe_url=app.safe_url,
-            heartbeat=app.heartbeat,
-            connection_name=app.connection_name,
-            tls=app.tls,
-            startup_timeout=app.startup_timeout,
-            shutdown_timeout=app.shutdown_timeout,
-            reconnect_max_interval=app.reconnect_max_interval,
-        )
-
-
 class AsyncRuntime:
     """Runs the listeners of an AsyncApp until stopped; reconnects with backoff."""
 
     def __init__(
         self,
-        settings: RuntimeSettings,
+        settings: Settings,
         specs: Sequence[ListenerSpec],
         observer: Observer | None = None,
-        instrument: Instrument | None = None,
+        instruments: Sequence[Instrument] = (),
     ) -> None:
         self.settings = settings
         self.exchanges = plan((s.queue, s.binds) for s in specs)
         self.loop = asyncio.get_running_loop()
-        self.consumers = [AsyncConsumer(self, s, observer, instrument) for s in specs]
+        self.consumers = [AsyncConsumer(self, s, observer, instruments) for s in specs]
         self.publisher = AsyncPublisher(self)
         self.connection: aio_pika.abc.AbstractConnection | None = None
         self.amqp: AbstractConnection | None = None

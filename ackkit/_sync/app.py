@@ -32,10 +32,8 @@ class App(AppBase):
     ```
     """
 
-    def __init__(self, url: str = "amqp://guest:guest@127.0.0.1:5672/%2f", **kw: Any) -> None:
-        super().__init__(url, **kw)
-        self._runtime: Runtime | None = None
-        self._stopped = threading.Event()
+    _runtime: Runtime | None = None
+    _stopped: threading.Event | None = None
 
     def _check_handler(self, binding: Binding) -> None:
         if binding.is_async:
@@ -51,8 +49,13 @@ class App(AppBase):
             raise RuntimeError("App is already running")
         if not self.specs:
             raise RuntimeError("App has no listeners: register one with @app.listener(...)")
-        self._stopped.clear()
-        rt = Runtime(self)
+        self._stopped = threading.Event()
+        rt = Runtime(
+            self.settings,
+            self.specs,
+            observer=self._observer(),
+            instruments=self._run_instruments(),
+        )
         self._runtime = rt
         try:
             rt.start()
@@ -68,7 +71,8 @@ class App(AppBase):
             return
         rt.stop(timeout)
         self._runtime = None
-        self._stopped.set()
+        if self._stopped is not None:
+            self._stopped.set()
 
     def run(self) -> None:
         """Run until SIGINT/SIGTERM (main thread) or stop() from another thread."""
@@ -77,8 +81,10 @@ class App(AppBase):
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 restore.append((sig, signal.signal(sig, self._on_signal)))
+        stopped = self._stopped
+        assert stopped is not None
         try:
-            while not self._stopped.wait(0.2):
+            while not stopped.wait(0.2):
                 rt = self._runtime
                 if rt is not None and rt.fatal is not None:
                     raise rt.fatal
@@ -148,15 +154,3 @@ class App(AppBase):
             raise RuntimeError(NOT_RUNNING)
         rt.publish(msg)
 
-    @property
-    def is_running(self) -> bool:
-        """True while the app consumes: False once stopped, or once it failed."""
-        rt = self._runtime
-        return rt is not None and rt.fatal is None and not rt.stopping
-
-    def stats(self) -> dict[str, dict[str, int]]:
-        """Lifecycle counters per listener (received, acked, dead_lettered, ...)."""
-        rt = self._runtime
-        if rt is None:
-            return {}
-        return {c.spec.name: c.core.counters.snapshot() for c in rt.consumers}

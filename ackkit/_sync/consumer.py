@@ -24,7 +24,7 @@ from .._delivery import Delivery
 from .._invocation import Invocation
 from .._logs import FailureLog, log_cancel
 from .._publish import Outgoing
-from .._spec import AppBase, ListenerSpec
+from .._spec import Instrument, ListenerSpec, probe_for
 from .._wire import describe
 from . import _frames as frames
 from .executor import Executor
@@ -36,7 +36,6 @@ log = logging.getLogger("ackkit")
 class Host(Protocol):
     """What a consumer needs of the runtime that runs it (`Runtime`)."""
 
-    app: AppBase
     connection: Any
     stopping: bool
     stop_event: threading.Event
@@ -57,7 +56,13 @@ class Host(Protocol):
 class Consumer(Executor):
     """One listener on one channel (re-opened as a new generation after a loss)."""
 
-    def __init__(self, rt: Host, spec: ListenerSpec, observer: Observer | None) -> None:
+    def __init__(
+        self,
+        rt: Host,
+        spec: ListenerSpec,
+        observer: Observer | None,
+        instruments: Sequence[Instrument] = (),
+    ) -> None:
         super().__init__(spec.name, ListenerCore(spec.policy, observer=observer), rt, log)
         self.rt = rt
         self.spec = spec
@@ -69,7 +74,7 @@ class Consumer(Executor):
         self.binding = spec.binding
         self.no_ack = spec.policy.mode is AckMode.NONE
         self.failures = FailureLog(log)
-        self.probe = rt.app._instrument(spec, self.core)  # metrics, tracing: None when off
+        self.probe = probe_for(instruments, spec, self.core)  # metrics, tracing: None when off
 
     # -- I/O thread ----------------------------------------------------------
 

@@ -12,16 +12,19 @@ import logging
 import queue as _queue
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from .._core.brokers import traits_of
 from .._core.exchanges import plan
+from .._core.events import Observer
 from .._core.outcome import EXIT_SIGNALS
 from .._delivery import Delivery
 from .._io import ConnectFailed
 from .._logs import log_dropped_arguments, log_stop
 from .._publish import Outgoing, not_confirmed
-from .._spec import AppBase
+from .._settings import Settings
+from .._spec import Instrument, ListenerSpec
 from ._pika import declare_queues, parameters
 from .consumer import Consumer
 from .engine import Engine
@@ -33,12 +36,17 @@ log = logging.getLogger("ackkit")
 class Runtime(Engine):
     """Runs the listeners of an App until stopped; reconnects with backoff."""
 
-    def __init__(self, app: AppBase) -> None:
-        super().__init__(app.url, app.safe_url, app.reconnect_max_interval)
-        self.app = app
-        obs = app._observer()
-        self.consumers = [Consumer(self, s, obs) for s in app.specs]
-        self.exchanges = plan((s.queue, s.binds) for s in app.specs)
+    def __init__(
+        self,
+        settings: Settings,
+        specs: Sequence[ListenerSpec],
+        observer: Observer | None = None,
+        instruments: Sequence[Instrument] = (),
+    ) -> None:
+        super().__init__(settings.url, settings.safe_url, settings.reconnect_max_interval)
+        self.settings = settings
+        self.consumers = [Consumer(self, s, observer, instruments) for s in specs]
+        self.exchanges = plan((s.queue, s.binds) for s in specs)
         self.publisher = Publisher(self)
         self.stop_event = threading.Event()
         self.ready = threading.Event()
@@ -53,16 +61,15 @@ class Runtime(Engine):
         for c in self.consumers:
             c.start_workers()
         self.start_io("ackkit-io")
-        deadline = time.monotonic() + self.app.startup_timeout
+        s = self.settings
+        deadline = time.monotonic() + s.startup_timeout
         while not self.ready.wait(0.05):
             if self.fatal is not None:
                 self._join_workers(0)
                 raise self.fatal
             if time.monotonic() > deadline:
                 self.stop()
-                raise ConnectFailed(
-                    f"no connection to {self.app.safe_url} within {self.app.startup_timeout} s"
-                )
+                raise ConnectFailed(f"no connection to {s.safe_url} within {s.startup_timeout} s")
 
     def publish(self, msg: Outgoing) -> None:
         """Publish an app message on the publisher channel and wait for the broker's
@@ -102,7 +109,7 @@ class Runtime(Engine):
     def _stop(self, timeout: float | None) -> None:
         if self.stopping and self._done.is_set():
             return
-        timeout = self.app.shutdown_timeout if timeout is None else timeout
+        timeout = self.settings.shutdown_timeout if timeout is None else timeout
         self.stopping = True
         self.stop_event.set()
         conn = self.connection
@@ -150,8 +157,8 @@ class Runtime(Engine):
     # -- I/O thread: the engine's hooks ---------------------------------------------
 
     def parameters(self) -> Any:
-        app = self.app
-        return parameters(app.url, heartbeat=app.heartbeat, name=app.connection_name, tls=app.tls)
+        s = self.settings
+        return parameters(s.url, heartbeat=s.heartbeat, name=s.connection_name, tls=s.tls)
 
     def declare(self, conn: Any) -> None:
         broker = traits_of(conn._impl.server_properties)

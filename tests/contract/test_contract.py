@@ -428,6 +428,32 @@ def test_graceful_shutdown_leaves_nothing_unacked(
     assert broker.counts(f"{q}.dlq").total == 0
 
 
+def test_stats_keep_the_last_counters_after_stop(
+    runtime: Runtime, broker: Broker, queue_factory: Any
+) -> None:
+    """A test reads the final counters once the app has stopped; they match the broker."""
+    q = queue_factory(declare=True)
+    n = 7
+
+    async def handle(order: Order, d: Delivery, io: IO) -> None:
+        if order.id == 3:
+            raise ValueError("bad order")
+
+    app = runtime.app()
+    assert app.stats() == {}  # type: ignore[attr-defined]
+    runtime.listen(app, q, handle, Order)
+    broker.publish(q, bodies(n))
+    with runtime.running(app):
+        broker.wait_for(q, ready=0, unacked=0)
+        broker.wait_for(f"{q}.dlq", ready=1)
+        running = runtime.stats(app)
+    assert not app.is_running  # type: ignore[attr-defined]
+    after = runtime.stats(app)
+    assert after["received"] == n and after["acked"] == n - 1 and after["dead_lettered"] == 1
+    assert after == runtime.stats(app)  # a snapshot that stays
+    assert running["received"] == n
+
+
 def test_pull_mode_get_ack_reject_requeue(
     runtime: Runtime, broker: Broker, queue_factory: Any
 ) -> None:

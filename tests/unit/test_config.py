@@ -7,10 +7,13 @@ No broker: the policy values, `listener()` registration, the pull / DLQ entry po
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import inspect
 import json
 import math
 import time
+import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -382,6 +385,47 @@ def test_duplicate_listener_names_are_refused() -> None:
 @pytest.mark.parametrize("cls", [App, AsyncApp])
 def test_app_refuses(cls: type, kw: dict[str, Any], option: str) -> None:
     refused(lambda: cls("amqp://guest:guest@127.0.0.1:5672/%2f", **kw), option)
+
+
+APP_OPTIONS = {
+    "heartbeat": int,
+    "shutdown_timeout": float,
+    "reconnect_max_interval": float,
+    "startup_timeout": float,
+    "connection_name": str,
+}
+
+
+@pytest.mark.parametrize("cls", [App, AsyncApp])
+def test_app_options_are_named_typed_and_documented(cls: type) -> None:
+    """No option hides behind **kw: IDEs and help() see each one, with its type and doc."""
+    params = inspect.signature(cls).parameters
+    assert not any(p.kind is p.VAR_KEYWORD for p in params.values())
+    hints = typing.get_type_hints(cls.__init__)
+    doc = inspect.getdoc(cls.__mro__[1]) or ""
+    for name, tp in APP_OPTIONS.items():
+        assert params[name].kind is inspect.Parameter.KEYWORD_ONLY, name
+        assert hints[name] is tp, name
+        assert f"`{name}`" in doc, name
+    assert "tls" in params and "`tls`" in doc
+    refused(lambda: cls(no_such_option=1), "no_such_option")
+
+
+@pytest.mark.parametrize("cls", [App, AsyncApp])
+def test_app_settings_are_one_frozen_value(cls: type) -> None:
+    app = cls("amqp://u:secret@h:5672/%2f", heartbeat=5, shutdown_timeout=2.5)
+    s = app.settings
+    assert (s.heartbeat, s.shutdown_timeout, s.url) == (5, 2.5, "amqp://u:secret@h:5672/%2f")
+    assert "secret" not in s.safe_url and "secret" not in repr(app)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.heartbeat = 1  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        app.heartbeat = 1  # read-only: one checked value, not attributes to drift
+    app.url = "amqp://other:5672/%2f"  # the CLI's --url: checked again
+    assert app.settings.url == "amqp://other:5672/%2f" and app.settings.heartbeat == 5
+    refused(lambda: setattr(app, "url", "http://nope/"), "url")
+    refused(lambda: cls(tls="yes"), "tls")
+    assert app.stats() == {} and not app.is_running
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from ackkit._core.events import FRAME_BUCKETS
 from ackkit._core.listener import ListenerCore
 from ackkit._core.policy import FlushPolicy, ListenerPolicy
 from ackkit._logs import FailureLog
-from ackkit._spec import ListenerSpec
+from ackkit._spec import ListenerSpec, probe_for
 
 
 class _Settler:
@@ -34,7 +34,7 @@ def started(app: App) -> tuple[ListenerSpec, ListenerCore, Any]:
     """What a runtime does at start: build the core with the app's observer, instrument it."""
     spec = app.specs[0]
     c = ListenerCore(spec.policy, observer=app._observer(), wallclock=lambda: 0.0)
-    probe = app._instrument(spec, c)
+    probe = probe_for(app._run_instruments(), spec, c)
     c.channel_opened()
     return spec, c, probe
 

@@ -1,0 +1,81 @@
+"""An app's connection and shutdown settings: one frozen, checked value.
+
+`App` and `AsyncApp` check their keyword options into a `Settings` at
+construction (a wrong one fails there, with its name), and each run hands the
+value to its runtime: the runtime reads nothing of the app.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ssl
+from dataclasses import dataclass
+
+from ._core import checks as C
+from ._tls import TLS, client_tls
+from ._url import check_url, mask_url
+
+DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2f"
+_DAY = 86_400.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How an app connects, how long it waits, and how it shuts down.
+
+    Build it with `Settings.check(...)`, which validates every field; the
+    constructor itself trusts its arguments.
+    """
+
+    url: str = DEFAULT_URL
+    heartbeat: int = 30
+    shutdown_timeout: float = 30.0
+    reconnect_max_interval: float = 15.0
+    startup_timeout: float = 60.0
+    connection_name: str = "ackkit"
+    tls_option: TLS | ssl.SSLContext | None = None
+    """The `tls=` option as given (kept to rebuild `tls` for another URL)."""
+    tls: tuple[ssl.SSLContext, str | None] | None = None
+    """(context, server name) for an amqps:// URL, None for amqp://."""
+
+    @property
+    def safe_url(self) -> str:
+        """The URL with its password masked, for logs and errors."""
+        return mask_url(self.url)
+
+    @classmethod
+    def check(
+        cls,
+        url: str = DEFAULT_URL,
+        *,
+        heartbeat: int = 30,
+        shutdown_timeout: float = 30.0,
+        reconnect_max_interval: float = 15.0,
+        startup_timeout: float = 60.0,
+        connection_name: str = "ackkit",
+        tls: TLS | ssl.SSLContext | None = None,
+    ) -> Settings:
+        """The settings, each checked: ValueError/TypeError naming the bad option."""
+        url = check_url(url)
+        if tls is not None and not isinstance(tls, (TLS, ssl.SSLContext)):
+            raise TypeError(f"tls must be an ackkit.TLS, an ssl.SSLContext or None, got {tls!r}")
+        return cls(
+            url=url,
+            # AMQP's heartbeat is an unsigned short (0: off)
+            heartbeat=C.integer("heartbeat", heartbeat, 0, C.MAX_SHORT),
+            shutdown_timeout=C.number("shutdown_timeout", shutdown_timeout, 0, _DAY),
+            reconnect_max_interval=C.number(
+                "reconnect_max_interval", reconnect_max_interval, 0, _DAY, above=True
+            ),
+            startup_timeout=C.number("startup_timeout", startup_timeout, 0, _DAY, above=True),
+            connection_name=C.text("connection_name", connection_name, empty=True),
+            tls_option=tls,
+            # amqps:// URLs: the files load here, so a bad path or an amqp:// URL with
+            # tls= fails at construction, not at the first connect.
+            tls=client_tls(url, tls),
+        )
+
+    def with_url(self, url: str) -> Settings:
+        """The same settings for another broker URL (checked, TLS rebuilt for it)."""
+        url = check_url(url)
+        return dataclasses.replace(self, url=url, tls=client_tls(url, self.tls_option))
