@@ -182,4 +182,3 @@ class AsyncApp(AppBase):
         if rt is None:
             raise RuntimeError(NOT_RUNNING.replace("app.run()", "await app.run()"))
         await rt.publish(msg)
-

@@ -261,9 +261,6 @@ class AsyncConsumer(ChannelSettler):
         if t.verdict is not None:
             await self.execute(t.generation, t.verdict)
             return
-        if self.rt.stopping:
-            await self.release([d])
-            return
         unit: Unit = d
         if self.batch_size:
             batch = self._batch_add(d)
@@ -284,7 +281,7 @@ class AsyncConsumer(ChannelSettler):
         try:
             while True:
                 await self._handle(unit if isinstance(unit, list) else [unit])
-                if not self.backlog or self.rt.stopping:
+                if not self.backlog:
                     return
                 unit = self.backlog.popleft()
         finally:
@@ -294,19 +291,46 @@ class AsyncConsumer(ChannelSettler):
 
     async def _handle(self, ds: list[Delivery]) -> None:
         """Run the handler for `ds` (one delivery, or a batch) until the core is done with it."""
+        core = self.core
+        if len(ds) == 1:  # may it start? (not once stopping, not after its channel closed)
+            acts = core.start(ds[0].tracked)
+            if acts is not None:
+                if acts:
+                    await self.execute(core.generation, acts)
+                return
+        else:
+            ds = await self._startable(ds)
+            if not ds:
+                return
         inv = Invocation(self.binding, ds)
         try:
-            while True:
-                out = await self._attempt(inv)
+            out = await self._attempt(inv)
+            while out.rerun:
+                await self.rt.pause(out.delay)  # the app's stop cuts the wait short
+                out = core.resume(out.rerun)
+                if out.actions:
+                    await self.execute(core.generation, out.actions)
                 if not out.rerun:
                     return
                 inv = inv.again(out.rerun)
-                if await self.rt.pause(out.delay):  # stopping during the backoff
-                    await self.release(inv.deliveries)
-                    return
+                out = await self._attempt(inv)
         except asyncio.CancelledError:  # shutdown or a lost channel: requeue, not a failure
             await self.release(inv.deliveries)
             raise
+
+    async def _startable(self, ds: list[Delivery]) -> list[Delivery]:
+        """Those of `ds` the core lets start; the others' actions carried out."""
+        go: list[Delivery] = []
+        acts: list[Action] = []
+        for d in ds:
+            a = self.core.start(d.tracked)
+            if a is None:
+                go.append(d)
+            else:
+                acts.extend(a)
+        if acts:
+            await self.execute(self.core.generation, acts)
+        return go
 
     async def _attempt(self, inv: Invocation) -> Outcome:
         """Call the handler once, then carry out what the core makes of it."""
@@ -359,9 +383,7 @@ class AsyncConsumer(ChannelSettler):
         buf, self.batch_buf = self.batch_buf, []
         if not buf:
             return
-        if self.rt.stopping:
-            self.rt.spawn(self.release(buf))
-        elif self.running >= self.limit:
+        if self.running >= self.limit:
             self.backlog.append(buf)
         else:
             self.rt.spawn(self._run(buf))
@@ -375,13 +397,20 @@ class AsyncConsumer(ChannelSettler):
         self.blocking(lambda: self.rt.publish(msg), "Delivery.publish()")
 
     async def release(self, ds: list[Delivery]) -> None:
-        """Requeue deliveries whose handler never ran to the end (shutdown)."""
+        """Hand the core deliveries whose handler never ran to the end (cancelled, or
+        unstarted at shutdown); it returns them to their queue."""
         core = self.core
         acts: list[Action] = []
         for d in ds:
             acts.extend(core.release(d.tracked))
         if acts:
             await self.execute(core.generation, acts)
+
+    async def stop(self) -> None:
+        """The app stops: the core starts nothing from now on; its held acks go out."""
+        acts = self.core.stop()
+        if acts:
+            await self.execute(self.core.generation, acts)
 
     async def release_unstarted(self) -> None:
         units = list(self.backlog)

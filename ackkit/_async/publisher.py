@@ -127,7 +127,3 @@ class AsyncPublisher:
             if self.declaring.get(name) is done:
                 del self.declaring[name]
         return dataclasses.replace(a, declare=None)
-
-    async def wait(self, timeout: float) -> None:
-        if self.pending:
-            await asyncio.wait(set(self.pending), timeout=timeout)

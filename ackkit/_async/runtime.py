@@ -221,11 +221,14 @@ class AsyncRuntime:
         await asyncio.shield(self._stop_task)
 
     async def _stop(self, timeout: float | None) -> None:
+        """The stop sequence: each step carries out what the listeners' cores decide."""
         timeout = self.settings.shutdown_timeout if timeout is None else timeout
         self.stopping = True
-        self._stop_requested.set()
         amqp = self.amqp
         serving = self._serving and amqp is not None and not amqp.is_closed
+        for c in self.consumers:  # the cores stop: nothing starts, retries are released
+            await c.stop()
+        self._stop_requested.set()  # cuts in-process retry waits short
         if serving:
             for c in self.consumers:
                 await c.cancel()
@@ -235,10 +238,7 @@ class AsyncRuntime:
             await self._finish_handlers(timeout)
             for c in self.consumers:
                 await c.release_unstarted()
-                await c.drain()
-            await self.publisher.wait(CONFIRM_TIMEOUT)
-            for c in self.consumers:
-                await c.drain()
+            await self._settle(time.monotonic() + CONFIRM_TIMEOUT)
         else:
             await self._finish_handlers(0)
         for task in (self._ticker, *self._background):
@@ -255,6 +255,15 @@ class AsyncRuntime:
         for c in self.consumers:
             if c.pool is not None:
                 c.pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _settle(self, deadline: float) -> None:
+        """Pending acks out until every core is quiescent (copies confirmed) or the deadline."""
+        while True:
+            for c in self.consumers:
+                await c.drain()
+            if all(c.core.quiescent for c in self.consumers) or time.monotonic() > deadline:
+                return
+            await asyncio.sleep(0.02)
 
     async def _finish_handlers(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -94,6 +94,8 @@ class ListenerCore:
         self.broker = UNKNOWN
         self._count = CountSource.REDELIVERED
         self.use_broker(broker)
+        self.stopping = False
+        """The app is stopping (`stop()`): no handler starts, no retry runs again."""
 
     def use_broker(self, broker: BrokerTraits) -> None:
         """The connection reports this broker (called on every connect: a broker may
@@ -384,13 +386,60 @@ class ListenerCore:
             return False
         return True
 
+    def start(self, t: Tracked) -> list[Action] | None:
+        """A handler is about to start on `t`: None to go ahead; otherwise do not run it,
+        carry out the returned actions (maybe none) instead. A stopping core starts
+        nothing: the delivery goes back to its queue; a stale one is dropped."""
+        if self.stopping:
+            return self.release(t)
+        return None if self.startable(t) else []
+
+    def resume(self, rerun: Sequence[Tracked]) -> Outcome:
+        """The wait before running a handler again for `rerun` (in-process retry) is over,
+        or was cut short because the app stops: which of them run again now
+        (`Outcome.rerun`), and the actions for the others (released when stopping)."""
+        acts: list[Action] = []
+        go: list[Tracked] = []
+        for t in rerun:
+            a = self.start(t)
+            if a is None:
+                go.append(t)
+            else:
+                acts.extend(a)
+        return Outcome(acts, tuple(go))
+
     def release(self, t: Tracked) -> list[Action]:
-        """Return a prefetched delivery whose handler never started (shutdown)."""
+        """Return a delivery whose handler never ran to the end (shutdown, cancellation)."""
         if t.settled or not self.ledger.current(t):
             return []
         self.ledger.gone(t)
         self._emit(Stage.RETURNED, t, "shutdown before start")
         return [Nack(t.tag, requeue=True)]
+
+    # -- shutdown ------------------------------------------------------------
+
+    def stop(self) -> list[Action]:
+        """The app stops (call once its consumer is cancelled, or as the cancel goes
+        out): from now on no handler starts (`start` releases the delivery), and a
+        delivery waiting to be retried in process is released instead (`handled`,
+        `resume`). Returns the acks held back, to send now."""
+        self.stopping = True
+        return self.ledger.drain()
+
+    @property
+    def quiescent(self) -> bool:
+        """Stopping, and the core waits for nothing more: no copy awaits the broker's
+        confirm and no ack is held back (or the channel is gone, and with it every
+        tag). A handler still running past the shutdown timeout does not count: its
+        delivery is the broker's to requeue when the channel closes."""
+        if not self.stopping:
+            return False
+        return not self.ledger.open or (not self.confirms and self.ledger.pending == 0)
+
+    @property
+    def busy(self) -> int:
+        """Deliveries received and not decided yet (queued for, or in, a handler)."""
+        return sum(1 for t in self.ledger.unsettled() if not t.parked)
 
     # -- copies awaiting the broker's confirm ------------------------------
 

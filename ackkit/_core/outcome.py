@@ -29,6 +29,11 @@ class Finisher(Protocol):
     @property
     def mode(self) -> AckMode: ...
 
+    @property
+    def stopping(self) -> bool: ...
+
+    def release(self, t: Tracked) -> list[Action]: ...
+
     def finish(
         self, t: Tracked, exc: BaseException | None = None, traceback: str | None = None
     ) -> list[Action]: ...
@@ -65,8 +70,8 @@ class Outcome:
     actions: list[Action]
     """Carry these out now, in order, on the listener's current channel."""
     rerun: tuple[Tracked, ...] = ()
-    """Run the handler again for these (in-process retry), after `delay` seconds. If the
-    app stops meanwhile, hand them to `ListenerCore.release` instead."""
+    """Run the handler again for these (in-process retry), after `delay` seconds: wait on
+    something the app's stop interrupts, then ask `ListenerCore.resume` which still run."""
     delay: float = 0.0
     stop: BaseException | None = None
     """The handler raised an interpreter-exit signal: stop the app with it (after the
@@ -135,4 +140,8 @@ def handled(
     again = {a.tag: a.delay for a in acts if type(a) is Reinvoke}
     rerun = tuple(t for t in batch if t.tag in again)
     rest = [a for a in acts if type(a) is not Reinvoke]
+    if core.stopping:  # no retry waits out a shutdown: back to the queue instead
+        for t in rerun:
+            rest.extend(core.release(t))
+        return Outcome(rest, stop=stop)
     return Outcome(rest, rerun, max(again.values()), stop)

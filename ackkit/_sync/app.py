@@ -153,4 +153,3 @@ class App(AppBase):
         if rt is None:
             raise RuntimeError(NOT_RUNNING)
         rt.publish(msg)
-

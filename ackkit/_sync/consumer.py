@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from .._core.actions import Republish, TxSelect
+from .._core.actions import Action, Republish, TxSelect
 from .._core.events import Observer
-from .._core.listener import ListenerCore, Tracked
+from .._core.listener import ListenerCore
 from .._core.outcome import Outcome
 from .._core.policy import AckMode
 from .._delivery import Delivery
@@ -39,7 +39,6 @@ class Host(Protocol):
     connection: Any
     stopping: bool
     stop_event: threading.Event
-    unstarted: list[Delivery]
 
     @property
     def publisher(self) -> Publisher: ...
@@ -248,27 +247,44 @@ class Consumer(Executor):
 
     def _run(self, ds: list[Delivery]) -> None:
         """Run the handler for `ds` (one delivery, or a batch) until the core is done with it."""
-        if self.rt.stopping:
-            self.rt.unstarted.extend(ds)
-            return
         core = self.core
-        with self.lock:  # a delivery whose channel closed while it waited: requeued already
+        with self.lock:  # may it start? (not once stopping, not after its channel closed)
             if len(ds) == 1:
-                if not core.startable(ds[0].tracked):
+                acts = core.start(ds[0].tracked)
+                if acts is not None:
+                    if acts:
+                        self.send(core.generation, acts)
                     return
             else:
-                ds = [d for d in ds if core.startable(d.tracked)]
+                ds = self._startable(ds)
         if not ds:
             return
         inv = Invocation(self.binding, ds)
-        while True:
-            out = self._attempt(inv)
+        out = self._attempt(inv)
+        while out.rerun:
+            self.rt.stop_event.wait(out.delay)  # the app's stop cuts the wait short
+            with self.lock:
+                out = core.resume(out.rerun)
+                if out.actions:
+                    self.send(core.generation, out.actions)
             if not out.rerun:
                 return
             inv = inv.again(out.rerun)
-            if self.rt.stop_event.wait(out.delay):  # stopping during the backoff
-                self._release(out.rerun)
-                return
+            out = self._attempt(inv)
+
+    def _startable(self, ds: list[Delivery]) -> list[Delivery]:
+        """Those of `ds` the core lets start (holding the lock); the others' actions sent."""
+        go: list[Delivery] = []
+        acts: list[Action] = []
+        for d in ds:
+            a = self.core.start(d.tracked)
+            if a is None:
+                go.append(d)
+            else:
+                acts.extend(a)
+        if acts:
+            self.send(self.core.generation, acts)
+        return go
 
     def _attempt(self, inv: Invocation) -> Outcome:
         """Call the handler once, then carry out what the core makes of it."""
@@ -299,9 +315,3 @@ class Consumer(Executor):
     def publish_message(self, msg: Outgoing) -> None:
         """`Delivery.publish()` / `reply()` from a handler: confirmed, on the app's publisher."""
         self.rt.publish(msg)
-
-    def _release(self, ts: Sequence[Tracked]) -> None:
-        with self.lock:
-            acts = [a for t in ts for a in self.core.release(t)]
-            if acts:
-                self.send(self.core.generation, acts)

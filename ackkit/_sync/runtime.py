@@ -31,6 +31,8 @@ from .engine import Engine
 from .publisher import Publisher, Ticket
 
 log = logging.getLogger("ackkit")
+CONFIRM_TIMEOUT = 5.0
+"""Seconds a stopping app waits for the broker to confirm the copies it published."""
 
 
 class Runtime(Engine):
@@ -50,7 +52,6 @@ class Runtime(Engine):
         self.publisher = Publisher(self)
         self.stop_event = threading.Event()
         self.ready = threading.Event()
-        self.unstarted: list[Delivery] = []
         self._ready_count = 0
         self._done = threading.Event()
         self._stop_lock = threading.Lock()
@@ -107,29 +108,29 @@ class Runtime(Engine):
             self._stop(timeout)
 
     def _stop(self, timeout: float | None) -> None:
+        """The stop sequence: each step carries out what the listeners' cores decide."""
         if self.stopping and self._done.is_set():
             return
         timeout = self.settings.shutdown_timeout if timeout is None else timeout
         self.stopping = True
-        self.stop_event.set()
         conn = self.connection
-        if conn is not None and conn.is_open:
+        live = conn is not None and conn.is_open
+        if live:  # queued first: basic.cancel goes out before any release
             self.call_soon(self._cancel_all)
+        for c in self.consumers:  # the cores stop: nothing starts, retries are released
+            with c.lock:
+                acts = c.core.stop()
+                if acts:
+                    c.send(c.core.generation, acts)
+        self.stop_event.set()  # cuts in-process retry waits short
+        if live:
             for c in self.consumers:
                 c.cancelled.wait(5.0)
-        for c in self.consumers:
-            while True:
-                try:
-                    d = c.inbox.get_nowait()
-                except _queue.Empty:
-                    break
-                if d is not None:
-                    self.unstarted.append(d)
-        self._join_workers(timeout)
-        if conn is not None and conn.is_open:
-            flushed = threading.Event()
-            self.call_soon(lambda: self._finish_io(flushed))
-            flushed.wait(10.0)
+        self._join_workers(timeout)  # workers hand what is left in their inbox to the core
+        if live:
+            settled = threading.Event()
+            self.call_soon(lambda: self._settle(settled, time.monotonic() + CONFIRM_TIMEOUT))
+            settled.wait(CONFIRM_TIMEOUT + 5.0)
         self._done.set()
         if self._thread is not None:
             self._thread.join(10.0)
@@ -217,28 +218,28 @@ class Runtime(Engine):
             else:
                 c.cancelled.set()
 
-    def _finish_io(self, flushed: threading.Event) -> None:
-        for d in self.unstarted:
-            c = next(c for c in self.consumers if d._settler is c)
-            with c.lock:
-                c.outbox.append((d.tracked.generation, c.core.release(d.tracked)))
-            c.flush()
-        self.unstarted.clear()
+    def _settle(self, settled: threading.Event, deadline: float) -> None:
+        """I/O thread, last step: deliveries still queued (workers gone) go back to the
+        core, pending acks out, until every core is quiescent (copies confirmed) or the
+        deadline; then the connection closes."""
         for c in self.consumers:
-            with c.lock:
-                c.outbox.append((c.core.generation, c.core.drain()))
-            c.flush()
-        self._await_confirms(flushed, time.monotonic() + 5.0)
-
-    def _await_confirms(self, flushed: threading.Event, deadline: float) -> None:
+            left: list[Delivery] = []
+            while True:
+                try:
+                    d = c.inbox.get_nowait()
+                except _queue.Empty:
+                    break
+                if d is not None:
+                    left.append(d)
+            if left:
+                with c.lock:
+                    c._startable(left)  # the stopping core releases each
+            c.decide(c.core.drain)
         conn = self.connection
-        if self.publisher.pending and time.monotonic() < deadline and conn.is_open:
-            conn.ioloop.call_later(0.02, lambda: self._await_confirms(flushed, deadline))
+        quiet = all(c.core.quiescent for c in self.consumers)
+        if not quiet and time.monotonic() < deadline and conn.is_open:
+            conn.ioloop.call_later(0.02, lambda: self._settle(settled, deadline))
             return
-        for c in self.consumers:
-            with c.lock:
-                c.outbox.append((c.core.generation, c.core.drain()))
-            c.flush()
         if conn.is_open:
             conn.close()
-        flushed.set()
+        settled.set()

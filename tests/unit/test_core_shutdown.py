@@ -1,0 +1,153 @@
+"""Shutdown as the core's state: a stopping core starts nothing, retries nothing, and says
+when it waits for nothing more. The runtimes' stop sequences only carry this out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ackkit import AckMode, Retry, RetryStrategy
+from ackkit._core.actions import Ack, Nack, Republish
+from ackkit._core.events import Stage
+from ackkit._core.listener import ListenerCore
+from ackkit._core.policy import ListenerPolicy
+
+IN_PROCESS = Retry(max_attempts=3, strategy=RetryStrategy.IN_PROCESS, initial_interval=1.0)
+
+
+def core(**kw: Any) -> ListenerCore:
+    kw.setdefault("name", "l")
+    kw.setdefault("queue", "q")
+    c = ListenerCore(ListenerPolicy(**kw), wallclock=lambda: 0.0)
+    c.channel_opened()
+    return c
+
+
+def test_a_running_core_lets_handlers_start() -> None:
+    c = core()
+    t = c.receive(1)
+    assert c.start(t) is None
+    assert not c.stopping and not c.quiescent
+
+
+def test_a_stopping_core_starts_nothing_it_returns_the_delivery() -> None:
+    c = core(mode=AckMode.AUTO)
+    t1, t2 = c.receive(1), c.receive(2)
+    assert c.start(t1) is None
+    c.handled([t1])  # held for the next multiple ack
+    assert c.stop() == [Ack(1, multiple=False)]  # the held ack goes out with the stop
+    assert c.start(t2) == [Nack(2, requeue=True)]
+    assert c.start(t2) == []  # once
+    assert c.counters.counts[Stage.RETURNED] == 1
+    assert c.quiescent
+
+
+def test_a_stale_delivery_is_dropped_not_released() -> None:
+    c = core()
+    t = c.receive(1)
+    c.channel_closed()
+    c.channel_opened()
+    c.stop()
+    assert c.start(t) == []  # its tag died with its channel; the broker requeued it
+
+
+def test_a_retry_decided_while_stopping_becomes_a_release() -> None:
+    c = core(retry=IN_PROCESS)
+    t = c.receive(1)
+    assert c.start(t) is None
+    c.stop()
+    out = c.handled([t], exc=ValueError("boom"))
+    assert out.rerun == () and out.actions == [Nack(1, requeue=True)]
+    assert c.quiescent
+
+
+def test_a_retry_waiting_when_the_stop_comes_is_released() -> None:
+    c = core(retry=IN_PROCESS)
+    t = c.receive(1)
+    out = c.handled([t], exc=ValueError("boom"))
+    assert out.rerun == (t,) and out.delay > 0 and out.actions == []
+    go = c.resume(out.rerun)  # the wait ended normally: run it again
+    assert go.rerun == (t,) and go.actions == []
+    out = c.handled([t], exc=ValueError("boom again"))
+    assert out.rerun == (t,)
+    c.stop()  # the stop cut the wait short
+    go = c.resume(out.rerun)
+    assert go.rerun == () and go.actions == [Nack(1, requeue=True)]
+
+
+def test_transacted_in_process_retry_runs_again_then_releases_at_stop() -> None:
+    c = core(mode=AckMode.TRANSACTED, retry=IN_PROCESS)
+    t = c.receive(1)
+    out = c.handled([t], exc=ValueError("boom"))
+    assert out.rerun == (t,)  # the failed delivery is run again, not left unacked
+    c.stop()
+    go = c.resume(out.rerun)
+    assert go.rerun == () and go.actions == [Nack(1, requeue=True)]
+
+
+def test_quiescent_waits_for_copies_awaiting_confirm() -> None:
+    c = core(retry=Retry(max_attempts=1))
+    t = c.receive(1)
+    (copy,) = c.handled([t], exc=ValueError("to the DLQ")).actions
+    assert isinstance(copy, Republish)
+    c.stop()
+    assert not c.quiescent  # the dead-letter copy is not confirmed yet
+    assert c.republished(copy.token, True) == [Ack(1, multiple=False)]  # the original
+    assert c.quiescent  # acked with the confirm: nothing left to wait for
+
+
+def test_a_closed_channel_leaves_nothing_to_wait_for() -> None:
+    c = core(retry=Retry(max_attempts=1))
+    t = c.receive(1)
+    c.handled([t], exc=ValueError("to the DLQ"))
+    c.stop()
+    assert not c.quiescent
+    c.channel_closed()  # the broker requeued the original: its copy's confirm settles nothing
+    assert c.quiescent
+
+
+@given(
+    st.lists(st.sampled_from(["ok", "fail", "unstarted"]), min_size=1, max_size=30),
+    st.integers(min_value=0, max_value=30),
+    st.sampled_from([AckMode.AUTO, AckMode.TRANSACTED, AckMode.DUPS_OK]),
+)
+def test_every_delivery_is_settled_once_whenever_the_stop_comes(
+    fates: list[str], stop_at: int, mode: AckMode
+) -> None:
+    """Whatever the order of handlers and the stop, each tag is settled exactly once and
+    the core ends quiescent: nothing lost, nothing looping, nothing stuck."""
+    c = core(mode=mode, retry=IN_PROCESS, prefetch=0)
+    ts = [c.receive(i + 1) for i in range(len(fates))]
+    settled: list[int] = []
+    reruns = []
+
+    def take(acts: list[Any]) -> None:
+        for a in acts:
+            if isinstance(a, Ack) and a.multiple:
+                settled.extend(x for x in range(1, a.tag + 1) if x not in settled)
+            elif isinstance(a, (Ack, Nack)):
+                settled.append(a.tag)
+
+    for i, (t, fate) in enumerate(zip(ts, fates, strict=True)):
+        if i == stop_at:
+            take(c.stop())
+        acts = c.start(t)
+        if acts is not None:
+            take(acts)
+            continue
+        if fate == "unstarted":
+            continue
+        out = c.handled([t], exc=None if fate == "ok" else ValueError("x"))
+        take(out.actions)
+        reruns.extend(out.rerun)
+    if not c.stopping:
+        take(c.stop())
+    take(c.resume(tuple(reruns)).actions)
+    for t, fate in zip(ts, fates, strict=True):
+        if fate == "unstarted" and not t.settled:  # queued at the stop: the workers hand it back
+            take(c.start(t) or [])
+    take(c.drain())
+    assert sorted(settled) == list(range(1, len(fates) + 1))
+    assert c.quiescent and c.busy == 0
