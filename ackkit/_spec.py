@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ._core import checks as C
-from ._core.events import Event, Observer
+from ._core.events import Observer
 from ._core.exchanges import Bind, Exchange, binds, plan
 from ._core.policy import (
     DEFAULT_PREFETCH,
@@ -65,23 +65,6 @@ class ListenerSpec:
 
 Instrument = Callable[[ListenerSpec, "ListenerCore"], "HandlerProbe | None"]
 """Called when a runtime has built a listener's core: the handler probe for it, or None."""
-
-
-class _FanOut:
-    """Calls every observer; `hot` when one of them wants RECEIVED and ACKED."""
-
-    __slots__ = ("hot", "observers")
-
-    def __init__(self, observers: Sequence[Observer]) -> None:
-        self.observers = tuple(observers)
-        self.hot = any(getattr(o, "hot", True) for o in self.observers)
-
-    def __call__(self, ev: Event) -> None:
-        for o in self.observers:
-            try:
-                o(ev)
-            except Exception:
-                log.exception("ackkit event observer failed")
 
 
 def _combine(probes: Sequence[HandlerProbe]) -> HandlerProbe:
@@ -265,15 +248,21 @@ class AppBase:
     # -- what a runtime is given ------------------------------------------------------
 
     def on_event(self, fn: Observer) -> Observer:
-        """Register a lifecycle observer (called for every stage of every delivery)."""
+        """Register a lifecycle observer (called for every stage of every delivery).
+
+        Observers run on a thread of their own, one event after the other in the order
+        they happened, never on the connection's I/O thread: a slow observer delays
+        later events, not acks, heartbeats or handlers. They have all been called by
+        the time `stop()` returns (waiting at most 5 s for them)."""
         self._observers.append(fn)
         return fn
 
     def _observer(self) -> Observer:
-        """The observer a runtime gives its listener cores: the registered ones, and the
-        log lines about dead letters, rejections, unsettled and stale deliveries."""
-        queues = {s.name: s.queue for s in self.specs}
-        return _FanOut([LifecycleLog(queues), *self._observers])
+        """ackkit's own observer for a runtime's listener cores, called in place: the log
+        lines about dead letters, rejections, unsettled and stale deliveries. (The
+        registered ones go to the runtime as `observers`: they run on a thread of their
+        own, see `_observers`.)"""
+        return LifecycleLog({s.name: s.queue for s in self.specs})
 
     def _add_instrument(self, fn: Instrument) -> None:
         """Instrument the listeners of every runtime started from now on (metrics, tracing)."""

@@ -79,6 +79,7 @@ class AsyncApp(AppBase):
             self.settings,
             self.specs,
             observer=self._observer(),
+            observers=tuple(self._observers),
             instruments=self._run_instruments(),
         )
         self._runtime = rt

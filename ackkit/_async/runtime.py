@@ -9,7 +9,7 @@ go on quietly (a failure of ackkit's own tasks, a handler that raised an
 interpreter-exit signal) stops the app through `fail()`.
 
 The runtime reads nothing of the app: it gets a `Settings` value, the
-listener specs, the observer for their cores and the instrument hook.
+listener specs, the observers for their cores and the instrument hooks.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from .._core.exchanges import plan
 from .._core.outcome import EXIT_SIGNALS
 from .._io import TICK, ConnectFailed, FatalConnectError, reconnect_logger, reconnect_wait
 from .._logs import log_dropped_arguments, log_stop
+from .._observers import observing
 from .._publish import Outgoing, not_confirmed
 from .._settings import Settings
 from .._spec import Instrument, ListenerSpec
@@ -53,11 +54,15 @@ class AsyncRuntime:
         settings: Settings,
         specs: Sequence[ListenerSpec],
         observer: Observer | None = None,
+        observers: Sequence[Observer] = (),
         instruments: Sequence[Instrument] = (),
     ) -> None:
         self.settings = settings
         self.exchanges = plan((s.queue, s.binds) for s in specs)
         self.loop = asyncio.get_running_loop()
+        # `observer` (ackkit's log lines) is called in place; the app's registered
+        # `observers` on a thread of their own, off the listeners' locks (`_observers`).
+        observer, self.events = observing(observer, observers)
         self.consumers = [AsyncConsumer(self, s, observer, instruments) for s in specs]
         self.publisher = AsyncPublisher(self)
         self.connection: aio_pika.abc.AbstractConnection | None = None
@@ -118,6 +123,8 @@ class AsyncRuntime:
     # -- lifecycle -----------------------------------------------------------------
 
     async def start(self) -> None:
+        if self.events is not None:
+            self.events.start()
         self._main = self.loop.create_task(self._run_forever(), name="ackkit-async-main")
         self._ticker = self.loop.create_task(self._tick_forever(), name="ackkit-async-tick")
         ready = self.loop.create_task(self.ready.wait())
@@ -255,6 +262,8 @@ class AsyncRuntime:
         for c in self.consumers:
             if c.pool is not None:
                 c.pool.shutdown(wait=False, cancel_futures=True)
+        if self.events is not None:  # every event emitted so far heard by the observers
+            await asyncio.to_thread(self.events.close)
 
     async def _settle(self, deadline: float) -> None:
         """Pending acks out until every core is quiescent (copies confirmed) or the deadline."""

@@ -54,6 +54,7 @@ class App(AppBase):
             self.settings,
             self.specs,
             observer=self._observer(),
+            observers=tuple(self._observers),
             instruments=self._run_instruments(),
         )
         self._runtime = rt

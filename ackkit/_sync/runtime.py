@@ -16,12 +16,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._core.brokers import traits_of
-from .._core.exchanges import plan
 from .._core.events import Observer
+from .._core.exchanges import plan
 from .._core.outcome import EXIT_SIGNALS
 from .._delivery import Delivery
 from .._io import ConnectFailed
 from .._logs import log_dropped_arguments, log_stop
+from .._observers import observing
 from .._publish import Outgoing, not_confirmed
 from .._settings import Settings
 from .._spec import Instrument, ListenerSpec
@@ -43,12 +44,16 @@ class Runtime(Engine):
         settings: Settings,
         specs: Sequence[ListenerSpec],
         observer: Observer | None = None,
+        observers: Sequence[Observer] = (),
         instruments: Sequence[Instrument] = (),
     ) -> None:
         super().__init__(settings.url, settings.safe_url, settings.reconnect_max_interval)
         self.settings = settings
-        self.consumers = [Consumer(self, s, observer, instruments) for s in specs]
         self.exchanges = plan((s.queue, s.binds) for s in specs)
+        # `observer` (ackkit's log lines) is called in place; the app's registered
+        # `observers` on a thread of their own, off the listeners' locks (`_observers`).
+        observer, self.events = observing(observer, observers)
+        self.consumers = [Consumer(self, s, observer, instruments) for s in specs]
         self.publisher = Publisher(self)
         self.stop_event = threading.Event()
         self.ready = threading.Event()
@@ -59,6 +64,8 @@ class Runtime(Engine):
     # -- lifecycle (caller's thread) -------------------------------------------
 
     def start(self) -> None:
+        if self.events is not None:
+            self.events.start()
         for c in self.consumers:
             c.start_workers()
         self.start_io("ackkit-io")
@@ -67,6 +74,8 @@ class Runtime(Engine):
         while not self.ready.wait(0.05):
             if self.fatal is not None:
                 self._join_workers(0)
+                if self.events is not None:
+                    self.events.close()
                 raise self.fatal
             if time.monotonic() > deadline:
                 self.stop()
@@ -134,6 +143,8 @@ class Runtime(Engine):
         self._done.set()
         if self._thread is not None:
             self._thread.join(10.0)
+        if self.events is not None:
+            self.events.close()  # every event emitted so far heard by the observers
 
     def _join_workers(self, timeout: float) -> None:
         for c in self.consumers:

@@ -9,8 +9,16 @@ ran. Modules are named for the class of abuse they try.
 
 from __future__ import annotations
 
+import pytest
+
 from tests.contract.conftest import (  # noqa: F401  (fixtures, re-exported for this suite)
     broker,
     loop_thread,
     runtime,
 )
+
+
+@pytest.fixture
+def transport() -> str:
+    """The contract harness's transport: this suite runs on real brokers only."""
+    return "rabbitmq"

@@ -24,11 +24,13 @@ from ackkit import (
     AlreadySettled,
     DeadLetterMessage,
     Delivery,
+    Event,
     RejectMessage,
     RequeueMessage,
     Retry,
     RetryLater,
     RetryStrategy,
+    Stage,
     TopologyConflict,
 )
 
@@ -452,6 +454,43 @@ def test_stats_keep_the_last_counters_after_stop(
     assert after["received"] == n and after["acked"] == n - 1 and after["dead_lettered"] == 1
     assert after == runtime.stats(app)  # a snapshot that stays
     assert running["received"] == n
+
+
+def test_a_slow_observer_delays_no_ack_and_no_heartbeat(
+    runtime: Runtime, broker: Broker, queue_factory: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An event observer that blocks holds up nothing but later events: the deliveries are
+    handled and acked meanwhile, and the connection (heartbeat 1 s) stays up. Once the
+    app has stopped, the observer has heard every event, in order."""
+    caplog.set_level(logging.WARNING, logger="ackkit")
+    q = queue_factory(declare=True)
+    n = 5
+    gate = threading.Event()
+    heard: list[Event] = []
+
+    async def handle(order: Order, d: Delivery, io: IO) -> None:
+        pass
+
+    app = runtime.app(heartbeat=1)
+
+    @app.on_event  # type: ignore[attr-defined]
+    def slow(ev: Event) -> None:
+        gate.wait(60)  # blocks until the test lets it go
+        heard.append(ev)
+
+    runtime.listen(app, q, handle, Order)
+    with runtime.running(app):
+        broker.publish(q, bodies(n))
+        broker.wait_for(q, ready=0, unacked=0, timeout=30)  # all acked, observer still blocked
+        assert heard == []
+        time.sleep(4.0)  # four heartbeat intervals with the observer blocked
+        assert runtime.stats(app)["acked"] == n
+        gate.set()
+    lost = [r.getMessage() for r in caplog.records if "lost" in r.getMessage()]
+    assert lost == []  # no missed heartbeats, no reconnect
+    assert len(heard) == 2 * n  # every event heard by the time stop() returned
+    for tag in {e.tag for e in heard}:
+        assert [e.stage for e in heard if e.tag == tag] == [Stage.RECEIVED, Stage.ACKED]
 
 
 def test_pull_mode_get_ack_reject_requeue(
