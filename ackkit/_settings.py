@@ -75,9 +75,24 @@ class Settings:
             tls=client_tls(url, tls),
         )
 
-    def with_url(self, url: str) -> Settings:
-        """The same settings for another broker URL (checked, TLS rebuilt for it)."""
-        url = check_url(url)
-        if url.lower().startswith("memory:"):  # the test kit's in-memory broker: no TLS
-            return dataclasses.replace(self, url=url, tls=None)
-        return dataclasses.replace(self, url=url, tls=client_tls(url, self.tls_option))
+    def replace(self, **changes: object) -> Settings:
+        """These settings with `changes` (options by name), all checked again."""
+        opts: dict[str, object] = {
+            "url": self.url,
+            "heartbeat": self.heartbeat,
+            "shutdown_timeout": self.shutdown_timeout,
+            "reconnect_max_interval": self.reconnect_max_interval,
+            "startup_timeout": self.startup_timeout,
+            "connection_name": self.connection_name,
+            "tls": self.tls_option,
+        }
+        unknown = set(changes) - set(opts)
+        if unknown:
+            raise TypeError(f"no such app option: {', '.join(sorted(unknown))}")
+        opts.update(changes)
+        url = opts.pop("url")
+        if isinstance(url, str) and url.lower().startswith("memory:"):
+            # the test kit's in-memory broker: the TLS option stays for the next URL
+            checked = Settings.check(url, **{**opts, "tls": None})  # type: ignore[arg-type]
+            return dataclasses.replace(checked, tls_option=self.tls_option)
+        return Settings.check(url, **opts)  # type: ignore[arg-type]

@@ -191,7 +191,7 @@ class AppBase:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.safe_url} listeners={len(self.specs)}>"
 
-    # -- settings (read-only but for the URL; see Settings) --------------------------
+    # -- settings: each one checked again when set (used from the next start) ----------
 
     @property
     def url(self) -> str:
@@ -200,7 +200,7 @@ class AppBase:
     @url.setter
     def url(self, url: str) -> None:
         """Point the app at another broker (checked now; used from the next start)."""
-        self.settings = self.settings.with_url(url)
+        self.settings = self.settings.replace(url=url)
 
     @property
     def safe_url(self) -> str:
@@ -210,21 +210,41 @@ class AppBase:
     def heartbeat(self) -> int:
         return self.settings.heartbeat
 
+    @heartbeat.setter
+    def heartbeat(self, value: int) -> None:
+        self.settings = self.settings.replace(heartbeat=value)
+
     @property
     def shutdown_timeout(self) -> float:
         return self.settings.shutdown_timeout
+
+    @shutdown_timeout.setter
+    def shutdown_timeout(self, value: float) -> None:
+        self.settings = self.settings.replace(shutdown_timeout=value)
 
     @property
     def reconnect_max_interval(self) -> float:
         return self.settings.reconnect_max_interval
 
+    @reconnect_max_interval.setter
+    def reconnect_max_interval(self, value: float) -> None:
+        self.settings = self.settings.replace(reconnect_max_interval=value)
+
     @property
     def startup_timeout(self) -> float:
         return self.settings.startup_timeout
 
+    @startup_timeout.setter
+    def startup_timeout(self, value: float) -> None:
+        self.settings = self.settings.replace(startup_timeout=value)
+
     @property
     def connection_name(self) -> str:
         return self.settings.connection_name
+
+    @connection_name.setter
+    def connection_name(self, value: str) -> None:
+        self.settings = self.settings.replace(connection_name=value)
 
     @property
     def tls(self) -> tuple[ssl.SSLContext, str | None] | None:

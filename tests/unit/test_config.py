@@ -419,10 +419,12 @@ def test_app_settings_are_one_frozen_value(cls: type) -> None:
     assert "secret" not in s.safe_url and "secret" not in repr(app)
     with pytest.raises(dataclasses.FrozenInstanceError):
         s.heartbeat = 1  # type: ignore[misc]
-    with pytest.raises(AttributeError):
-        app.heartbeat = 1  # read-only: one checked value, not attributes to drift
+    app.heartbeat = 1  # checked again, into a new frozen value
+    assert app.settings.heartbeat == 1 and s.heartbeat == 5
+    refused(lambda: setattr(app, "heartbeat", -1), "heartbeat")
+    refused(lambda: setattr(app, "startup_timeout", 0), "startup_timeout")
     app.url = "amqp://other:5672/%2f"  # the CLI's --url: checked again
-    assert app.settings.url == "amqp://other:5672/%2f" and app.settings.heartbeat == 5
+    assert app.settings.url == "amqp://other:5672/%2f" and app.settings.heartbeat == 1
     refused(lambda: setattr(app, "url", "http://nope/"), "url")
     refused(lambda: cls(tls="yes"), "tls")
     assert app.stats() == {} and not app.is_running
