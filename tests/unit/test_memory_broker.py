@@ -414,3 +414,16 @@ def test_no_message_is_lost_or_duplicated_whatever_the_settles(ops: list[Any]) -
         assert ready == sorted(ready)
         assert len(set(ready)) == len(ready)
         assert broker.counts("q").total == 0
+
+
+def test_a_per_message_expiration_dead_letters_it_at_the_head() -> None:
+    with InMemoryBroker(manual_clock=True) as broker:
+        declare(broker, "dead")
+        declare(broker, "q", **{"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dead"})
+        put(broker, "q", b"short", expiration="1000")
+        put(broker, "q", b"long", expiration="60000")
+        broker.advance(2)
+        assert [m.body for m in broker.messages("q")] == [b"long"]
+        (dead,) = broker.messages("dead")
+        assert dead.body == b"short" and "expiration" not in dead.properties
+        assert dead.headers["x-death"][0]["original-expiration"] == "1000"
