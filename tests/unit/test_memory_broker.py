@@ -13,7 +13,7 @@ from typing import Any
 import pika
 import pika.exceptions
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ackkit.testing import InMemoryBroker, QueueNotFound
@@ -305,6 +305,11 @@ def test_json_bodies_round_trip_with_headers(broker: InMemoryBroker) -> None:
     assert json.loads(m.body) == {"id": 1}
 
 
+SLOW_OK = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+"""No deadline: the machine running the suite may be busy (a deadline would be flaky)."""
+
+
+@SLOW_OK
 @given(st.lists(st.sampled_from(["a", "b", "c"]), min_size=1, max_size=5))
 def test_topic_patterns(words: list[str]) -> None:
     key = ".".join(words)
@@ -363,6 +368,7 @@ OPS = st.lists(
 )
 
 
+@SLOW_OK
 @given(OPS)
 def test_no_message_is_lost_or_duplicated_whatever_the_settles(ops: list[Any]) -> None:
     """Whatever a client does (publish, get, ack / nack / reject with requeue and multiple,
