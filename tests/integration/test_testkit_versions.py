@@ -357,3 +357,77 @@ def test_the_rabbitmq_option_and_marker(tmp_path: pathlib.Path, rabbitmq: Broker
     bad = _run_pytest(tmp_path, source, "--rabbitmq=5.1", url=rabbitmq.url)
     assert bad.returncode == 4  # usage error
     assert "--rabbitmq" in bad.stderr and "3.10, 4.0, 4.3" in bad.stderr
+
+
+FAKE_DEBOOTSTRAP = """#!/bin/sh
+# debootstrap stand-in: $4 is the target; counts its runs, then makes a "root".
+mkdir -p "$4"
+echo run >> "$COUNTER"
+sleep "$SLEEP"
+mkdir -p "$4/var/lib/dpkg" "$4/etc" "$4/var/cache/apt/archives"
+printf 'Package: rabbitmq-server\\nStatus: install ok installed\\nVersion: 4.3.9-1\\n' \\
+    > "$4/var/lib/dpkg/status"
+"""
+
+
+@pytest.fixture
+def fake_build(monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> pathlib.Path:
+    """ensure_root builds with a stand-in for debootstrap into a cache under tmp_path."""
+    script = tmp_path / "debootstrap"
+    script.write_text(FAKE_DEBOOTSTRAP)
+    script.chmod(0o755)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("ACKKIT_ROOTFS_DIR", str(cache))
+    monkeypatch.setenv("COUNTER", str(tmp_path / "runs"))
+    monkeypatch.setenv("SLEEP", "1")
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setattr(rootfs_mod, "_check_mirror", lambda *_a: None)
+    return cache
+
+
+def _runs(cache: pathlib.Path) -> int:
+    path = cache.parent / "runs"
+    return len(path.read_text().split()) if path.exists() else 0
+
+
+@needs_root
+def test_concurrent_callers_build_the_root_once(fake_build: pathlib.Path) -> None:
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        roots = list(pool.map(lambda _: rootfs_mod.ensure_root("4.3"), range(3)))
+    assert roots == [fake_build / "rabbitmq-4.3"] * 3
+    assert _runs(fake_build) == 1
+    assert rootfs_mod.root_version(roots[0]) == "4.3.9-1"
+    assert (roots[0] / "etc/hosts").read_text().startswith("127.0.0.1")
+    assert [p.name for p in fake_build.iterdir() if p.name.startswith(".building")] == []
+
+
+@needs_root
+def test_a_killed_build_leaves_no_root_and_the_next_one_builds_it(
+    fake_build: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLEEP", "60")
+    code = (
+        "import ackkit.testing._rootfs as r; r._check_mirror = lambda *a: None; "
+        "r.ensure_root('4.3')"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.monotonic() + 30
+    while _runs(fake_build) == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _runs(fake_build) == 1, "the build did not start"
+    proc.kill()  # SIGKILL in the middle of debootstrap
+    proc.wait()
+    assert not (fake_build / "rabbitmq-4.3").exists()
+    (half,) = [p for p in fake_build.iterdir() if p.name.startswith(".building-rabbitmq-4.3")]
+    stand_ins = [pid for pid, cmd in iter_processes() if str(half) in cmd]
+    deadline = time.monotonic() + 10
+    while any(pid_alive(p) for p in stand_ins) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(pid_alive(p) for p in stand_ins), "debootstrap outlived its caller"
+    monkeypatch.setenv("SLEEP", "0")
+    root = rootfs_mod.ensure_root("4.3")
+    assert rootfs_mod.root_version(root) == "4.3.9-1"
+    assert not half.exists()
+    assert _runs(fake_build) == 2
