@@ -49,6 +49,15 @@ class Engine:
         self._close_reason = ""
         self._loop_closed = threading.Event()
         self._loop_closed.set()
+        self._stop_requested = threading.Event()  # cuts a reconnect backoff short
+
+    def _backoff(self, seconds: float) -> None:
+        self._stop_requested.wait(seconds)
+
+    def request_stop(self) -> None:
+        """From now on no new connection is tried; a backoff in progress ends at once."""
+        self.stopping = True
+        self._stop_requested.set()
 
     def start_io(self, name: str) -> None:
         self._thread = threading.Thread(target=self._io_main, name=name, daemon=True)
@@ -76,6 +85,7 @@ class Engine:
                     retry=retry_if_exception(self.retryable),
                     reraise=True,
                     before_sleep=reconnect_logger(self.safe_url),
+                    sleep=self._backoff,
                 )
                 for attempt in retrying:
                     with attempt:

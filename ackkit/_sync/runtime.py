@@ -121,7 +121,7 @@ class Runtime(Engine):
         if self.stopping and self._done.is_set():
             return
         timeout = self.settings.shutdown_timeout if timeout is None else timeout
-        self.stopping = True
+        self.request_stop()
         conn = self.connection
         live = conn is not None and conn.is_open
         if live:  # queued first: basic.cancel goes out before any release

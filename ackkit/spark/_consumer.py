@@ -125,7 +125,7 @@ class SourceConsumer(Engine, Executor):
         """Flush settled acks and close the connection (the broker requeues the rest)."""
         if self.stopping:
             return
-        self.stopping = True
+        self.request_stop()
         with self.cond:
             self.cond.notify_all()
         self.call_soon(self._close)
