@@ -35,7 +35,10 @@ Environment knobs: ``ACKKIT_TEST_BROKER=auto|url|docker|own`` forces a way;
 ``ACKKIT_RABBITMQ_SERVER`` is the rabbitmq-server script to use;
 ``ACKKIT_TEST_BOOT_TIMEOUT`` (seconds, default 60); ``ACKKIT_TEST_NODE_DIR``
 (parent of node data directories); ``ACKKIT_TEST_NODE_USER`` (user a node runs
-as when the tests run as root; default ``rabbitmq``).
+as when the tests run as root; default ``rabbitmq``);
+``ACKKIT_TEST_RABBITMQ=3.10|4.0|4.3`` the version of the kit's own nodes (3.10,
+the default, is the machine's ``rabbitmq-server``; 4.x nodes run in a Debian root
+built once, as root, under ``ACKKIT_ROOTFS_DIR``, default /var/cache/ackkit/rootfs).
 
 The pytest fixtures (``rabbitmq``, ``amqp_url``, ``queue_factory``,
 ``fresh_queue``, ``own_rabbitmq``) live in :mod:`ackkit.testing.plugin`, which
