@@ -1,0 +1,102 @@
+"""Starting handlers, and stopping: the part of `ListenerCore` a shutdown runs through.
+
+A runtime asks `start(t)` just before a handler runs, `resume(rerun)` when an
+in-process retry's wait is over, and `release(t)` for a delivery whose
+handler never ran to the end. A stopping core (`stop()`) starts nothing from
+then on: deliveries go back to their queue, retries waiting in process too
+(see also `outcome.handled`), and `quiescent` says when it waits for nothing
+more. Each runtime's stop is then a short sequence carrying that out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from .actions import Action, Nack
+from .events import Stage
+from .ledger import Ledger
+from .outcome import Outcome
+from .policy import AckMode
+from .republish import Confirms
+from .tracked import Tracked
+
+
+class Shutdown:
+    """Start and stop decisions of a `ListenerCore` (its state, declared for the mixin)."""
+
+    mode: AckMode
+    ledger: Ledger
+    confirms: Confirms
+    stopping: bool
+
+    if TYPE_CHECKING:
+
+        def _emit(self, stage: Stage, t: Tracked, reason: str, count: bool = True) -> None: ...
+
+    def startable(self, t: Tracked) -> bool:
+        """May a handler start on `t` now (called just before)? Not when its channel closed
+        since it was delivered: the broker has requeued it, so running the handler would
+        only duplicate the work its redelivery will do (and delay that redelivery)."""
+        if self.mode is AckMode.NONE:
+            return True  # the broker forgot it on send: this is the only chance
+        if t.settled:
+            return False
+        if not self.ledger.current(t):
+            t.settled = True
+            self._emit(Stage.DROPPED_STALE, t, "channel closed before the handler started")
+            return False
+        return True
+
+    def start(self, t: Tracked) -> list[Action] | None:
+        """A handler is about to start on `t`: None to go ahead; otherwise do not run it,
+        carry out the returned actions (maybe none) instead. A stopping core starts
+        nothing: the delivery goes back to its queue; a stale one is dropped."""
+        if self.stopping:
+            return self.release(t)
+        return None if self.startable(t) else []
+
+    def resume(self, rerun: Sequence[Tracked]) -> Outcome:
+        """The wait before running a handler again for `rerun` (in-process retry) is over,
+        or was cut short because the app stops: which of them run again now
+        (`Outcome.rerun`), and the actions for the others (released when stopping)."""
+        acts: list[Action] = []
+        go: list[Tracked] = []
+        for t in rerun:
+            a = self.start(t)
+            if a is None:
+                go.append(t)
+            else:
+                acts.extend(a)
+        return Outcome(acts, tuple(go))
+
+    def release(self, t: Tracked) -> list[Action]:
+        """Return a delivery whose handler never ran to the end (shutdown, cancellation)."""
+        if t.settled or not self.ledger.current(t):
+            return []
+        self.ledger.gone(t)
+        self._emit(Stage.RETURNED, t, "shutdown before start")
+        return [Nack(t.tag, requeue=True)]
+
+    def stop(self) -> list[Action]:
+        """The app stops (call once its consumer is cancelled, or as the cancel goes
+        out): from now on no handler starts (`start` releases the delivery), and a
+        delivery waiting to be retried in process is released instead (`handled`,
+        `resume`). Returns the acks held back, to send now."""
+        self.stopping = True
+        return self.ledger.drain()
+
+    @property
+    def quiescent(self) -> bool:
+        """Stopping, and the core waits for nothing more: no copy awaits the broker's
+        confirm and no ack is held back (or the channel is gone, and with it every
+        tag). A handler still running past the shutdown timeout does not count: its
+        delivery is the broker's to requeue when the channel closes."""
+        if not self.stopping:
+            return False
+        return not self.ledger.open or (not self.confirms and self.ledger.pending == 0)
+
+    @property
+    def busy(self) -> int:
+        """Deliveries received and not decided yet (queued for, or in, a handler)."""
+        return sum(1 for t in self.ledger.unsettled() if not t.parked)
