@@ -96,3 +96,67 @@ class Settings:
             checked = Settings.check(url, **{**opts, "tls": None})  # type: ignore[arg-type]
             return dataclasses.replace(checked, tls_option=self.tls_option)
         return Settings.check(url, **opts)  # type: ignore[arg-type]
+
+
+class SettingsView:
+    """An app's settings as attributes: each one checked again when set (a new frozen
+    `Settings`, used from the next start)."""
+
+    settings: Settings
+
+    @property
+    def url(self) -> str:
+        return self.settings.url
+
+    @url.setter
+    def url(self, url: str) -> None:
+        """Point the app at another broker (checked now; used from the next start)."""
+        self.settings = self.settings.replace(url=url)
+
+    @property
+    def safe_url(self) -> str:
+        return self.settings.safe_url
+
+    @property
+    def heartbeat(self) -> int:
+        return self.settings.heartbeat
+
+    @heartbeat.setter
+    def heartbeat(self, value: int) -> None:
+        self.settings = self.settings.replace(heartbeat=value)
+
+    @property
+    def shutdown_timeout(self) -> float:
+        return self.settings.shutdown_timeout
+
+    @shutdown_timeout.setter
+    def shutdown_timeout(self, value: float) -> None:
+        self.settings = self.settings.replace(shutdown_timeout=value)
+
+    @property
+    def reconnect_max_interval(self) -> float:
+        return self.settings.reconnect_max_interval
+
+    @reconnect_max_interval.setter
+    def reconnect_max_interval(self, value: float) -> None:
+        self.settings = self.settings.replace(reconnect_max_interval=value)
+
+    @property
+    def startup_timeout(self) -> float:
+        return self.settings.startup_timeout
+
+    @startup_timeout.setter
+    def startup_timeout(self, value: float) -> None:
+        self.settings = self.settings.replace(startup_timeout=value)
+
+    @property
+    def connection_name(self) -> str:
+        return self.settings.connection_name
+
+    @connection_name.setter
+    def connection_name(self, value: str) -> None:
+        self.settings = self.settings.replace(connection_name=value)
+
+    @property
+    def tls(self) -> tuple[ssl.SSLContext, str | None] | None:
+        return self.settings.tls

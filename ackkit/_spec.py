@@ -26,7 +26,7 @@ from ._core.policy import (
 from ._core.topology import check_delivery_limit
 from ._handler import DEFAULT_MAX_BODY, Binding, Decoder
 from ._logs import LifecycleLog
-from ._settings import DEFAULT_URL, Settings
+from ._settings import DEFAULT_URL, Settings, SettingsView
 from ._tls import TLS
 
 if TYPE_CHECKING:
@@ -143,7 +143,7 @@ def probe_for(
     return _combine(probes) if probes else None
 
 
-class AppBase:
+class AppBase(SettingsView):
     """Listener registry and settings shared by App (pika) and AsyncApp (aio-pika).
 
     Options (keyword only after the URL; each checked here, a wrong one raises
@@ -190,65 +190,6 @@ class AppBase:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.safe_url} listeners={len(self.specs)}>"
-
-    # -- settings: each one checked again when set (used from the next start) ----------
-
-    @property
-    def url(self) -> str:
-        return self.settings.url
-
-    @url.setter
-    def url(self, url: str) -> None:
-        """Point the app at another broker (checked now; used from the next start)."""
-        self.settings = self.settings.replace(url=url)
-
-    @property
-    def safe_url(self) -> str:
-        return self.settings.safe_url
-
-    @property
-    def heartbeat(self) -> int:
-        return self.settings.heartbeat
-
-    @heartbeat.setter
-    def heartbeat(self, value: int) -> None:
-        self.settings = self.settings.replace(heartbeat=value)
-
-    @property
-    def shutdown_timeout(self) -> float:
-        return self.settings.shutdown_timeout
-
-    @shutdown_timeout.setter
-    def shutdown_timeout(self, value: float) -> None:
-        self.settings = self.settings.replace(shutdown_timeout=value)
-
-    @property
-    def reconnect_max_interval(self) -> float:
-        return self.settings.reconnect_max_interval
-
-    @reconnect_max_interval.setter
-    def reconnect_max_interval(self, value: float) -> None:
-        self.settings = self.settings.replace(reconnect_max_interval=value)
-
-    @property
-    def startup_timeout(self) -> float:
-        return self.settings.startup_timeout
-
-    @startup_timeout.setter
-    def startup_timeout(self, value: float) -> None:
-        self.settings = self.settings.replace(startup_timeout=value)
-
-    @property
-    def connection_name(self) -> str:
-        return self.settings.connection_name
-
-    @connection_name.setter
-    def connection_name(self, value: str) -> None:
-        self.settings = self.settings.replace(connection_name=value)
-
-    @property
-    def tls(self) -> tuple[ssl.SSLContext, str | None] | None:
-        return self.settings.tls
 
     # -- state shared by both apps ------------------------------------------------------
 
