@@ -193,7 +193,10 @@ def run_one(
         )
         try:
             say("starting worker")
-            word, rest = _read_handshake(proc, HANDSHAKE_TIMEOUT_S)
+            # A case with a long timeout_s (Spark: JVM start and a warm-up query in its
+            # `available` hook) may take a quarter of it to be ready.
+            handshake = max(HANDSHAKE_TIMEOUT_S, (bench_case.timeout_s or 0) / 4)
+            word, rest = _read_handshake(proc, handshake)
             if word == "n/a":
                 run.status, run.reason = "n/a", rest
                 return run
