@@ -119,7 +119,6 @@ def read_stream(
     own (its own runner process, connection, write-ahead log and acks) and the sources
     are unioned; a `queue` column then says which queue a row came from ((queue, seq) is
     unique)."""
-    register(spark)
     if exchange is not None or shards is not None:
         if exchange is None or shards is None or queue is not None or queues is not None:
             raise ValueError("give exchange= and shards= together, without queue/queues")
@@ -136,6 +135,7 @@ def read_stream(
         names = [queue]
     else:
         raise ValueError("read_stream needs queue=, queues= or exchange= with shards=")
+    register(spark)
 
     def one(q: str) -> Any:
         r = spark.readStream.format(FORMAT).option("url", url).option("queue", q)

@@ -296,3 +296,23 @@ def test_a_store_refusing_deletes_does_not_stop_the_log(tmp_path: Path, monkeypa
     assert wal.prune(3, keep=1) == []  # nothing could be deleted: nothing reported
     assert wal.batches() == [(0, 1), (1, 2), (2, 3)]
     assert "cannot delete" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({}, "needs queue="),
+        ({"queue": "a", "queues": ["b"]}, "not both"),
+        ({"queues": "ab"}, "list"),
+        ({"queues": []}, "distinct"),
+        ({"queues": ["a", "a"]}, "distinct"),
+        ({"exchange": "x"}, "together"),
+        ({"shards": 2}, "together"),
+        ({"exchange": "x", "shards": 2, "queue": "a"}, "together"),
+    ],
+)
+def test_read_stream_refuses_unclear_queue_arguments_before_touching_spark(kwargs, message):
+    from ackkit.spark import read_stream
+
+    with pytest.raises((ValueError, TypeError), match=message):
+        read_stream(object(), url="amqp://x", checkpoint="/tmp/ck", **kwargs)
