@@ -4,11 +4,12 @@ checkpoint until the queues are drained; then the output is compared with the in
     python -m spark.random_kill --messages 20000 --shards 2 --kills 5 --seed 1 [--s3]
 
 The driver is `tests/spark/_spark_crash_driver.py` without a crash point (it runs the
-orders pipeline until drained). Each round starts it in a new session and kills the
-group after a random time (seeded). `--s3` keeps the write-ahead log on a moto S3
-server started here on 127.0.0.1. Prints one JSON line: rows, distinct ids, missing,
-duplicates, dead letters, the queues' ready/unacked. Exit 0 when the output holds every
-valid order exactly once and the queues are drained.
+orders pipeline until drained). Each round starts it in a new session, waits until it
+has written a batch, and kills the group a random time (seeded) after that. `--s3`
+keeps the write-ahead log on a moto S3 server started here on 127.0.0.1. Prints one
+JSON line: rows, distinct ids, missing, unexpected, dead letters, the queues' ready
+count. Exit 0 when the output holds every valid order exactly once and the queues
+are drained.
 """
 
 from __future__ import annotations
@@ -67,6 +68,10 @@ def _moto() -> tuple[subprocess.Popen[bytes], str]:
     return proc, f"s3://killrun/wal?{query}"
 
 
+def _batches(out: Path) -> int:
+    return len(list(out.glob("batch=*"))) if out.is_dir() else 0
+
+
 def _ready(url: str, queues: list[str]) -> int:
     conn = pika.BlockingConnection(pika.URLParameters(url))
     try:
@@ -84,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-batch", type=int, default=2000)
     p.add_argument("--kills", type=int, default=5)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--min-s", type=float, default=20.0)
-    p.add_argument("--max-s", type=float, default=45.0)
+    p.add_argument("--min-s", type=float, default=0.0, help="kill this long after a write")
+    p.add_argument("--max-s", type=float, default=10.0)
     p.add_argument("--s3", action="store_true")
     args = p.parse_args(argv)
     rng = random.Random(args.seed)
@@ -117,7 +122,14 @@ def main(argv: list[str] | None = None) -> int:
             )
             last = round_no == args.kills
             try:
-                proc.wait(timeout=900 if last else rng.uniform(args.min_s, args.max_s))
+                if last:
+                    proc.wait(timeout=900)
+                else:
+                    # Mid-stream: once this run wrote a batch, at a random moment after it.
+                    seen = _batches(base / "out")
+                    while _batches(base / "out") <= seen and proc.poll() is None:
+                        time.sleep(0.2)
+                    proc.wait(timeout=rng.uniform(args.min_s, args.max_s))
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
