@@ -58,7 +58,9 @@ def test_spark_source_consumes_again_after_a_43_consumer_timeout(
         cancelled = c.core.counters.counts
         assert wait_until(lambda: cancelled[Stage.CONSUMER_CANCELLED] == 1, timeout=30)
         w = c.written(plan.end)
-        assert w["acked"] == 0 and w["stale"] == 3
+        # Nothing of the fenced batch is acked: stale while the old channel is closing,
+        # already dropped once it closed (the timing of a loaded machine decides which).
+        assert w["acked"] == 0 and w["stale"] in (0, 3)
         again = c.take(plan.end, lambda rows, plan: None)
         deadline = time.monotonic() + 30
         while len(again.rows) + len(again.admissions) == 0 and time.monotonic() < deadline:
