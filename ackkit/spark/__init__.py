@@ -16,7 +16,10 @@ Source options (`spark.readStream.format("rabbitmq").option(...)`): `url`, `queu
 ("package.module:Class" of a pydantic model; its fields become columns),
 `on_invalid` ("fail" | "dead_letter"), `dead_letter_queue` ("{queue}.dlq"), `key`
 ("message_id" | "body" | "none"), `max_wait_ms` (500), `linger_ms` (50), `heartbeat`
-(30), `exclusive` (true), `declare` (true), `fsync` (true), `retain_batches` (10).
+(30), `exclusive` (true), `declare` (true), `fsync` (true), `retain_batches` (10),
+`wal_location` (inside the checkpoint). The checkpoint may be a path or a URI (s3a://,
+gs://, abfss://, hdfs://: the source's files go through pyarrow.fs). `read_stream` also
+takes `queues=[...]` or `exchange=`/`shards=` (one source per queue, unioned).
 
 Rows: `seq` (the message's offset in this stream, stable across replays),
 `message_id`, `body`, `headers` (map<string,string>), `routing_key`, `exchange`,
