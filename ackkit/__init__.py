@@ -23,6 +23,7 @@ from ._core.errors import (
 )
 from ._core.events import Event, Stage
 from ._core.exchanges import Bind, Exchange, ExchangeType
+from ._core.flow import CircuitBreaker, FlowState, KeySource, RateLimit, SerialKey
 from ._core.policy import AckMode, FlushPolicy, Retry, RetryStrategy, Unsettled
 from ._dead_letters import DeadLetter, ReplayFilter, ReplayReport
 from ._delivery import Delivery
@@ -82,6 +83,7 @@ __all__ = [  # noqa: RUF022 - plain sorted() order, see tests/unit/test_public_a
     "AsyncPullConnection",
     "BadPayload",
     "Bind",
+    "CircuitBreaker",
     "DeadLetter",
     "DeadLetterMessage",
     "DeadLetterQueue",
@@ -89,12 +91,15 @@ __all__ = [  # noqa: RUF022 - plain sorted() order, see tests/unit/test_public_a
     "Event",
     "Exchange",
     "ExchangeType",
+    "FlowState",
     "FlushPolicy",
+    "KeySource",
     "MessageUnroutable",
     "PublishError",
     "PublishNacked",
     "PublishNotConfirmed",
     "PullConnection",
+    "RateLimit",
     "RejectMessage",
     "ReplayFilter",
     "ReplayReport",
@@ -102,6 +107,7 @@ __all__ = [  # noqa: RUF022 - plain sorted() order, see tests/unit/test_public_a
     "Retry",
     "RetryLater",
     "RetryStrategy",
+    "SerialKey",
     "SettleNotAllowed",
     "Stage",
     "TLS",

@@ -30,7 +30,24 @@ class Stage(str, Enum):
     UNSETTLED = "unsettled"
     """A MANUAL/CLIENT handler returned without settling; the default was applied."""
     RETURNED = "returned"
-    """Prefetched but never started at shutdown: requeued, not counted as a failure."""
+    """Prefetched but never started (shutdown, pause, a tripped breaker): requeued, not
+    counted as a failure."""
+    PAUSED = "paused"
+    """The listener was paused by hand: its consumer cancelled (a listener-level event:
+    tag 0, attempt 0)."""
+    RESUMED = "resumed"
+    """A paused listener was resumed by hand (listener-level)."""
+    TRIPPED = "tripped"
+    """The circuit breaker tripped: consumer cancelled, held deliveries returned
+    (listener-level; the reason says why)."""
+    PROBING = "probing"
+    """The breaker's wait is over: consuming again with a few probe deliveries
+    (listener-level)."""
+    RECOVERED = "recovered"
+    """The probes succeeded: the breaker closed, the listener consumes as before
+    (listener-level)."""
+    THROTTLED = "throttled"
+    """A handler start waited for the listener's rate limit (listener-level)."""
     CONSUMER_CANCELLED = "consumer_cancelled"
     """The broker cancelled the listener's consumer (basic.cancel: RabbitMQ 4.3's consumer
     timeout, a deleted queue): counted once per cancel; the listener consumes again on a
@@ -51,10 +68,15 @@ class Event:
 
 Observer = Callable[[Event], None]
 """Called with every Event. An observer with a false `hot` attribute is not called for
-RECEIVED and ACKED (one of each per healthy message): watching failures then costs a
-healthy message nothing."""
+RECEIVED, ACKED and THROTTLED (up to one of each per healthy message): watching failures
+then costs a healthy message nothing."""
 
-HOT_STAGES = frozenset({Stage.RECEIVED, Stage.ACKED})
+FLOW_STAGES = frozenset(
+    {Stage.PAUSED, Stage.RESUMED, Stage.TRIPPED, Stage.PROBING, Stage.RECOVERED, Stage.THROTTLED}
+)
+"""Listener-level stages: their events carry tag 0 and attempt 0."""
+
+HOT_STAGES = frozenset({Stage.RECEIVED, Stage.ACKED, Stage.THROTTLED})
 
 FRAME_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 """Upper bounds of the ack frame size histogram (deliveries settled by one basic.ack)."""

@@ -62,6 +62,7 @@ def attempt_of(
     redelivered: bool,
     *,
     count_header: str | None = None,
+    returned: int = 0,
 ) -> int:
     """The 1-based attempt number of a delivery.
 
@@ -71,8 +72,10 @@ def attempt_of(
     `BrokerTraits.count_source`'s decision), read only on a redelivery: a first
     delivery has no previous one, whatever a publisher wrote there (RabbitMQ 4.3
     passes a publisher's value through until it increments the count itself).
-    Elsewhere the redelivered flag says "at least one". Raises BadAttemptHeader for
-    a forged or garbage ackkit-attempt header.
+    Elsewhere the redelivered flag says "at least one". `returned`: deliveries of
+    this copy that ackkit itself gave back unstarted (a paused listener, a tripped
+    breaker), not counted. Raises BadAttemptHeader for a forged or garbage
+    ackkit-attempt header.
     """
     base = 1
     extra = 1 if redelivered else 0
@@ -88,4 +91,4 @@ def attempt_of(
             c = _as_int(count)
             if c is not None and c >= 0:
                 extra = max(c, extra)  # a redelivery counts at least once, whatever it says
-    return base + extra
+    return base + max(extra - returned, 0)

@@ -26,13 +26,16 @@ from . import outcome as _outcome
 from . import topology as _topology
 from .actions import (
     Action,
+    Nack,
     TxSelect,
 )
 from .arrival import Arrival, arrival
 from .brokers import UNKNOWN, BrokerTraits, CountSource
 from .errors import BadPayload
-from .events import Counters, Observer, Stage
+from .events import HOT_STAGES, Counters, Event, Observer, Stage
 from .fates import Fates
+from .flow import NO_FLOW
+from .gate import Flow
 from .ledger import Ledger
 from .outcome import Outcome
 from .policy import AckMode, ListenerPolicy
@@ -91,6 +94,13 @@ class ListenerCore(Fates, Shutdown):
         self.use_broker(broker)
         self.stopping = False
         """The app is stopping (`stop()`): no handler starts, no retry runs again."""
+        # pause, circuit breaker, rate limit, per-key serial mode (see gate.Flow)
+        self.flow = Flow(
+            policy.flow or NO_FLOW,
+            clock,
+            self._flow_event,
+            returnable=policy.mode is not AckMode.NONE,
+        )
 
     def use_broker(self, broker: BrokerTraits) -> None:
         """The connection reports this broker (called on every connect: a broker may
@@ -190,8 +200,10 @@ class ListenerCore(Fates, Shutdown):
         it whole.
         """
         count = self._count
+        # a redelivery of one we returned unstarted (paused, tripped) is not an attempt
+        back = self.flow.forgive(message_id) if redelivered and self.flow.owed else 0
         try:
-            attempt = H.attempt_of(headers, redelivered, count_header=count.header)
+            attempt = H.attempt_of(headers, redelivered, count_header=count.header, returned=back)
             bad: str | None = None
         except H.BadAttemptHeader as exc:
             attempt, bad = 1, str(exc)
@@ -213,7 +225,7 @@ class ListenerCore(Fates, Shutdown):
             forged=bad is not None,
             attempt=attempt,
             max_attempts=mx,
-            redelivered=redelivered,
+            redelivered=redelivered and not back,  # not restamped: we know why it is back
             count=count,
         )
         if verdict is Arrival.UNREADABLE:
@@ -277,6 +289,21 @@ class ListenerCore(Fates, Shutdown):
             undecodable=undecodable,
             traceback=traceback,
         )
+
+    def hold_back(self, t: Tracked, why: str) -> list[Action]:
+        """Return a delivery unstarted because the listener stopped consuming (paused, a
+        tripped breaker): requeued, and its redelivery is not counted as an attempt."""
+        if t.settled or not self.ledger.current(t) or self.mode is AckMode.NONE:
+            return []
+        self.ledger.gone(t)
+        self.flow.owe(t.message_id)
+        self._emit(Stage.RETURNED, t, why)
+        return [Nack(t.tag, requeue=True)]
+
+    def _flow_event(self, stage: Stage, reason: str) -> None:
+        self.counters.counts[stage] += 1
+        if self.observer and (self._hot or stage not in HOT_STAGES):
+            self.observer(Event(stage, self.policy.name, 0, 0, reason))
 
     def current(self, generation: int) -> bool:
         """Do actions decided for channel generation `generation` still belong on the

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from . import checks as C
+from .flow import FlowPolicy
 from .headers import MAX_ATTEMPT_HEADER
 
 
@@ -338,6 +339,8 @@ class ListenerPolicy:
     queue_type: str | None = None
     """The origin queue's x-queue-type, when known: with "quorum" its retry delay
     queues are quorum queues too, which dead-letter back at-least-once."""
+    flow: FlowPolicy | None = None
+    """Circuit breaker, rate limit and per-key serial mode (None: all off)."""
     extra: dict[str, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -353,6 +356,14 @@ class ListenerPolicy:
         if self.flush is not None and not isinstance(self.flush, FlushPolicy):
             raise TypeError(f"flush must be a FlushPolicy or None, got {self.flush!r}")
         C.integer("max_traceback", self.max_traceback, 0)
+        if self.flow is not None and not isinstance(self.flow, FlowPolicy):
+            raise TypeError(f"flow must be a FlowPolicy or None, got {self.flow!r}")
+        if self.flow is not None and self.flow.breaker is not None and self.mode is AckMode.NONE:
+            raise ValueError(
+                "circuit_breaker needs acknowledgements: a tripped breaker returns the "
+                "deliveries it holds to the queue, and with AckMode.NONE the broker forgot "
+                "them when it sent them"
+            )
         if self.queue_type is not None:
             C.text("queue_arguments['x-queue-type']", self.queue_type)
         if self.mode is AckMode.NONE and self.retry.max_attempts > 1:

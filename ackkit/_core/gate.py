@@ -1,0 +1,308 @@
+"""Flow: one listener's gate between "delivered" and "handler started" (no I/O).
+
+It decides, for every delivery the runtime received, whether its handler may
+start now, must wait (its key is busy; the breaker is probing with others), or
+goes back to the queue (the listener is paused or tripped); how long a start
+waits for the rate limit; and when the listener should hold a consumer at all.
+Runtimes carry out a `FlowStep`: start `ready`, return `returned` with
+`ListenerCore.hold_back`, and cancel or re-open the consumer when `consume` says.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from .breaker import Breaker, BreakerState
+from .events import Stage
+from .flow import FlowPolicy, FlowState
+from .limiter import KeySerializer, TokenBucket
+from .tracked import Tracked
+
+MAX_OWED = 100_000
+"""Most message ids remembered as returned unstarted."""
+
+Emit = Callable[[Stage, str], None]
+"""Count a listener-level stage and tell the observers (reason in words)."""
+
+
+class Admission(str, Enum):
+    """What becomes of a delivery that just arrived."""
+
+    RUN = "run"
+    """Its handler may start (after the rate limit's wait)."""
+    WAIT = "wait"
+    """Held in the gate: it comes back in a later `FlowStep.ready` (or `.returned`)."""
+    RETURN = "return"
+    """Not consuming now: return it to the queue (`ListenerCore.hold_back`)."""
+
+
+@dataclass
+class FlowStep:
+    """What the runtime does after a flow decision, in this order."""
+
+    returned: list[Tracked] = field(default_factory=list)
+    """Give these back to the queue (`ListenerCore.hold_back`), unstarted."""
+    ready: list[Tracked] = field(default_factory=list)
+    """Their handlers may start now (queue them to run)."""
+    consume: bool | None = None
+    """True: (re)open the consumer if there is none; False: cancel it; None: no change."""
+
+    def __bool__(self) -> bool:
+        return bool(self.returned or self.ready or self.consume is not None)
+
+
+class Flow:
+    """Pause, circuit breaker, rate limit and per-key serial mode of one listener."""
+
+    def __init__(
+        self,
+        policy: FlowPolicy,
+        clock: Callable[[], float],
+        emit: Emit,
+        *,
+        returnable: bool = True,
+    ) -> None:
+        self.policy = policy
+        # False with AckMode.NONE: the broker forgot a delivery on send, so one that
+        # arrived runs even while paused (there is no giving it back).
+        self.returnable = returnable
+        self.clock = clock
+        self.emit = emit
+        self.paused = False
+        self.breaker = Breaker(policy.breaker) if policy.breaker is not None else None
+        self.bucket = TokenBucket(policy.rate_limit) if policy.rate_limit is not None else None
+        self.serial = policy.serial_key
+        self.keys: KeySerializer[Tracked] = KeySerializer()
+        self.holding: dict[Tracked, Hashable | None] = {}  # admitted: the key each holds
+        self.probes: set[Tracked] = set()  # half-open: the deliveries let through
+        self.parked: deque[Tracked] = deque()  # half-open: arrived after the probes
+        self.keyed: set[Tracked] = set()  # parked ones that hold their key already
+        self.probes_started = 0
+        # message_id -> returns not counted yet (see `owe`), oldest first, bounded
+        self.owed: dict[str, int] = {}
+
+    # -- state ----------------------------------------------------------------
+
+    @property
+    def state(self) -> FlowState:
+        if self.paused:
+            return FlowState.PAUSED
+        b = self.breaker
+        if b is None or b.state is BreakerState.CLOSED:
+            return FlowState.CONSUMING
+        return FlowState.TRIPPED if b.state is BreakerState.OPEN else FlowState.PROBING
+
+    @property
+    def consuming(self) -> bool:
+        """Should the listener hold a consumer on its queue now?"""
+        return self.state in (FlowState.CONSUMING, FlowState.PROBING)
+
+    @property
+    def active(self) -> bool:
+        """Does the gate track handler calls (a breaker, or serial mode)?"""
+        return self.breaker is not None or self.serial is not None
+
+    @property
+    def gated(self) -> bool:
+        """Does a delivery that arrives need `arrive` (else it would say RUN)?"""
+        return self.paused or self.breaker is not None or self.serial is not None
+
+    @property
+    def waiting(self) -> int:
+        """Deliveries held in the gate (key busy, or parked while probing)."""
+        return len(self.keys) + len(self.parked)
+
+    # -- deliveries -------------------------------------------------------------
+
+    def arrive(self, t: Tracked, key: Hashable | None = None) -> Admission:
+        """A delivery arrived (its key, from `SerialKey.of`, None without serial mode)."""
+        state = self.state
+        if state is FlowState.PAUSED or state is FlowState.TRIPPED:
+            if self.returnable:
+                return Admission.RETURN
+            state = FlowState.CONSUMING
+        if state is FlowState.PROBING and self.probes_started >= self._probe_quota():
+            self.parked.append(t)
+            self.holding[t] = key
+            return Admission.WAIT
+        self.holding[t] = key
+        if not self.keys.arrive(key, t):
+            return Admission.WAIT
+        if state is FlowState.PROBING:
+            self.probes.add(t)
+            self.probes_started += 1
+        return Admission.RUN
+
+    def may_start(self, t: Tracked) -> bool:
+        """Just before its handler starts: may it? False: return it (`hold_back`)."""
+        state = self.state
+        if state is FlowState.CONSUMING or not self.returnable:
+            return True
+        return state is FlowState.PROBING and t in self.probes
+
+    def reserve(self, n: int = 1) -> float:
+        """Seconds to wait before `n` handler starts (a batch of n) may begin; books them."""
+        if self.bucket is None:
+            return 0.0
+        wait = self.bucket.reserve(n, self.clock())
+        if wait > 0:
+            self.emit(Stage.THROTTLED, f"rate limit: {n} start(s) wait {wait:.3f} s")
+        return wait
+
+    def key(self, headers: Mapping[str, Any] | None, properties: Any, routing_key: str) -> Any:
+        """A delivery's serial key (None without serial mode, or when it has none)."""
+        return None if self.serial is None else self.serial.of(headers, properties, routing_key)
+
+    def failed(self, exc: BaseException | None) -> bool:
+        """Does a call that raised `exc` count as a failure for the breaker?"""
+        return self.breaker is not None and self.breaker.cfg.counts(exc)
+
+    def done(
+        self, ts: Sequence[Tracked], failed: bool | None, keep: Collection[Tracked] = ()
+    ) -> FlowStep:
+        """A handler call for `ts` ended: `failed` tells the breaker (None: it never ran,
+        the deliveries went back unstarted). The keys of all but `keep` (they run again:
+        an in-process retry) are freed for the next deliveries."""
+        step = FlowStep()
+        probing = any(t in self.probes for t in ts)
+        for t in ts:
+            if t not in keep:
+                self._leave(t, step)
+        b = self.breaker
+        if failed is None or b is None or (b.state is BreakerState.HALF_OPEN and not probing):
+            return self._admit_released(step)
+        was = b.state
+        if b.record(failed, self.clock()):
+            self._trip(step, "a probe failed" if was is BreakerState.HALF_OPEN else self._why())
+            return step
+        if was is BreakerState.HALF_OPEN and b.state is BreakerState.CLOSED:
+            self.probes.clear()
+            self.emit(Stage.RECOVERED, f"{b.cfg.probes} probe(s) succeeded")
+            parked = list(self.parked)
+            self.parked.clear()
+            for t in parked:
+                if t in self.keyed:  # it holds its key already
+                    self.keyed.discard(t)
+                    step.ready.append(t)
+                elif self.arrive(t, self.holding.pop(t, None)) is Admission.RUN:
+                    step.ready.append(t)
+        return self._admit_released(step)
+
+    # -- by hand, and by time ------------------------------------------------------
+
+    def pause(self) -> FlowStep:
+        if self.paused:
+            return FlowStep()
+        self.paused = True
+        self.emit(Stage.PAUSED, "paused by hand")
+        step = FlowStep(consume=False)
+        if self.returnable:
+            self._empty(step)
+        return step
+
+    def resume(self) -> FlowStep:
+        if not self.paused:
+            return FlowStep()
+        self.paused = False
+        self.emit(Stage.RESUMED, f"resumed by hand ({self.state.value})")
+        return FlowStep(consume=self.consuming)
+
+    def tick(self) -> FlowStep:
+        """Call periodically: a tripped breaker whose wait is over starts probing."""
+        b = self.breaker
+        if b is None or not b.poll(self.clock()):
+            return FlowStep()
+        self.probes.clear()
+        self.probes_started = 0
+        self.emit(Stage.PROBING, f"probing with {b.cfg.probes} delivery(ies)")
+        return FlowStep(consume=not self.paused)
+
+    # -- returns that are not attempts --------------------------------------------
+
+    def owe(self, message_id: str | None) -> None:
+        """A delivery with `message_id` went back to the queue unstarted: its next
+        redelivery is not an attempt. (Without a message_id a redelivery cannot be
+        recognised, and counts as one.)"""
+        if not message_id:
+            return
+        owed = self.owed
+        owed[message_id] = owed.pop(message_id, 0) + 1
+        if len(owed) > MAX_OWED:
+            del owed[next(iter(owed))]
+
+    def forgive(self, message_id: str | None) -> int:
+        """A redelivery with `message_id` arrived: 1 if it is one we gave back (it is
+        then not counted as an attempt), else 0."""
+        if not message_id or message_id not in self.owed:
+            return 0
+        n = self.owed.pop(message_id) - 1
+        if n:
+            self.owed[message_id] = n
+        return 1
+
+    # -- internals ------------------------------------------------------------------
+
+    def _probe_quota(self) -> int:
+        b = self.breaker
+        return b.cfg.probes if b is not None else 0
+
+    def _why(self) -> str:
+        b = self.breaker
+        assert b is not None
+        c = b.cfg
+        return (
+            f"failure ratio >= {c.failure_ratio:g} over {c.window:g} s "
+            f"(at least {c.min_attempts} calls); consuming again in {c.open_for:g} s"
+        )
+
+    def _trip(self, step: FlowStep, why: str) -> None:
+        self.probes.clear()
+        self.emit(Stage.TRIPPED, why)
+        step.consume = False
+        self._empty(step)
+
+    def _empty(self, step: FlowStep) -> None:
+        """Not consuming any more: everything waiting in the gate, and whatever was about
+        to start, goes back (their keys freed)."""
+        waiting = self.keys.take_all()  # behind a busy key: they hold nothing
+        holders = [*step.ready, *(t for t in self.parked if t in self.keyed)]
+        unkeyed = [t for t in self.parked if t not in self.keyed]
+        step.ready = []
+        self.parked.clear()
+        self.keyed.clear()
+        for t in holders:
+            self.keys.done(self.holding.pop(t, None))  # nothing waits behind it any more
+        for t in (*waiting, *unkeyed):
+            self.holding.pop(t, None)
+        step.returned.extend([*holders, *waiting, *unkeyed])
+
+    def _leave(self, t: Tracked, step: FlowStep) -> None:
+        """`t` is done with (finished, or returned): free its key for the next one."""
+        self.probes.discard(t)
+        if t not in self.holding:
+            return
+        nxt = self.keys.done(self.holding.pop(t))
+        if nxt is not None:
+            step.ready.append(nxt)
+
+    def _admit_released(self, step: FlowStep) -> FlowStep:
+        """Deliveries that took a freed key may only start if the state allows it now."""
+        state = self.state
+        if (state is FlowState.PAUSED or state is FlowState.TRIPPED) and self.returnable:
+            self._empty(step)
+        elif state is FlowState.PROBING:
+            keep = []
+            for t in step.ready:
+                if self.probes_started < self._probe_quota():
+                    self.probes.add(t)
+                    self.probes_started += 1
+                    keep.append(t)
+                else:  # it holds its key; it waits for the probes' verdict
+                    self.parked.append(t)
+                    self.keyed.add(t)
+            step.ready = keep
+        return step
