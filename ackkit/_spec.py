@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from ._core import checks as C
 from ._core.events import Observer
 from ._core.exchanges import Bind, Exchange, binds, plan
+from ._core.flow import CircuitBreaker, FlowPolicy, FlowState, RateLimit, SerialKey
 from ._core.policy import (
     DEFAULT_PREFETCH,
     DLQ_DEFAULT,
@@ -53,6 +54,16 @@ class ListenerSpec:
     declare: bool = True
     queue_arguments: dict[str, Any] = field(default_factory=dict)
     binds: tuple[Bind, ...] = ()
+    consumer_arguments: dict[str, Any] = field(default_factory=dict)
+    """basic.consume arguments (x-priority, x-consumer-timeout, ...)."""
+    exclusive: bool = False
+    """basic.consume exclusive: no other consumer on the queue while this one is."""
+
+    @property
+    def single_active(self) -> bool:
+        """Is the queue declared with x-single-active-consumer? (Then a consumer that
+        receives nothing may simply be the standby, which is not an error.)"""
+        return bool(self.queue_arguments.get("x-single-active-consumer"))
 
     @property
     def name(self) -> str:
@@ -117,6 +128,8 @@ def _check_queue_arguments(queue: str, args: dict[str, Any], mode: AckMode) -> N
     ):
         if key in args:
             C.integer(f"queue_arguments[{key!r}]", args[key], 0)
+    if "x-single-active-consumer" in args:
+        C.flag("queue_arguments['x-single-active-consumer']", args["x-single-active-consumer"])
     if args.get("x-dead-letter-routing-key") == queue and args.get("x-dead-letter-exchange") == "":
         raise ValueError(
             f"queue_arguments dead-letter {queue!r} into itself "
@@ -141,6 +154,50 @@ def probe_for(
     """The probe a runtime calls around `spec`'s handler: every instrument's, or None."""
     probes = [p for f in instruments if (p := f(spec, core)) is not None]
     return _combine(probes) if probes else None
+
+
+_CONSUMER_NAMED = {"x-priority": "consumer_priority", "x-consumer-timeout": "consumer_timeout"}
+_INT32 = 2**31 - 1
+
+
+def _flow_policy(
+    breaker: CircuitBreaker | None,
+    rate: RateLimit | float | None,
+    serial: SerialKey | None,
+    batch_size: int | None,
+) -> FlowPolicy | None:
+    """The listener's flow options as one value (None when all are off)."""
+    if rate is not None and not isinstance(rate, RateLimit):
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)):
+            raise TypeError(
+                f"rate_limit must be a RateLimit, a number of messages per second or None, "
+                f"got {rate!r}"
+            )
+        rate = RateLimit(float(rate))
+    if serial is not None and batch_size is not None:
+        raise ValueError(
+            "serial_key= with batch_size=: a batch would run deliveries of one key together "
+            "and out of the gate's order; use one or the other"
+        )
+    if breaker is None and rate is None and serial is None:
+        return None
+    return FlowPolicy(breaker=breaker, rate_limit=rate, serial_key=serial)
+
+
+def _consumer_arguments(
+    priority: int | None, timeout: float | None, extra: dict[str, Any] | None
+) -> dict[str, Any]:
+    """basic.consume arguments from the named options and `consumer_arguments`."""
+    args = C.amqp_table("consumer_arguments", extra)
+    for key, option in _CONSUMER_NAMED.items():
+        if key in args:
+            raise ValueError(f"consumer_arguments[{key!r}]: use {option}= instead")
+    if priority is not None:
+        args["x-priority"] = C.integer("consumer_priority", priority, -_INT32 - 1, _INT32)
+    if timeout is not None:
+        seconds = C.number("consumer_timeout", timeout, 0, _DAY * 7, above=True)
+        args["x-consumer-timeout"] = max(1, round(seconds * 1000))  # milliseconds
+    return args
 
 
 class AppBase(SettingsView):
@@ -258,6 +315,13 @@ class AppBase(SettingsView):
         bind: BindOption = None,
         flush: FlushPolicy | None = None,
         name: str | None = None,
+        circuit_breaker: CircuitBreaker | None = None,
+        rate_limit: RateLimit | float | None = None,
+        serial_key: SerialKey | None = None,
+        consumer_priority: int | None = None,
+        consumer_timeout: float | None = None,
+        exclusive: bool = False,
+        consumer_arguments: dict[str, Any] | None = None,
     ) -> Callable[[F], F]:
         """Register a handler for `queue`.
 
@@ -269,6 +333,12 @@ class AppBase(SettingsView):
         `bind=[("orders", "order.*")]` binds the queue to exchanges before it is
         consumed (an exchange named by a string is declared as a durable topic
         exchange if it does not exist; `Exchange(...)` declares one exactly).
+
+        Flow control: `circuit_breaker` stops consuming while the handler keeps
+        failing; `rate_limit` (a RateLimit, or messages per second) spaces handler
+        starts; `serial_key` never runs two deliveries with the same key at once.
+        Consumer: `consumer_priority` (x-priority), `consumer_timeout` (seconds,
+        x-consumer-timeout), `exclusive`, and any other `consumer_arguments`.
         """
         C.queue_name("queue", queue, declared=False)
         declare = C.flag("declare", declare)
@@ -298,6 +368,9 @@ class AppBase(SettingsView):
             raise TypeError(f"retry must be a Retry or None, got {retry!r}")
         r = retry or NO_RETRY
         check_delivery_limit(r, args)
+        flow = _flow_policy(circuit_breaker, rate_limit, serial_key, batch_size)
+        exclusive = C.flag("exclusive", exclusive)
+        cargs = _consumer_arguments(consumer_priority, consumer_timeout, consumer_arguments)
         # ListenerPolicy checks the rest (dead_letter, on_unsettled, flush) before the
         # handler is bound, so a wrong option fails at the decorator's line.
         probe = ListenerPolicy(
@@ -310,14 +383,16 @@ class AppBase(SettingsView):
             on_unsettled=on_unsettled,
             flush=flush,
             queue_type=_queue_type(args),
+            flow=flow,
         )
-        if r.strategy is RetryStrategy.IN_PROCESS and r.total_delay() > CONSUMER_TIMEOUT / 2:
+        limit = CONSUMER_TIMEOUT if consumer_timeout is None else float(consumer_timeout)
+        if r.strategy is RetryStrategy.IN_PROCESS and r.total_delay() > limit / 2:
             log.warning(
-                "listener on %r: in-process retries may wait %.0f s, close to RabbitMQ's "
-                "consumer_timeout (%.0f s by default); use RetryStrategy.BROKER",
+                "listener on %r: in-process retries may wait %.0f s, close to the "
+                "consumer timeout (%.0f s); use RetryStrategy.BROKER",
                 queue,
                 r.total_delay(),
-                CONSUMER_TIMEOUT,
+                limit,
             )
 
         def register(fn: F) -> F:
@@ -354,6 +429,8 @@ class AppBase(SettingsView):
                     declare,
                     args,
                     bound,
+                    cargs,
+                    exclusive,
                 )
             )
             return fn
@@ -369,6 +446,16 @@ class AppBase(SettingsView):
 
     def _check_handler(self, binding: Binding) -> None:
         """Runtimes refuse handler kinds they cannot run."""
+
+    def _listener_name(self, name: str | None) -> None:
+        if name is not None and all(s.name != name for s in self.specs):
+            names = ", ".join(repr(s.name) for s in self.specs)
+            raise ValueError(f"no listener named {name!r} on this app (listeners: {names})")
+
+    def flow_state(self) -> dict[str, FlowState]:
+        """Per listener: consuming, paused (by hand), tripped (circuit breaker open) or
+        probing (half-open), as the latest run left it."""
+        return {name: core.flow.state for name, (_, core) in self._cores.items()}
 
     def __iter__(self) -> Iterator[ListenerSpec]:
         return iter(self.specs)

@@ -192,6 +192,12 @@ class Flow:
                     step.ready.append(t)
         return self._admit_released(step)
 
+    def drain(self) -> list[Tracked]:
+        """Shutdown: every delivery waiting in the gate, taken out (return them)."""
+        step = FlowStep()
+        self._empty(step)
+        return step.returned
+
     # -- by hand, and by time ------------------------------------------------------
 
     def pause(self) -> FlowStep:

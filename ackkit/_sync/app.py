@@ -13,6 +13,8 @@ from typing import Any
 from .._handler import Binding
 from .._publish import AUTO, NOT_RUNNING, PUBLISH_TIMEOUT, outgoing
 from .._spec import AppBase
+from . import flowing
+from .consumer import Consumer
 from .runtime import Runtime
 
 log = logging.getLogger("ackkit")
@@ -154,3 +156,23 @@ class App(AppBase):
         if rt is None:
             raise RuntimeError(NOT_RUNNING)
         rt.publish(msg)
+
+    def pause(self, listener: str | None = None) -> None:
+        """Stop consuming: the listener named (all of them by default) cancels its
+        consumer and returns the deliveries it holds unstarted to the queue (not counted
+        as attempts); handlers already running finish. Returns at once; the consumer is
+        cancelled on the I/O thread right after."""
+        for c in self._consumers("pause", listener):
+            flowing.set_paused(c, True)
+
+    def resume(self, listener: str | None = None) -> None:
+        """Consume again after `pause()` (a tripped circuit breaker stays tripped)."""
+        for c in self._consumers("resume", listener):
+            flowing.set_paused(c, False)
+
+    def _consumers(self, what: str, listener: str | None) -> list[Consumer]:
+        rt = self._runtime
+        if rt is None:
+            raise RuntimeError(f"App is not running: nothing to {what}")
+        self._listener_name(listener)
+        return [c for c in rt.consumers if listener is None or c.spec.name == listener]

@@ -27,6 +27,7 @@ from .._publish import Outgoing
 from .._spec import Instrument, ListenerSpec, probe_for
 from .._wire import describe
 from . import _frames as frames
+from . import flowing
 from .executor import Executor
 from .publisher import Publisher
 
@@ -101,10 +102,20 @@ class Consumer(Executor):
 
     def _consume(self, ch: Any) -> None:
         self.cancelled.clear()
-        self.consumer_tag = ch.basic_consume(
-            self.spec.queue, self._on_message, auto_ack=self.no_ack
-        )
+        self.consumer_tag = None
+        if self.core.flow.consuming:  # not while paused or tripped
+            self._basic_consume(ch)
         self.rt.consumer_ready(self)
+
+    def _basic_consume(self, ch: Any) -> None:
+        spec = self.spec
+        self.consumer_tag = ch.basic_consume(
+            spec.queue,
+            self._on_message,
+            auto_ack=self.no_ack,
+            exclusive=spec.exclusive,
+            arguments=spec.consumer_arguments or None,
+        )
 
     def _on_channel_closed(self, ch: Any, reason: BaseException) -> None:
         if ch is not self.channel:
@@ -175,11 +186,18 @@ class Consumer(Executor):
                 self.outbox.append((t.generation, t.verdict))
             self.flush()
             return
+        if self.core.flow.gated and not flowing.admit(self, d):
+            return
         self.inbox.put(d)
 
     def tick(self) -> None:
         if self.channel is not None:
             self.decide(self.core.tick)
+            if self.core.flow.breaker is not None:
+                with self.lock:
+                    step = self.core.flow.tick()
+                if step:
+                    flowing.carry_out(self, step)
 
     def _publish(self, gen: int, a: Republish) -> None:
         self.rt.publisher.publish(self, gen, a)
@@ -259,6 +277,11 @@ class Consumer(Executor):
                 ds = self._startable(ds)
         if not ds:
             return
+        flow = core.flow
+        if flow.bucket is not None or flow.gated:
+            ds = flowing.before_start(self, ds)
+            if not ds:
+                return
         inv = Invocation(self.binding, ds)
         out = self._attempt(inv)
         while out.rerun:
@@ -308,6 +331,9 @@ class Consumer(Executor):
             out = inv.outcome(self.core, result, exc)
             if out.actions:
                 self.send(self.core.generation, out.actions)
+            step = inv.flow(self.core, exc, out) if self.core.flow.active else None
+        if step:
+            flowing.carry_out(self, step)
         if out.stop is not None:
             self.rt.fail(out.stop, f"{self.spec.name}: handler raised {type(out.stop).__name__}")
         return out

@@ -26,6 +26,7 @@ from .._observers import observing
 from .._publish import Outgoing, not_confirmed
 from .._settings import Settings
 from .._spec import Instrument, ListenerSpec
+from . import flowing
 from ._pika import declare_queues, parameters
 from .consumer import Consumer
 from .engine import Engine
@@ -242,6 +243,7 @@ class Runtime(Engine):
                     break
                 if d is not None:
                     left.append(d)
+            left.extend(flowing.waiting(c))  # held by the flow gate (a busy key, probing)
             if left:
                 with c.lock:
                     c._startable(left)  # the stopping core releases each
