@@ -15,6 +15,7 @@ from typing import Any
 from .._handler import Binding, annotated
 from .._publish import AUTO, NOT_RUNNING, PUBLISH_TIMEOUT, outgoing
 from .._spec import AppBase
+from . import flowing
 from .delivery import AsyncDelivery
 from .runtime import AsyncRuntime
 
@@ -183,3 +184,25 @@ class AsyncApp(AppBase):
         if rt is None:
             raise RuntimeError(NOT_RUNNING.replace("app.run()", "await app.run()"))
         await rt.publish(msg)
+
+    def pause(self, listener: str | None = None) -> None:
+        """Stop consuming: the listener named (all of them by default) cancels its
+        consumer and returns the deliveries it holds unstarted to the queue (not counted
+        as attempts); handlers already running finish. Returns at once (callable from
+        any thread); the event loop carries it out right after."""
+        self._flow("pause", listener, True)
+
+    def resume(self, listener: str | None = None) -> None:
+        """Consume again after `pause()` (a tripped circuit breaker stays tripped)."""
+        self._flow("resume", listener, False)
+
+    def _flow(self, what: str, listener: str | None, paused: bool) -> None:
+        rt = self._runtime
+        if rt is None:
+            raise RuntimeError(f"AsyncApp is not running: nothing to {what}")
+        self._listener_name(listener)
+        for c in rt.consumers:
+            if listener is None or c.spec.name == listener:
+                rt.loop.call_soon_threadsafe(
+                    lambda c=c: rt.spawn(flowing.set_paused(c, paused))  # type: ignore[misc]
+                )

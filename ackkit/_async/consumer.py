@@ -54,6 +54,7 @@ from .._publish import Outgoing
 from .._spec import Instrument, ListenerSpec, probe_for
 from .._wire import describe
 from . import _frames as frames
+from . import flowing
 from ._amqp import CHANNEL_GONE, ChannelNumbers
 from .delivery import AsyncDelivery
 from .settling import ChannelSettler, SettlerHost
@@ -114,6 +115,7 @@ class AsyncConsumer(ChannelSettler):
         self.batch_timer: asyncio.TimerHandle | None = None
         self.pool: ThreadPoolExecutor | None = None
         self._opening = False
+        self.consuming = False  # a basic.consume is on its way
         self._reasons: frames.Reasons | None = None  # of the channel's connection
         self.failures = FailureLog(log)
         # metrics, tracing: None when off
@@ -142,10 +144,25 @@ class AsyncConsumer(ChannelSettler):
             if any(type(a) is TxSelect for a in acts):
                 await ch.tx_select()
             await ch.basic_qos(prefetch_count=self.spec.policy.prefetch)
-            ok = await ch.basic_consume(self.queue, self._on_message, no_ack=self.no_ack)
-            self.consumer_tag = ok.consumer_tag
+            if self.core.flow.consuming:  # not while paused or tripped
+                await self.consume(ch)
         finally:
             self._opening = False
+
+    async def consume(self, ch: AbstractChannel) -> None:
+        spec = self.spec
+        self.consuming = True
+        try:
+            ok = await ch.basic_consume(
+                self.queue,
+                self._on_message,
+                no_ack=self.no_ack,
+                exclusive=spec.exclusive,
+                arguments=spec.consumer_arguments or None,
+            )
+        finally:
+            self.consuming = False
+        self.consumer_tag = ok.consumer_tag
 
     def _on_channel_closed(self, ch: AbstractChannel, fut: asyncio.Future[Any]) -> None:
         reason = None if fut.cancelled() else fut.exception()
@@ -261,6 +278,8 @@ class AsyncConsumer(ChannelSettler):
         if t.verdict is not None:
             await self.execute(t.generation, t.verdict)
             return
+        if core.flow.gated and not await flowing.admit(self, d):
+            return
         unit: Unit = d
         if self.batch_size:
             batch = self._batch_add(d)
@@ -289,6 +308,18 @@ class AsyncConsumer(ChannelSettler):
             if task is not None:
                 self.tasks.discard(task)
 
+    def start(self, d: Delivery) -> None:
+        """Run `d`'s handler when a concurrency slot is free (the gate let it through)."""
+        if self.running >= self.limit:
+            self.backlog.append(d)
+        else:
+            self.rt.spawn(self._run(d))
+
+    async def tick(self) -> None:
+        await super().tick()
+        if self.core.flow.breaker is not None:
+            await flowing.tick(self)
+
     async def _handle(self, ds: list[Delivery]) -> None:
         """Run the handler for `ds` (one delivery, or a batch) until the core is done with it."""
         core = self.core
@@ -300,6 +331,11 @@ class AsyncConsumer(ChannelSettler):
                 return
         else:
             ds = await self._startable(ds)
+            if not ds:
+                return
+        flow = core.flow
+        if flow.bucket is not None or flow.gated:
+            ds = await flowing.before_start(self, ds)
             if not ds:
                 return
         inv = Invocation(self.binding, ds)
@@ -359,8 +395,11 @@ class AsyncConsumer(ChannelSettler):
             done(exc)
         core = self.core
         out = inv.outcome(core, result, exc, tb)
+        step = inv.flow(core, exc, out) if core.flow.active else None
         if out.actions:
             await self.execute(core.generation, out.actions)
+        if step:
+            await flowing.carry_out(self, step)
         if out.stop is not None:
             self.rt.fail(out.stop, f"{self.spec.name}: handler raised {type(out.stop).__name__}")
         return out
@@ -422,6 +461,7 @@ class AsyncConsumer(ChannelSettler):
             self.batch_timer.cancel()
             self.batch_timer = None
         ds = [d for u in units for d in (u if isinstance(u, list) else [u])]
+        ds.extend(flowing.waiting(self))
         if ds:
             await self.release(ds)
 
