@@ -88,6 +88,27 @@ _LINES: dict[Stage, tuple[int, str, str]] = {
 }
 
 
+# listener-level stages -> (level, what the line says happened)
+_FLOW_LINES: dict[Stage, tuple[int, str]] = {
+    Stage.PAUSED: (logging.INFO, "paused (consumer cancelled, held deliveries returned)"),
+    Stage.RESUMED: (logging.INFO, "resumed"),
+    Stage.TRIPPED: (
+        logging.WARNING,
+        "circuit breaker tripped (consumer cancelled, held deliveries returned)",
+    ),
+    Stage.PROBING: (logging.INFO, "circuit breaker half-open, probing"),
+    Stage.RECOVERED: (logging.INFO, "circuit breaker closed, consuming again"),
+}
+
+
+def flow_line(ev: Event) -> str | None:
+    """A one-line description of a listener-level event (pause, breaker), else None."""
+    flow = _FLOW_LINES.get(ev.stage)
+    if flow is None:
+        return None
+    return f"{ev.listener}: {flow[1]}: {mask_text(ev.reason) or '-'}"
+
+
 class LifecycleLog:
     """An observer writing one line per dead letter, rejection, unsettled or stale delivery.
 
@@ -105,6 +126,20 @@ class LifecycleLog:
     def __call__(self, ev: Event) -> None:
         line = _LINES.get(ev.stage)
         if line is None:
+            flow = _FLOW_LINES.get(ev.stage)
+            if flow is not None:
+                self.logger.log(
+                    flow[0],
+                    "%s: %s: %s",
+                    ev.listener,
+                    flow[1],
+                    mask_text(ev.reason) or "-",
+                    extra={
+                        "listener": ev.listener,
+                        "queue": self.queues.get(ev.listener, ""),
+                        "outcome": ev.stage.value,
+                    },
+                )
             return
         level, outcome, what = line
         if not self.logger.isEnabledFor(level):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from ._cli_output import OutputFormat
@@ -51,6 +51,20 @@ def _secrets(url: str) -> list[str]:
 
 def _safe(text: str, url: str) -> str:
     return mask_text(text, *_secrets(url))
+
+
+def _flow_printer(console: Any) -> Any:
+    """An event observer printing a line when a listener is paused, resumed, tripped,
+    probing or recovered (not called for healthy messages)."""
+    from ._logs import flow_line
+
+    def show(ev: Any) -> None:
+        line = flow_line(ev)
+        if line is not None:
+            console.print(f"ackkit: {line}", highlight=False, markup=False)
+
+    show.hot = False  # type: ignore[attr-defined]
+    return show
 
 
 def build_cli() -> typer.Typer:
@@ -290,6 +304,8 @@ def build_cli() -> typer.Typer:
             except (ImportError, OSError) as exc:
                 raise fail(f"--metrics-port {metrics_port}: {exc}", url or "") from None
             err().print(f"ackkit: metrics on http://{metrics_addr}:{metrics_port}/metrics")
+        if hasattr(app, "on_event"):
+            app.on_event(_flow_printer(err()))  # paused, tripped, probing, recovered
         err().print(f"ackkit: running {target} ({shown}), pid {os.getpid()}", markup=False)
         try:
             run_app(app)

@@ -10,7 +10,9 @@ Per listener (labels `listener`, `queue`):
 - counters of the settlement lifecycle: `ackkit_delivered_total`, `ackkit_acked_total`,
   `ackkit_nacked_total`, `ackkit_requeued_total`, `ackkit_rejected_total`,
   `ackkit_retried_total`, `ackkit_dead_lettered_total`, `ackkit_stale_dropped_total`,
-  `ackkit_unsettled_total`, `ackkit_returned_total`;
+  `ackkit_unsettled_total`, `ackkit_returned_total`, and of flow control:
+  `ackkit_paused_total`, `ackkit_tripped_total`, `ackkit_throttled_total`;
+- `ackkit_flow_state{state="consuming|paused|tripped|probing"}`: 1 for the current state;
 - `ackkit_ack_batch_size`: histogram of deliveries settled by one basic.ack frame;
 - `ackkit_in_flight` (delivered, not settled yet), `ackkit_pending_acks` (settled, the
   ack frame not sent yet), `ackkit_republishing` (retry / dead-letter copies waiting
@@ -49,6 +51,7 @@ except ImportError as exc:  # pragma: no cover - exercised by the packaging test
     ) from exc
 
 from ._core.events import FRAME_BUCKETS, Stage
+from ._core.flow import FlowState
 from ._core.listener import ListenerCore
 from ._spec import AppBase, ListenerSpec
 
@@ -112,7 +115,14 @@ COUNTERS: tuple[tuple[Stage, str, str], ...] = (
     (
         Stage.RETURNED,
         "ackkit_returned",
-        "Prefetched deliveries returned unstarted at shutdown.",
+        "Prefetched deliveries returned unstarted (shutdown, pause, a tripped breaker).",
+    ),
+    (Stage.PAUSED, "ackkit_paused", "Times the listener was paused by hand."),
+    (Stage.TRIPPED, "ackkit_tripped", "Times the listener's circuit breaker tripped."),
+    (
+        Stage.THROTTLED,
+        "ackkit_throttled",
+        "Handler starts (or batches) that waited for the listener's rate limit.",
     ),
     (
         Stage.CONSUMER_CANCELLED,
@@ -139,7 +149,7 @@ class _ListenerCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         fams = self._families()
         counters = fams[: len(COUNTERS)]
-        frames, in_flight, pending, republishing = fams[len(COUNTERS) :]
+        frames, in_flight, pending, republishing, flow_state = fams[len(COUNTERS) :]
         for spec, core in list(self.app._cores.values()):
             labels = [spec.name, spec.queue]
             c = core.counters
@@ -159,6 +169,9 @@ class _ListenerCollector(Collector):
             in_flight.add_metric(labels, core.outstanding)
             pending.add_metric(labels, core.pending_acks)
             republishing.add_metric(labels, core.republishing)
+            now = core.flow.state
+            for st in FlowState:
+                flow_state.add_metric([*labels, st.value], 1.0 if st is now else 0.0)
         return fams
 
     @staticmethod
@@ -190,6 +203,13 @@ class _ListenerCollector(Collector):
                 "ackkit_republishing",
                 "Retry and dead-letter copies waiting for their publisher confirm.",
                 labels=LABELS,
+            )
+        )
+        fams.append(
+            GaugeMetricFamily(
+                "ackkit_flow_state",
+                "1 for the listener's flow state (consuming, paused, tripped, probing).",
+                labels=[*LABELS, "state"],
             )
         )
         return fams

@@ -357,6 +357,12 @@ MEMORY_SKIPS = {
     "test_classic_v1_arguments_never_reach_a_43_broker": (
         "it reads the queues' arguments with rabbitmqctl; the in-memory broker has no node"
     ),
+    "test_consumer_priority_and_exclusive_reach_the_broker": (
+        "it reads the consumers' arguments with rabbitmqctl; the in-memory broker has no node"
+    ),
+    "test_single_active_consumer_standby_is_not_an_error": (
+        "the in-memory broker does not implement x-single-active-consumer"
+    ),
 }
 """Contract tests the in-memory broker does not run, by name, and why."""
 

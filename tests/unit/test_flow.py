@@ -6,6 +6,7 @@ outcomes, the arrival times and the keys.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Hashable
 from typing import Any
@@ -431,3 +432,63 @@ def test_no_ack_listener_runs_what_arrived_while_paused() -> None:
     t = core.receive(1)
     assert core.flow.arrive(t) is Admission.RUN and core.flow.may_start(t)
     assert core.counters.counts[Stage.PAUSED] == 1
+
+
+# -- seen from outside: metrics, log lines, `ackkit run` ------------------------------------
+
+
+def _tripped_app() -> tuple[Any, ListenerCore]:
+    from ackkit import App
+
+    app = App()
+
+    @app.listener("orders", name="o", circuit_breaker=CircuitBreaker(min_attempts=1, open_for=5))
+    def handle(body: bytes) -> None: ...
+
+    spec = app.specs[0]
+    core = ListenerCore(spec.policy, observer=app._observer())
+    app._instrument(spec, core)
+    core.channel_opened()
+    t = core.receive(1)
+    core.flow.arrive(t)
+    core.flow.done([t], failed=True)
+    core.flow.reserve()
+    return app, core
+
+
+def test_metrics_count_trips_and_show_the_flow_state() -> None:
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from ackkit.metrics import PrometheusMetrics
+
+    registry = prometheus_client.CollectorRegistry()
+    app, _ = _tripped_app()
+    PrometheusMetrics(app, registry=registry)
+    labels = {"listener": "o", "queue": "orders"}
+    assert registry.get_sample_value("ackkit_tripped_total", labels) == 1
+    assert registry.get_sample_value("ackkit_paused_total", labels) == 0
+    assert registry.get_sample_value("ackkit_flow_state", {**labels, "state": "tripped"}) == 1
+    assert registry.get_sample_value("ackkit_flow_state", {**labels, "state": "consuming"}) == 0
+    assert app.flow_state() == {"o": FlowState.TRIPPED}
+
+
+def test_trips_and_pauses_are_logged_and_printed_by_ackkit_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import io
+
+    from rich.console import Console
+
+    from ackkit.cli import _flow_printer
+
+    out = io.StringIO()
+    with caplog.at_level(logging.INFO, logger="ackkit"):
+        app, core = _tripped_app()
+        printer = _flow_printer(Console(file=out, width=200))
+        app.on_event(printer)
+        core.observer = app._observer()
+        core.flow.pause()
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("o: circuit breaker tripped" in ln and "failure ratio" in ln for ln in lines)
+    assert any(ln.startswith("o: paused") for ln in lines)
+    assert "ackkit: o: paused" in out.getvalue()
+    assert not printer.hot  # healthy messages never reach it
