@@ -383,6 +383,8 @@ def test_serial_key_runs_one_per_key_in_order_and_a_failing_key_holds_only_itsel
     order: dict[str, list[int]] = {}
     overlaps: list[str] = []
     failed_once: set[int] = set()
+    started_at: dict[int, float] = {}
+    ended_at: dict[str, float] = {}
 
     async def handle(d: Delivery, _: Delivery, io: IO) -> None:
         key = d.headers["k"]
@@ -392,6 +394,7 @@ def test_serial_key_runs_one_per_key_in_order_and_a_failing_key_holds_only_itsel
                 overlaps.append(key)
             running[key] = running.get(key, 0) + 1
             order.setdefault(key, []).append(n)
+            started_at.setdefault(n, time.monotonic())
         try:
             await io.sleep(0.01)
             if key == "slow" and n not in failed_once:
@@ -400,6 +403,7 @@ def test_serial_key_runs_one_per_key_in_order_and_a_failing_key_holds_only_itsel
         finally:
             with lock:
                 running[key] -= 1
+                ended_at[key] = time.monotonic()
 
     app = runtime.app()
     retry = Retry(max_attempts=3, initial_interval=0.3, strategy=RetryStrategy.IN_PROCESS)
@@ -423,3 +427,6 @@ def test_serial_key_runs_one_per_key_in_order_and_a_failing_key_holds_only_itsel
         assert firsts == sorted(firsts), key
     # the slow key retried each of its 15 messages once, in place: 30 calls, in order
     assert order["slow"] == [n for n in range(3, 60, 4) for _ in (0, 1)]
+    # ... which held back that key only: the other keys were done long before it
+    others_done = max(ended_at[k] for k in ("a", "b", "c"))
+    assert others_done < started_at[4 * 4 + 3], "another key waited for the failing one"

@@ -492,3 +492,58 @@ def test_trips_and_pauses_are_logged_and_printed_by_ackkit_run(
     assert any(ln.startswith("o: paused") for ln in lines)
     assert "ackkit: o: paused" in out.getvalue()
     assert not printer.hot  # healthy messages never reach it
+
+
+def test_listener_options_are_checked_at_once_and_mapped() -> None:
+    from ackkit import App
+
+    app = App()
+
+    def handle(body: bytes) -> None: ...
+
+    with pytest.raises(ValueError, match="serial_key= with batch_size="):
+        app.listener("q", serial_key=SerialKey.header("k"), batch_size=5)
+    with pytest.raises(TypeError, match="rate_limit must be"):
+        app.listener("q", rate_limit="fast")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="circuit_breaker must be"):
+        app.listener("q", circuit_breaker=0.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="consumer_priority"):
+        app.listener("q", consumer_priority=2**31)
+    with pytest.raises(ValueError, match="consumer_timeout"):
+        app.listener("q", consumer_timeout=0)
+    with pytest.raises(ValueError, match=r"use consumer_priority= instead"):
+        app.listener("q", consumer_arguments={"x-priority": 1})
+    with pytest.raises(TypeError, match="exclusive"):
+        app.listener("q", exclusive="yes")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="x-single-active-consumer"):
+        app.listener("q", queue_arguments={"x-single-active-consumer": "yes"})
+    app.listener(
+        "q",
+        rate_limit=12.5,
+        consumer_priority=-3,
+        consumer_timeout=90,
+        exclusive=True,
+        consumer_arguments={"x-custom": "v"},
+        queue_arguments={"x-single-active-consumer": True},
+    )(handle)
+    spec = app.specs[0]
+    assert spec.policy.flow is not None and spec.policy.flow.rate_limit == RateLimit(12.5)
+    assert spec.consumer_arguments == {
+        "x-custom": "v",
+        "x-priority": -3,
+        "x-consumer-timeout": 90_000,
+    }
+    assert spec.exclusive and spec.single_active
+
+
+def test_rate_budget_survives_a_reconnect() -> None:
+    """The bucket belongs to the listener's core, which outlives its channels."""
+    clock = Clock()
+    core = ListenerCore(
+        ListenerPolicy("l", "q", flow=FlowPolicy(rate_limit=RateLimit(2))), clock=clock
+    )
+    core.channel_opened()
+    assert core.flow.reserve() == 0.0
+    core.channel_closed()
+    core.channel_opened()
+    assert core.flow.reserve() == pytest.approx(0.5)  # a new channel gets no new credit
