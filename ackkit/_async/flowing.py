@@ -40,9 +40,11 @@ async def before_start(c: AsyncConsumer, ds: list[Delivery]) -> list[Delivery]:
     flow = c.core.flow
     if flow.bucket is not None:
         wait = flow.reserve(len(ds))
-        if wait > 0 and await c.rt.pause(wait):  # stopping: returned
-            await c.release(ds)
-            return []
+        if wait > 0:
+            await c.rt.pause(wait)  # cut short when the app stops
+            ds = await c._startable(ds)  # a stopping core releases them instead
+            if not ds:
+                return []
     if not flow.gated:
         return ds
     back = [d for d in ds if not flow.may_start(d.tracked)]

@@ -47,9 +47,12 @@ def before_start(c: Consumer, ds: list[Delivery]) -> list[Delivery]:
     if flow.bucket is not None:
         with c.lock:
             wait = flow.reserve(len(ds))
-        if wait > 0 and c.rt.stop_event.wait(wait):
-            c.rt.unstarted.extend(ds)  # stopping: returned with the rest
-            return []
+        if wait > 0:
+            c.rt.stop_event.wait(wait)  # cut short when the app stops
+            with c.lock:
+                ds = c._startable(ds)  # a stopping core releases them instead
+            if not ds:
+                return []
     if not flow.gated:
         return ds
     with c.lock:
