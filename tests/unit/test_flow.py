@@ -33,6 +33,7 @@ from ackkit._core.limiter import TokenBucket
 from ackkit._core.listener import ListenerCore
 from ackkit._core.policy import ListenerPolicy, Retry
 from ackkit._core.tracked import Tracked
+from ackkit._spec import probe_for
 
 
 class Clock:
@@ -447,7 +448,7 @@ def _tripped_app() -> tuple[Any, ListenerCore]:
 
     spec = app.specs[0]
     core = ListenerCore(spec.policy, observer=app._observer())
-    app._instrument(spec, core)
+    probe_for(app._run_instruments(), spec, core)
     core.channel_opened()
     t = core.receive(1)
     core.flow.arrive(t)
@@ -481,11 +482,11 @@ def test_trips_and_pauses_are_logged_and_printed_by_ackkit_run(
     from ackkit.cli import _flow_printer
 
     out = io.StringIO()
+    printer = _flow_printer(Console(file=out, width=200))
     with caplog.at_level(logging.INFO, logger="ackkit"):
         app, core = _tripped_app()
-        printer = _flow_printer(Console(file=out, width=200))
-        app.on_event(printer)
-        core.observer = app._observer()
+        log_lines = app._observer()
+        core.observer = lambda e: (log_lines(e), printer(e))
         core.flow.pause()
     lines = [r.getMessage() for r in caplog.records]
     assert any("o: circuit breaker tripped" in ln and "failure ratio" in ln for ln in lines)
