@@ -176,6 +176,22 @@ def short(exc: BaseException) -> str:
     return mask_text(s if len(s) < 300 else s[:297] + "...")
 
 
+MAX_LOGGED_TRACEBACK = 8000
+"""Characters of a traceback in a log line (its end: the innermost frames and the error)."""
+
+
+def log_traceback(exc: BaseException) -> str:
+    """The traceback of `exc` for a log line: masked, at most MAX_LOGGED_TRACEBACK
+    characters (a cut start says so), and writable by any handler (characters UTF-8
+    cannot encode, like a lone surrogate, are escaped)."""
+    text = format_traceback(exc).rstrip()
+    if len(text) > MAX_LOGGED_TRACEBACK:  # cut before masking, at a line start
+        tail = text[-MAX_LOGGED_TRACEBACK:]
+        text = "...\n" + tail[tail.find("\n") + 1 :] if "\n" in tail else "...\n" + tail
+    text = mask_text(text)
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 class FailureLog:
     """Warnings about failed handlers, with tracebacks, without a logging flood.
 
@@ -240,7 +256,7 @@ class FailureLog:
         )
         # The traceback is part of the message, masked like the rest (an exception may
         # quote a broker URL with its password).
-        tb = "\n" + mask_text(format_traceback(exc)).rstrip() if with_tb else ""
+        tb = "\n" + log_traceback(exc) if with_tb else ""
         self.logger.warning(
             "%s: handler failed on %r: %s%s%s", listener, what, short(exc), more, tb, extra=extra
         )

@@ -380,3 +380,17 @@ def test_a_traceback_per_kind_at_most_once_a_minute(kinds: list[str], step: floa
         if due:
             last[k] = now[0]
         now[0] += step
+
+
+def test_a_logged_traceback_is_bounded_and_writable(caplog: pytest.LogCaptureFixture) -> None:
+    flog = FailureLog(logging.getLogger("ackkit.test.tb"))
+    try:
+        raise ValueError("x" * 300_000 + "\ud800")
+    except ValueError as e:
+        with caplog.at_level(logging.WARNING, logger="ackkit.test.tb"):
+            flog.failed("l", "d", e)
+    (r,) = caplog.records
+    msg = r.getMessage()
+    assert (len(msg) < 10_000 and "Traceback" not in msg[:200]) or msg.count("...") >= 1
+    msg.encode("utf-8")  # no lone surrogate left: any handler can write it
+    assert "\\ud800" in msg
