@@ -15,6 +15,10 @@ VERSIONS := 3.10 4.0 4.3
 # Suites that talk to a broker; unit tests need no second run.
 BROKER_SUITES := tests/contract tests/integration tests/adversarial \
                  tests/chaos/test_chaos_quick.py tests/spark
+# make test's 4.3 leg leaves out the Spark crash scenarios (SIGKILLed drivers, several
+# minutes of Spark start-ups): they run on 3.10 in make test and on every version in
+# make test-matrix. This keeps CI under 30 minutes on a 2-core machine.
+LEG43_SKIP := --ignore=tests/spark/test_spark_crash.py
 # The environment of a leg on RabbitMQ $(1): 3.10 keeps AMQP_URL as given.
 leg_env = $(if $(filter 3.10,$(1)),,env -u AMQP_URL) ACKKIT_TEST_RABBITMQ=$(1)
 RESULTS_SUFFIX := $(if $(filter 3.10,$(RABBITMQ)),,-$(RABBITMQ))
@@ -33,7 +37,7 @@ test: $(STAMP)
 	echo "== RabbitMQ 3.10: every suite"; \
 	$(call leg_env,3.10) $(PYTEST) tests -m "not bench" -p no:cacheprovider || status=1; \
 	echo "== RabbitMQ 4.3: the broker suites"; \
-	$(call leg_env,4.3) $(PYTEST) $(BROKER_SUITES) -m "not bench" -p no:cacheprovider || status=1; \
+	$(call leg_env,4.3) $(PYTEST) $(BROKER_SUITES) $(LEG43_SKIP) -m "not bench" -p no:cacheprovider || status=1; \
 	echo "== Docker"; \
 	$(MAKE) --no-print-directory test-docker || status=1; \
 	exit $$status

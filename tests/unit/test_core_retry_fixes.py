@@ -213,9 +213,13 @@ def test_failure_log_is_throttled_and_counts_what_it_left_out(
         now[0] = 1.5
         flog.failed("l", "<d>", ValueError("x"))
     lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 4
-    assert lines[0] == "l: handler failed on '<d>': ValueError: x"
-    assert lines[3].endswith("(7 more failures not logged)")
+    # the first failure of its kind with its traceback (outside the throttle), then
+    # `burst` plain lines, then one that counts what the window left out
+    assert len(lines) == 5
+    assert lines[0].startswith("l: handler failed on '<d>': ValueError: x\n")
+    assert all("\n" not in line for line in lines[1:])
+    assert lines[1] == "l: handler failed on '<d>': ValueError: x"
+    assert lines[4].endswith("(6 more failures not logged)")
 
 
 # -- a deleted DLQ / delay queue: declared again instead of a hot requeue loop ----------
