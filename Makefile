@@ -33,14 +33,7 @@ demo: $(STAMP)
 	$(PY) -m examples.demo
 
 test: $(STAMP)
-	@status=0; \
-	echo "== RabbitMQ 3.10: every suite"; \
-	$(call leg_env,3.10) $(PYTEST) tests -m "not bench" -p no:cacheprovider || status=1; \
-	echo "== RabbitMQ 4.3: the broker suites"; \
-	$(call leg_env,4.3) $(PYTEST) $(BROKER_SUITES) $(LEG43_SKIP) -m "not bench" -p no:cacheprovider || status=1; \
-	echo "== Docker"; \
-	$(MAKE) --no-print-directory test-docker || status=1; \
-	exit $$status
+	PYTEST=$(PYTEST) BROKER_SUITES="$(BROKER_SUITES)" LEG43_SKIP="$(LEG43_SKIP)" bash .ci/test-legs
 
 # contract + test-kit tests against RabbitMQ containers (skipped without Docker)
 test-docker: $(STAMP)
