@@ -12,6 +12,13 @@ from __future__ import annotations
 import importlib
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests check what comes out, not how fast: on a 2-core machine running three
+# broker legs side by side an example may take longer than hypothesis's 200 ms default
+# (a DeadlineExceeded there says nothing about the code under test).
+settings.register_profile("ackkit", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("ackkit")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -47,6 +47,7 @@ from .._core.events import Observer
 from .._core.listener import ListenerCore
 from .._core.outcome import Outcome
 from .._core.policy import AckMode
+from .._core.tracked import Tracked
 from .._delivery import Delivery
 from .._invocation import Invocation
 from .._logs import FailureLog, log_cancel, short
@@ -97,7 +98,8 @@ class AsyncConsumer(ChannelSettler):
         observer: Observer | None,
         instruments: Sequence[Instrument] = (),
     ) -> None:
-        super().__init__(rt, spec.name, ListenerCore(spec.policy, observer=observer))
+        core = ListenerCore(spec.policy, observer=observer, hold_early_copies=True)
+        super().__init__(rt, spec.name, core)
         self.rt: ConsumerHost = rt
         self.spec = spec
         self.binding = spec.binding
@@ -276,9 +278,20 @@ class AsyncConsumer(ChannelSettler):
             decoder=self.binding.decoder,
         )
         if t.verdict is not None:
-            await self.execute(t.generation, t.verdict)
+            if t.verdict:
+                await self.execute(t.generation, t.verdict)
             return
-        if core.flow.gated and not await flowing.admit(self, d):
+        await self._admit(d)
+
+    def start_held(self, t: Tracked) -> None:
+        """Start a delivery the core held (from `execute`, which holds the settle lock:
+        the handler runs in a task of its own)."""
+        self.rt.spawn(self._admit(t.payload))
+
+    async def _admit(self, d: Delivery) -> None:
+        """Run it, through the flow gate when it is on; in a batch; or queued behind the
+        running handlers."""
+        if self.core.flow.gated and not await flowing.admit(self, d):
             return
         unit: Unit = d
         if self.batch_size:

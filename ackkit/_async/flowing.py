@@ -129,5 +129,8 @@ async def tick(c: AsyncConsumer) -> None:
 
 
 def waiting(c: AsyncConsumer) -> list[Delivery]:
-    """Shutdown: the deliveries the gate holds (returned with the unstarted)."""
-    return [t.payload for t in c.core.flow.drain()] if c.core.flow.active else []
+    """Shutdown: the deliveries the gate holds, and the restamp copies the core holds
+    (returned with the unstarted)."""
+    ts = c.core.flow.drain() if c.core.flow.active else []
+    ts.extend(c.core.take_held())
+    return [t.payload for t in ts]

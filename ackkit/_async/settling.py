@@ -25,8 +25,9 @@ from typing import Any, Protocol, cast
 
 from aiormq.abc import AbstractChannel
 
-from .._core.actions import Action, Republish, TxCommit, TxSelect
+from .._core.actions import Action, Republish, Start, TxCommit, TxSelect
 from .._core.listener import ListenerCore
+from .._core.tracked import Tracked
 from .._delivery import Delivery
 from .._logs import short
 from ._amqp import CHANNEL_GONE, send_settles
@@ -96,11 +97,17 @@ class ChannelSettler:
                     await ch.tx_commit()
                 elif ta is TxSelect:
                     await ch.tx_select()
+                elif ta is Start:
+                    self.start_held(cast(Start, a).tracked)
                 else:
                     await send_settles(ch, (a,))
             except CHANNEL_GONE as exc:
                 log.info("%s: channel lost while settling: %s", self.name, short(exc))
                 return
+
+    def start_held(self, t: Tracked) -> None:
+        """Start the handler of `t`, a delivery the core held (consumers only)."""
+        raise NotImplementedError
 
     async def asettle(self, delivery: Delivery, kind: str, requeue: bool, multiple: bool) -> None:
         """`await AsyncDelivery.ack()/nack()/reject()` (AsyncSettler protocol)."""

@@ -109,4 +109,13 @@ class TxSelect:
     """tx.select on a freshly opened channel (SESSION_TRANSACTED mode)."""
 
 
-Action = Ack | Nack | Reject | Republish | Reinvoke | TxCommit | TxSelect
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Start the handler of `tracked`, a delivery the core held back until now: a
+    restamp copy that arrived before the ack of the original it replaces was out."""
+
+    tracked: Any = field(compare=False)
+    """The `Tracked` delivery (its `payload` is the runtime's object)."""
+
+
+Action = Ack | Nack | Reject | Republish | Reinvoke | TxCommit | TxSelect | Start

@@ -51,6 +51,7 @@ def retry_headers(t: Tracked, exc: BaseException, now: float) -> dict[str, Any]:
     }
     if not (t.headers and H.FIRST_FAILURE in t.headers):
         hdrs[H.FIRST_FAILURE] = stamp
+    _forget_restamp(t, hdrs)
     _origin(t, hdrs)
     return hdrs
 
@@ -88,11 +89,22 @@ def dead_letter_headers(
         tb = format_traceback(exc)  # only dead letters need it; cached per failure
     if tb:
         hdrs[H.ERROR_TRACEBACK] = tb[-policy.max_traceback :]
+    _forget_restamp(t, hdrs)
     return hdrs
 
 
-def restamp_headers(t: Tracked) -> dict[str, Any]:
+def _forget_restamp(t: Tracked, hdrs: dict[str, Any]) -> None:
+    """A restamp copy's id names that copy only: later copies of it leave it off."""
+    if t.headers and H.RESTAMP_ID in t.headers:
+        hdrs[H.RESTAMP_ID] = None
+
+
+def restamp_headers(t: Tracked, restamp_id: str) -> dict[str, Any]:
     """A redelivered `t` going back to its queue: the copy starts at this attempt."""
-    hdrs: dict[str, Any] = {H.ATTEMPT: t.attempt, H.X_DELIVERY_COUNT: None}
+    hdrs: dict[str, Any] = {
+        H.ATTEMPT: t.attempt,
+        H.X_DELIVERY_COUNT: None,
+        H.RESTAMP_ID: restamp_id,
+    }
     _origin(t, hdrs)
     return hdrs

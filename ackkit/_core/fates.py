@@ -11,6 +11,7 @@ the actions a runtime carries out, and counts and reports what it did.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -249,7 +250,7 @@ class Fates:
         the message reaches max_attempts and the DLQ instead of looping.
         """
         self._emit(Stage.REQUEUED, t, f"redelivered: attempt {t.attempt} stamped on a copy")
-        hdrs = CH.restamp_headers(t)
+        hdrs = CH.restamp_headers(t, uuid.uuid4().hex)
         return self.confirms.issue(t, self.policy.queue, hdrs, CopyPurpose.RESTAMP)
 
     def _unreadable(self, t: Tracked, why: str) -> list[Action]:

@@ -34,6 +34,9 @@ HEADERS_DROPPED = "ackkit-headers-dropped"
 carry them (too large for one frame, or not encodable)."""
 COPY_NOTE = "ackkit-copy-note"
 """Why a copy differs from the original beyond the documented rules (shortened fields)."""
+RESTAMP_ID = "ackkit-restamp-id"
+"""Names one restamp copy: the consumer that published it holds the copy back, should it
+arrive before the original's ack is out (a kill in between would leave both)."""
 
 X_DELIVERY_COUNT = "x-delivery-count"
 X_ACQUIRED_COUNT = "x-acquired-count"

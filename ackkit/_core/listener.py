@@ -67,6 +67,7 @@ class ListenerCore(Fates, Shutdown):
         observer: Observer | None = None,
         shared_channel: bool = False,
         broker: BrokerTraits = UNKNOWN,
+        hold_early_copies: bool = False,
     ) -> None:
         self.policy = policy
         # Other consumers take tags on this core's channel (pull mode: one channel, one
@@ -87,7 +88,10 @@ class ListenerCore(Fates, Shutdown):
             clock,
             shared_channel,
         )
-        self.confirms = Confirms(policy, self.ledger, self.counters, self._emit)
+        # a consumer holds a restamp copy that overtakes its original's ack (see Confirms)
+        self.confirms = Confirms(
+            policy, self.ledger, self.counters, self._emit, hold=hold_early_copies
+        )
         self._declared: set[str] = set()
         self.broker = UNKNOWN
         self._count = CountSource.REDELIVERED
@@ -190,7 +194,8 @@ class ListenerCore(Fates, Shutdown):
         unreadable: str | None = None,
     ) -> Tracked:
         """Track a delivery. If `verdict` is set on the result, do not run the handler:
-        carry out the verdict's actions instead.
+        carry out the verdict's actions instead. An empty verdict holds the delivery:
+        a `Start` from `republished` starts it later (`take_held` at shutdown).
 
         `unreadable`: the client library could not decode the delivery's properties
         (why, in words). Such a delivery never reaches a handler: it is dead-lettered
@@ -217,8 +222,17 @@ class ListenerCore(Fates, Shutdown):
         else:
             self.ledger.track(t)
         mx = self.policy.retry.max_attempts
-        if unreadable is None and bad is None and mx <= 1:
-            return t  # the common case: nothing to decide before the handler runs
+        if unreadable is None and bad is None:
+            if (
+                self.confirms.held
+                and headers
+                and not redelivered
+                and self.confirms.hold_early(t, headers)
+            ):
+                t.verdict = []  # nothing to send now: `republished` starts it
+                return t
+            if mx <= 1:
+                return t  # the common case: nothing to decide before the handler runs
         verdict = arrival(
             mode=mode,
             unreadable=unreadable is not None,
@@ -243,29 +257,6 @@ class ListenerCore(Fates, Shutdown):
         elif verdict is Arrival.RESTAMP:
             t.verdict = [self._restamp(t)]
         return t
-        self.ledger.track(t)
-        if unreadable is not None:
-            t.verdict = self._unreadable(t, unreadable)
-        elif bad is not None:
-            t.verdict = self._dead_letter(t, bad, BadPayload(bad), None)
-        else:
-            mx = self.policy.retry.max_attempts
-            if mx > 1 and attempt > mx:
-                # Redelivered after consumer loss with its attempts used up: a message
-                # that kills its consumer must not loop (Celery's reject_on_worker_lost).
-                t.verdict = self._dead_letter(
-                    t,
-                    f"attempts exhausted ({attempt - 1} of {mx}, last one lost)",
-                    None,
-                    None,
-                    attempts=attempt - 1,  # this delivery never reaches the handler
-                )
-            elif mx > 1 and redelivered and count is CountSource.REDELIVERED:
-                # No header the broker maintains says how often this copy was delivered:
-                # a copy carrying the attempt number goes back instead (a header a
-                # producer wrote can never turn this counting off).
-                t.verdict = [self._restamp(t)]
-        return t
 
     def handled(
         self,
@@ -289,6 +280,10 @@ class ListenerCore(Fates, Shutdown):
             undecodable=undecodable,
             traceback=traceback,
         )
+
+    def take_held(self) -> list[Tracked]:
+        """Shutdown: deliveries held unstarted by `receive` (return them, `hold_back`)."""
+        return self.confirms.take_held()
 
     def hold_back(self, t: Tracked, why: str) -> list[Action]:
         """Return a delivery unstarted because the listener stopped consuming (paused, a

@@ -5,6 +5,12 @@ original stays unacked until the broker confirms the copy (then the original
 is acked at once: until that ack is out, a lost connection leaves both). A
 copy the broker refused, or the client could not send, is settled by a bounded
 rule (`Confirms._failed`), never retried forever.
+
+A restamp copy goes back to the queue its original came from, so the broker may
+deliver it to this very consumer before the copy's confirm (and so the original's
+ack) is out; a consumer killed in that window would leave the message twice in the
+queue. With `hold=True` (the consumers) such a copy is held unstarted until its
+original is settled, then started (`Start`).
 """
 
 from __future__ import annotations
@@ -15,11 +21,14 @@ from typing import Any
 
 from . import headers as H
 from . import topology as _topology
-from .actions import Action, CopyPurpose, Reject, Republish
+from .actions import Action, CopyPurpose, Reject, Republish, Start
 from .events import Counters, Stage
 from .ledger import Ledger
 from .policy import AckMode, ListenerPolicy
 from .tracked import Tracked
+
+MAX_HELD = 10_000
+"""Most restamp copies awaited at once (beyond it, a copy that arrives early just runs)."""
 
 MAX_NACKS_IN_ROW = 3
 """Copies in a row the broker may nack (each requeueing its original) before a failed
@@ -32,7 +41,13 @@ class Confirms:
     """The copies of one listener that are published and not yet confirmed, by token."""
 
     def __init__(
-        self, policy: ListenerPolicy, ledger: Ledger, counters: Counters, emit: Emit
+        self,
+        policy: ListenerPolicy,
+        ledger: Ledger,
+        counters: Counters,
+        emit: Emit,
+        *,
+        hold: bool = False,
     ) -> None:
         self.policy = policy
         self.mode = policy.mode
@@ -43,6 +58,9 @@ class Confirms:
         self._acts: dict[int, Republish] = {}
         self._token = 0
         self._nacked_in_row = 0
+        self.hold = hold
+        # restamp id -> None while its copy is awaited, the copy once it arrived early
+        self.held: dict[str, Tracked | None] = {}
 
     def __len__(self) -> int:
         return len(self._originals)
@@ -61,7 +79,24 @@ class Confirms:
         act = Republish(self._token, t.tag, "", queue, hdrs, purpose=purpose, source=t.payload)
         self._originals[self._token] = t
         self._acts[self._token] = act
+        if self.hold and purpose is CopyPurpose.RESTAMP and len(self.held) < MAX_HELD:
+            self.held[hdrs[H.RESTAMP_ID]] = None
         return act
+
+    def hold_early(self, t: Tracked, headers: Any) -> bool:
+        """Is `t` a restamp copy of ours whose original's ack is not out yet? Then it is
+        held (a later `confirmed` starts it)."""
+        rid = headers.get(H.RESTAMP_ID)
+        if type(rid) is not str or rid not in self.held or self.held[rid] is not None:
+            return False
+        self.held[rid] = t
+        return True
+
+    def take_held(self) -> list[Tracked]:
+        """Shutdown: the copies held unstarted (they go back to the queue)."""
+        out = [t for t in self.held.values() if t is not None]
+        self.held = dict.fromkeys(self.held)
+        return out
 
     def declaring(self, act: Republish, spec: _topology.QueueSpec) -> Republish:
         """`act` (just issued), declaring the queue `spec` before it is published."""
@@ -80,6 +115,19 @@ class Confirms:
 
     def confirmed(self, token: int, ok: bool, unroutable: bool, error: str | None) -> list[Action]:
         """See ListenerCore.republished."""
+        act = self._acts.get(token)
+        acts = self._confirmed(token, ok, unroutable, error)
+        if act is None or not self.held or act.purpose is not CopyPurpose.RESTAMP:
+            return acts
+        rid = str(act.set_headers.get(H.RESTAMP_ID))
+        if any(a.set_headers.get(H.RESTAMP_ID) == rid for a in self._acts.values()):
+            return acts  # sent once more: still awaited
+        early = self.held.pop(rid, None)
+        if early is None or early.settled or not self._ledger.current(early):
+            return acts
+        return [*acts, Start(early)]  # after the original's settle
+
+    def _confirmed(self, token: int, ok: bool, unroutable: bool, error: str | None) -> list[Action]:
         t = self._originals.pop(token, None)
         act = self._acts.pop(token, None)
         if t is None:

@@ -20,6 +20,7 @@ from .._core.events import Observer
 from .._core.listener import ListenerCore
 from .._core.outcome import Outcome
 from .._core.policy import AckMode
+from .._core.tracked import Tracked
 from .._delivery import Delivery
 from .._invocation import Invocation
 from .._logs import FailureLog, log_cancel
@@ -63,7 +64,8 @@ class Consumer(Executor):
         observer: Observer | None,
         instruments: Sequence[Instrument] = (),
     ) -> None:
-        super().__init__(spec.name, ListenerCore(spec.policy, observer=observer), rt, log)
+        core = ListenerCore(spec.policy, observer=observer, hold_early_copies=True)
+        super().__init__(spec.name, core, rt, log)
         self.rt = rt
         self.spec = spec
         self.inbox: _queue.SimpleQueue[Delivery | None] = _queue.SimpleQueue()
@@ -182,13 +184,21 @@ class Consumer(Executor):
             decoder=self.binding.decoder,
         )
         if t.verdict is not None:
-            with self.lock:
-                self.outbox.append((t.generation, t.verdict))
-            self.flush()
+            if t.verdict:
+                with self.lock:
+                    self.outbox.append((t.generation, t.verdict))
+                self.flush()
             return
+        self._admit(d)
+
+    def _admit(self, d: Delivery) -> None:
+        """To the workers, through the flow gate when it is on."""
         if self.core.flow.gated and not flowing.admit(self, d):
             return
         self.inbox.put(d)
+
+    def _start(self, t: Tracked) -> None:
+        self._admit(t.payload)
 
     def tick(self) -> None:
         if self.channel is not None:

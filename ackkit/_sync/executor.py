@@ -18,8 +18,9 @@ from typing import Any, Protocol
 
 import pika.exceptions
 
-from .._core.actions import Ack, Action, Nack, Reject, Republish, TxCommit, TxSelect
+from .._core.actions import Ack, Action, Nack, Reject, Republish, Start, TxCommit, TxSelect
 from .._core.listener import ListenerCore
+from .._core.tracked import Tracked
 
 
 class IoThread(Protocol):
@@ -131,6 +132,8 @@ class Executor:
                     ch.tx_commit()
                 elif type(a) is TxSelect:
                     ch.tx_select()
+                elif type(a) is Start:
+                    self._start(a.tracked)
         except (pika.exceptions.ChannelWrongStateError, pika.exceptions.ConnectionWrongStateError):
             # Closed under us: the broker requeues what was not settled; the close
             # callback that follows marks the generation stale.
@@ -144,4 +147,9 @@ class Executor:
 
     def original(self, a: Republish) -> tuple[Any, bytes]:
         """(pika properties, body) of the delivery `a` is a copy of."""
+        raise NotImplementedError
+
+    def _start(self, t: Tracked) -> None:
+        """Start the handler of `t`, a delivery the core held (cores built with
+        `hold_early_copies=True` only)."""
         raise NotImplementedError

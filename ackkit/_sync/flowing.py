@@ -145,7 +145,9 @@ def set_paused(c: Consumer, paused: bool) -> None:
 
 
 def waiting(c: Consumer) -> list[Delivery]:
-    """Shutdown: the deliveries the gate holds (they are returned with the unstarted)."""
+    """Shutdown: the deliveries the gate holds, and the restamp copies the core holds
+    (they are returned with the unstarted)."""
     with c.lock:
         ts = c.core.flow.drain() if c.core.flow.active else []
+        ts.extend(c.core.take_held())
     return [t.payload for t in ts]
