@@ -10,17 +10,21 @@ again) and the copy in the queue, and the message would run twice per attempt (t
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ackkit import Retry
+from ackkit import App, AsyncApp, Delivery, Retry
+from ackkit._async.consumer import AsyncConsumer
 from ackkit._core import headers as H
 from ackkit._core.actions import Ack, Action, CopyPurpose, Reject, Republish, Start
 from ackkit._core.brokers import V3
 from ackkit._core.listener import ListenerCore
 from ackkit._core.policy import ListenerPolicy
+from ackkit._sync.consumer import Consumer
 
 RETRY3 = Retry(max_attempts=3, initial_interval=0.2)
 
@@ -160,3 +164,122 @@ def test_the_copy_starts_once_and_only_after_its_original_is_settled(order: list
     assert started + returned <= 1
     if copy is not None and settled_original:
         assert started + returned == 1
+
+
+# -- the runtimes carry it out (fake channels, no broker) ------------------------------
+
+
+class Channel:
+    """Records settle frames; `is_open` for the executors' "still valid?" check."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+        self.is_open = True
+        self.is_closed = False
+        self.channel_number = 1
+
+    def basic_ack(self, tag: int, multiple: bool = False, **_: Any) -> None:
+        self.log.append(f"ack {tag}")
+
+    def basic_reject(self, tag: int, requeue: bool = False, **_: Any) -> None:
+        self.log.append(f"reject {tag}")
+
+    def basic_nack(self, tag: int, multiple: bool = False, requeue: bool = True, **_: Any) -> None:
+        self.log.append(f"nack {tag}")
+
+
+class AioChannel(Channel):
+    async def basic_ack(self, tag: int, multiple: bool = False, **_: Any) -> None:  # type: ignore[override]
+        self.log.append(f"ack {tag}")
+
+
+def test_the_pika_consumer_starts_a_held_copy_after_sending_the_originals_ack() -> None:
+
+    app = App("amqp://guest:guest@localhost:1/%2f")
+
+    @app.listener("q", retry=RETRY3)
+    def handle(d: Delivery) -> None: ...
+
+    log: list[str] = []
+    published: list[Republish] = []
+    rt = SimpleNamespace(
+        app=app,
+        connection=SimpleNamespace(is_open=True),
+        stopping=False,
+        call_soon=lambda fn: fn(),
+        publisher=SimpleNamespace(publish=lambda c, gen, a: published.append(a)),
+    )
+    c = Consumer(rt, app.specs[0], None)  # type: ignore[arg-type]
+    ch = c.channel = Channel(log)  # type: ignore[assignment]
+    c.core.channel_opened()
+    inbox = c.inbox
+
+    class Inbox:
+        def put(self, d: Any) -> None:
+            log.append(f"start {d.delivery_tag}")
+            inbox.put(d)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(inbox, name)
+
+    c.inbox = Inbox()  # type: ignore[assignment]
+
+    def deliver(tag: int, redelivered: bool, headers: dict[str, Any] | None) -> None:
+        method = SimpleNamespace(
+            delivery_tag=tag, redelivered=redelivered, exchange="", routing_key="q"
+        )
+        props = SimpleNamespace(headers=headers, message_id="m", content_type=None)
+        c._on_message(ch, method, props, b"{}")
+
+    deliver(1, True, None)  # a classic queue's redelivery: restamped
+    (act,) = published
+    deliver(2, False, copy_headers(act))  # the copy, before its confirm
+    assert log == [] and c.inbox.empty()
+    c.republished(c.core.generation, act.token, True)
+    assert log == ["ack 1", "start 2"]
+
+
+def test_the_aio_pika_consumer_starts_a_held_copy_after_sending_the_originals_ack() -> None:
+
+    app = AsyncApp("amqp://guest:guest@localhost:1/%2f")
+    log: list[str] = []
+
+    @app.listener("q", retry=RETRY3)
+    async def handle(d: Delivery) -> None:
+        log.append(f"start {d.delivery_tag}")
+
+    async def main() -> None:
+        published: list[Republish] = []
+        loop = asyncio.get_running_loop()
+        rt = SimpleNamespace(
+            app=app,
+            loop=loop,
+            publisher=SimpleNamespace(submit=lambda c, a: published.append(a)),
+            spawn=loop.create_task,
+        )
+        c = AsyncConsumer(rt, app.specs[0], None)  # type: ignore[arg-type]
+        c.channel = AioChannel(log)  # type: ignore[assignment]
+        core = c.core
+        core.channel_opened()
+        ch = c.channel
+
+        async def deliver(tag: int, redelivered: bool, headers: dict[str, Any] | None) -> None:
+            dv = SimpleNamespace(
+                delivery_tag=tag, redelivered=redelivered, exchange="", routing_key="q"
+            )
+            props = SimpleNamespace(headers=headers, message_id="m", content_type=None)
+            msg = SimpleNamespace(
+                channel=ch, delivery=dv, header=SimpleNamespace(properties=props), body=b"{}"
+            )
+            await c._deliver(msg)  # type: ignore[arg-type]
+
+        await deliver(1, True, None)  # a classic queue's redelivery: restamped
+        (act,) = published
+        await deliver(2, False, copy_headers(act))  # the copy, before its confirm
+        assert log == []
+        await c.execute(core.generation, core.republished(act.token, True))
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert log == ["ack 1", "start 2"]
+
+    asyncio.run(main())
