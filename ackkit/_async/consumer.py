@@ -24,7 +24,9 @@ carries the actions out on the channel (aio-pika's transport, aiormq):
   their outcome could no longer be acknowledged anyway. Cancellation is never
   a failure: the delivery is released (requeued), not retried or dead-lettered.
 
-The consumer sees the runtime that owns it only through `ConsumerHost`.
+Handler runs and releases are in `handlers`, batch collection in `batching`,
+flow control in `flowing`. The consumer sees the runtime that owns it only
+through `ConsumerHost`.
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import traceback
 from collections import deque
 from collections.abc import Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -45,18 +46,17 @@ from aiormq.abc import AbstractChannel, AbstractConnection, DeliveredMessage
 from .._core.actions import Action, TxSelect
 from .._core.events import Observer
 from .._core.listener import ListenerCore
-from .._core.outcome import Outcome
 from .._core.policy import AckMode
 from .._core.tracked import Tracked
 from .._delivery import Delivery
-from .._invocation import Invocation
 from .._logs import FailureLog, log_cancel, short
 from .._publish import Outgoing
 from .._spec import Instrument, ListenerSpec, probe_for
 from .._wire import describe
 from . import _frames as frames
-from . import flowing
+from . import flowing, handlers
 from ._amqp import CHANNEL_GONE, ChannelNumbers
+from .batching import Batcher
 from .delivery import AsyncDelivery
 from .settling import ChannelSettler, SettlerHost
 
@@ -112,9 +112,9 @@ class AsyncConsumer(ChannelSettler):
         self.running = 0
         self.backlog: deque[Unit] = deque()
         self.tasks: set[asyncio.Task[Any]] = set()
-        self.batch_size = spec.batch_size or 0
-        self.batch_buf: list[Delivery] = []
-        self.batch_timer: asyncio.TimerHandle | None = None
+        self.batcher: Batcher | None = None
+        if spec.batch_size:
+            self.batcher = Batcher(spec.batch_size, spec.batch_timeout, rt.loop, self.start)
         self.pool: ThreadPoolExecutor | None = None
         self._opening = False
         self.consuming = False  # a basic.consume is on its way
@@ -201,10 +201,8 @@ class AsyncConsumer(ChannelSettler):
         self.channel = None
         self.consumer_tag = None
         self.backlog.clear()  # their tags died with the channel; the broker requeued them
-        self.batch_buf = []
-        if self.batch_timer is not None:
-            self.batch_timer.cancel()
-            self.batch_timer = None
+        if self.batcher is not None:
+            self.batcher.take()  # a partial batch: the same
         if lost:
             log.info(
                 "%s: channel closed with %d deliveries unsettled (broker requeues them)",
@@ -294,8 +292,8 @@ class AsyncConsumer(ChannelSettler):
         if self.core.flow.gated and not await flowing.admit(self, d):
             return
         unit: Unit = d
-        if self.batch_size:
-            batch = self._batch_add(d)
+        if self.batcher is not None:
+            batch = self.batcher.add(d)
             if batch is None:
                 return
             unit = batch
@@ -312,7 +310,7 @@ class AsyncConsumer(ChannelSettler):
             self.tasks.add(task)
         try:
             while True:
-                await self._handle(unit if isinstance(unit, list) else [unit])
+                await handlers.handle(self, unit if isinstance(unit, list) else [unit])
                 if not self.backlog:
                     return
                 unit = self.backlog.popleft()
@@ -321,51 +319,18 @@ class AsyncConsumer(ChannelSettler):
             if task is not None:
                 self.tasks.discard(task)
 
-    def start(self, d: Delivery) -> None:
-        """Run `d`'s handler when a concurrency slot is free (the gate let it through)."""
+    def start(self, unit: Unit) -> None:
+        """Run `unit`'s handler when a concurrency slot is free (the gate let a delivery
+        through, or a partial batch is due)."""
         if self.running >= self.limit:
-            self.backlog.append(d)
+            self.backlog.append(unit)
         else:
-            self.rt.spawn(self._run(d))
+            self.rt.spawn(self._run(unit))
 
     async def tick(self) -> None:
         await super().tick()
         if self.core.flow.breaker is not None:
             await flowing.tick(self)
-
-    async def _handle(self, ds: list[Delivery]) -> None:
-        """Run the handler for `ds` (one delivery, or a batch) until the core is done with it."""
-        core = self.core
-        if len(ds) == 1:  # may it start? (not once stopping, not after its channel closed)
-            acts = core.start(ds[0].tracked)
-            if acts is not None:
-                if acts:
-                    await self.execute(core.generation, acts)
-                return
-        else:
-            ds = await self._startable(ds)
-            if not ds:
-                return
-        flow = core.flow
-        if flow.bucket is not None or flow.gated:
-            ds = await flowing.before_start(self, ds)
-            if not ds:
-                return
-        inv = Invocation(self.binding, ds)
-        try:
-            out = await self._attempt(inv)
-            while out.rerun:
-                await self.rt.pause(out.delay)  # the app's stop cuts the wait short
-                out = core.resume(out.rerun)
-                if out.actions:
-                    await self.execute(core.generation, out.actions)
-                if not out.rerun:
-                    return
-                inv = inv.again(out.rerun)
-                out = await self._attempt(inv)
-        except asyncio.CancelledError:  # shutdown or a lost channel: requeue, not a failure
-            await self.release(inv.deliveries)
-            raise
 
     async def _startable(self, ds: list[Delivery]) -> list[Delivery]:
         """Those of `ds` the core lets start; the others' actions carried out."""
@@ -381,65 +346,6 @@ class AsyncConsumer(ChannelSettler):
             await self.execute(self.core.generation, acts)
         return go
 
-    async def _attempt(self, inv: Invocation) -> Outcome:
-        """Call the handler once, then carry out what the core makes of it."""
-        b = self.binding
-        result: object = None
-        exc: BaseException | None = None
-        tb = None
-        ds = inv.deliveries
-        done = self.probe(ds) if self.probe is not None and ds else None
-        try:
-            if not ds:
-                pass
-            elif self.is_async:
-                result = await b.fn(*inv.args())
-            else:
-                result = await self.rt.loop.run_in_executor(self.pool, _call, b.fn, inv.args)
-        except asyncio.CancelledError as e:  # released by _handle, not a failure
-            if done is not None:
-                done(e)
-            raise
-        except BaseException as e:  # SystemExit and KeyboardInterrupt too: settled, then stop
-            exc = e
-            tb = traceback.format_exc()
-            self.failures.failed(self.spec.name, inv, e)  # before the core moves attempt
-        if done is not None:
-            done(exc)
-        core = self.core
-        out = inv.outcome(core, result, exc, tb)
-        step = inv.flow(core, exc, out) if core.flow.active else None
-        if out.actions:
-            await self.execute(core.generation, out.actions)
-        if step:
-            await flowing.carry_out(self, step)
-        if out.stop is not None:
-            self.rt.fail(out.stop, f"{self.spec.name}: handler raised {type(out.stop).__name__}")
-        return out
-
-    def _batch_add(self, d: Delivery) -> list[Delivery] | None:
-        buf = self.batch_buf
-        buf.append(d)
-        if len(buf) >= self.batch_size:
-            self.batch_buf = []
-            if self.batch_timer is not None:
-                self.batch_timer.cancel()
-                self.batch_timer = None
-            return buf
-        if len(buf) == 1:
-            self.batch_timer = self.rt.loop.call_later(self.spec.batch_timeout, self._batch_due)
-        return None
-
-    def _batch_due(self) -> None:
-        self.batch_timer = None
-        buf, self.batch_buf = self.batch_buf, []
-        if not buf:
-            return
-        if self.running >= self.limit:
-            self.backlog.append(buf)
-        else:
-            self.rt.spawn(self._run(buf))
-
     async def apublish_message(self, msg: Outgoing) -> None:
         """`await AsyncDelivery.publish()` / `reply()` from an async handler."""
         await self.rt.publish(msg)
@@ -448,16 +354,6 @@ class AsyncConsumer(ChannelSettler):
         """`Delivery.publish()` / `reply()` from a `def` handler in the thread pool."""
         self.blocking(lambda: self.rt.publish(msg), "Delivery.publish()")
 
-    async def release(self, ds: list[Delivery]) -> None:
-        """Hand the core deliveries whose handler never ran to the end (cancelled, or
-        unstarted at shutdown); it returns them to their queue."""
-        core = self.core
-        acts: list[Action] = []
-        for d in ds:
-            acts.extend(core.release(d.tracked))
-        if acts:
-            await self.execute(core.generation, acts)
-
     async def stop(self) -> None:
         """The app stops: the core starts nothing from now on; its held acks go out."""
         acts = self.core.stop()
@@ -465,19 +361,5 @@ class AsyncConsumer(ChannelSettler):
             await self.execute(self.core.generation, acts)
 
     async def release_unstarted(self) -> None:
-        units = list(self.backlog)
-        self.backlog.clear()
-        if self.batch_buf:
-            units.append(self.batch_buf)
-            self.batch_buf = []
-        if self.batch_timer is not None:
-            self.batch_timer.cancel()
-            self.batch_timer = None
-        ds = [d for u in units for d in (u if isinstance(u, list) else [u])]
-        ds.extend(flowing.waiting(self))
-        if ds:
-            await self.release(ds)
-
-
-def _call(fn: Any, args: Any) -> Any:
-    return fn(*args())
+        """Shutdown: the deliveries that never reached a handler go back to the queue."""
+        await handlers.release_unstarted(self)

@@ -1,0 +1,131 @@
+"""An AsyncConsumer's handler runs, and the release of deliveries no handler finished.
+
+Whether a delivery may start, what a handler's result or exception means, when
+an in-process retry runs again, and what a released delivery becomes are all
+decided by the listener's `ListenerCore`; this module calls the handler (on the
+loop, or on the consumer's thread pool for a `def` handler) and carries out the
+actions that come back.
+
+A handler task cancelled by a lost channel or by shutdown is never a failure:
+its deliveries are released (the core requeues them), not retried or
+dead-lettered. At shutdown, the deliveries that never reached a handler (the
+backlog, a partial batch, those the flow gate or the core holds) are released
+the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import traceback
+from typing import TYPE_CHECKING, Any
+
+from .._core.actions import Action
+from .._core.outcome import Outcome
+from .._invocation import Invocation
+from . import flowing
+
+if TYPE_CHECKING:
+    from .._delivery import Delivery
+    from .consumer import AsyncConsumer
+
+
+async def handle(c: AsyncConsumer, ds: list[Delivery]) -> None:
+    """Run the handler for `ds` (one delivery, or a batch) until the core is done with it."""
+    core = c.core
+    if len(ds) == 1:  # may it start? (not once stopping, not after its channel closed)
+        acts = core.start(ds[0].tracked)
+        if acts is not None:
+            if acts:
+                await c.execute(core.generation, acts)
+            return
+    else:
+        ds = await c._startable(ds)
+        if not ds:
+            return
+    flow = core.flow
+    if flow.bucket is not None or flow.gated:
+        ds = await flowing.before_start(c, ds)
+        if not ds:
+            return
+    inv = Invocation(c.binding, ds)
+    try:
+        out = await attempt(c, inv)
+        while out.rerun:
+            await c.rt.pause(out.delay)  # the app's stop cuts the wait short
+            out = core.resume(out.rerun)
+            if out.actions:
+                await c.execute(core.generation, out.actions)
+            if not out.rerun:
+                return
+            inv = inv.again(out.rerun)
+            out = await attempt(c, inv)
+    except asyncio.CancelledError:  # shutdown or a lost channel: requeue, not a failure
+        await release(c, inv.deliveries)
+        raise
+
+
+async def attempt(c: AsyncConsumer, inv: Invocation) -> Outcome:
+    """Call the handler once, then carry out what the core makes of it."""
+    b = c.binding
+    result: object = None
+    exc: BaseException | None = None
+    tb = None
+    ds = inv.deliveries
+    done = c.probe(ds) if c.probe is not None and ds else None
+    try:
+        if not ds:
+            pass
+        elif c.is_async:
+            result = await b.fn(*inv.args())
+        else:
+            result = await c.rt.loop.run_in_executor(c.pool, _call, b.fn, inv.args)
+    except asyncio.CancelledError as e:  # released by handle(), not a failure
+        if done is not None:
+            done(e)
+        raise
+    except BaseException as e:  # SystemExit and KeyboardInterrupt too: settled, then stop
+        exc = e
+        tb = traceback.format_exc()
+        c.failures.failed(c.spec.name, inv, e)  # before the core moves attempt
+    if done is not None:
+        done(exc)
+    core = c.core
+    out = inv.outcome(core, result, exc, tb)
+    step = inv.flow(core, exc, out) if core.flow.active else None
+    if out.actions:
+        await c.execute(core.generation, out.actions)
+    if step:
+        await flowing.carry_out(c, step)
+    if out.stop is not None:
+        c.rt.fail(out.stop, f"{c.spec.name}: handler raised {type(out.stop).__name__}")
+    return out
+
+
+def _call(fn: Any, args: Any) -> Any:
+    return fn(*args())
+
+
+async def release(c: AsyncConsumer, ds: list[Delivery]) -> None:
+    """Hand the core deliveries whose handler never ran to the end (cancelled, or
+    unstarted at shutdown); it returns them to their queue."""
+    core = c.core
+    acts: list[Action] = []
+    for d in ds:
+        acts.extend(core.release(d.tracked))
+    if acts:
+        await c.execute(core.generation, acts)
+
+
+async def release_unstarted(c: AsyncConsumer) -> None:
+    """Shutdown: release what waits for a handler (the backlog, a partial batch) and
+    what the gate and the core hold."""
+    units = list(c.backlog)
+    c.backlog.clear()
+    if c.batcher is not None:
+        buf = c.batcher.take()
+        if buf:
+            units.append(buf)
+    ds = [d for u in units for d in (u if isinstance(u, list) else [u])]
+    ds.extend(flowing.waiting(c))
+    if ds:
+        await release(c, ds)
