@@ -9,32 +9,29 @@ wrapper says "written") hand it actions through the executor's outbox
 The connection's life is the shared pika `Engine`, the copies (dead letters)
 go through the shared confirm `Publisher`. Every decision (what a batch
 holds, which tags may be acked, what a poison message becomes) is the core's:
-`ListenerCore` and `BatchLedger`; this module only carries them out.
+`ListenerCore` and `BatchLedger`; this module only carries them out. What a
+delivery's bytes become in a row (key, decoded payload, metadata) is `_rows`.
 """
 
 from __future__ import annotations
 
 import collections
-import datetime as _dt
-import hashlib
 import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import pika
 import pika.exceptions
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from .._core.actions import Ack, Action, Republish
 from .._core.batches import Admission, BatchLedger, BatchPlan
 from .._core.brokers import traits_of
 from .._core.errors import AckkitError, BadPayload, TopologyConflict
-from .._core.listener import ListenerCore, Tracked
+from .._core.listener import ListenerCore
 from .._core.policy import NO_RETRY, AckMode, FlushPolicy, ListenerPolicy
-from .._delivery import _validation_reason
 from .._io import FatalConnectError
 from .._logs import log_cancel
 from .._sync import _frames as frames
@@ -43,8 +40,9 @@ from .._sync.engine import Engine
 from .._sync.executor import Executor
 from .._sync.publisher import Publisher
 from .._url import mask_text, mask_url
-from ._options import KeyFrom, OnInvalid, SourceOptions
-from ._schema import RowMeta, header_text
+from . import _rows as rows
+from ._options import OnInvalid, SourceOptions
+from ._rows import Item
 
 log = logging.getLogger("ackkit.spark")
 
@@ -52,17 +50,6 @@ log = logging.getLogger("ackkit.spark")
 class SourceFailed(AckkitError):
     """The source cannot go on (authentication, topology, or a poison message with
     on_invalid=fail); the query fails with this error."""
-
-
-@dataclass(slots=True)
-class Item:
-    """A delivery waiting to be handed out in a batch."""
-
-    tracked: Tracked
-    key: str | None
-    meta: RowMeta
-    parsed: dict[str, Any] | None
-    error: str | None = None
 
 
 class SourceConsumer(Engine, Executor):
@@ -164,11 +151,7 @@ class SourceConsumer(Engine, Executor):
             items = [self.buffer.popleft() for _ in range(min(len(self.buffer), o.max_batch))]
             for it in items:
                 if it.error is not None:
-                    raise SourceFailed(
-                        f"message {it.meta.message_id or '(no message_id)'} on {o.queue!r} "
-                        f"does not validate: {it.error} (set option on_invalid=dead_letter to "
-                        "dead-letter such messages instead of failing the query)"
-                    )
+                    raise SourceFailed(it.invalid(o.queue))
             plan = self.ledger.plan(start, [(it.tracked, it.key) for it in items])
             self.copies += sum(a in (Admission.HELD, Admission.SETTLED) for a in plan.admissions)
             if plan.rows:
@@ -355,25 +338,10 @@ class SourceConsumer(Engine, Executor):
             return
         o = self.opts
         mid = props.message_id
-        if o.key is KeyFrom.MESSAGE_ID:
-            key = mid if mid else None
-        elif o.key is KeyFrom.BODY:
-            key = hashlib.sha256(body).hexdigest()
-        else:
-            key = None
-        parsed: dict[str, Any] | None = None
-        error: str | None = None
-        if self.model is not None:
-            if not body:
-                error = "empty body"
-            else:
-                try:
-                    parsed = self.model.model_validate_json(body).model_dump()
-                except ValidationError as exc:
-                    error = _validation_reason(self.model, exc)
+        key = rows.key_of(o.key, mid, body)
+        parsed, error = rows.decode(self.model, body)
         why = frames.unreadable(method, props)  # dead-lettered by the core's verdict
         hdrs = None if why else props.headers
-        ts = props.timestamp
         exchange, rk = frames.text(method.exchange), frames.text(method.routing_key)
         with self.lock:
             t = self.core.receive(
@@ -393,17 +361,7 @@ class SourceConsumer(Engine, Executor):
                 if o.on_invalid is OnInvalid.DEAD_LETTER:
                     acts = self.core.finish(t, BadPayload(error))
             if acts is None:
-                meta = RowMeta(
-                    mid,
-                    body,
-                    {k: header_text(v) for k, v in hdrs.items()} if hdrs else None,
-                    rk,
-                    exchange,
-                    bool(method.redelivered),
-                    t.attempt,
-                    props.content_type,
-                    int(ts.timestamp()) if isinstance(ts, _dt.datetime) else ts,
-                )
+                meta = rows.row_meta(method, props, body, hdrs, t.attempt)
                 self.buffer.append(Item(t, key, meta, parsed, error))
                 if self._waiting and (
                     len(self.buffer) == 1 or len(self.buffer) >= o.max_batch or error

@@ -30,10 +30,11 @@ from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 
 from .._core.batches import BatchPlan
 from ._checkpoint import committed_end
-from ._consumer import Item, SourceConsumer
+from ._consumer import SourceConsumer
 from ._faults import crash_point
 from ._ipc import IpcServer
 from ._options import SourceOptions
+from ._rows import Item
 from ._schema import KEY_COLUMN, RowSchema, load_model
 from ._store import masked
 from ._wal import WalError, WriteAheadLog
