@@ -18,6 +18,11 @@ import shutil
 
 from ._util import tail
 
+PLUGINS = ("rabbitmq_consistent_hash_exchange",)
+"""Plugins every node of the kit's own runs: the x-consistent-hash exchange (bundled
+with every RabbitMQ 3.x and 4.x, off by default), so that shard layouts
+(:mod:`ackkit.shards`) run against it on every version the kit provides."""
+
 
 @dataclasses.dataclass(frozen=True)
 class NodeTLS:
@@ -60,7 +65,7 @@ class _NodeFiles:
                 shutil.copyfile(src, self._path("tls", name))
                 os.chmod(self._path("tls", name), 0o400)
         with open(self._path("enabled_plugins"), "w", encoding="ascii") as fh:
-            fh.write("[].\n")
+            fh.write(f"[{','.join(PLUGINS)}].\n")
         with open(self._path("rabbitmq-env.conf"), "w", encoding="ascii") as fh:
             fh.write(
                 "# throwaway node of the ackkit test kit; settings come from the environment\n"
