@@ -11,8 +11,9 @@ RabbitMQ serves one queue on one core; more throughput comes from more queues. A
 * `ShardKind.CLIENT`: no exchange; the publisher picks the queue itself
   (CRC-32 of the key modulo N) and publishes to it through the default exchange. Works
   on any broker, but every producer must use the same rule (`ShardLayout.route`).
-* `ShardKind.AUTO` (for `declare_shards`): MODULUS where the broker has it, else
-  CONSISTENT where the plugin is enabled, else an error that says what to enable.
+* `ShardKind.AUTO` (for `declare_shards`): MODULUS on RabbitMQ 4.3+, else CONSISTENT
+  where the plugin is enabled, else an error that says what to enable (`auto_kinds`
+  decides from the version the broker reports, `BrokerTraits.modulus_hash_exchange`).
 
 Per-key order: every message with one key goes to one queue, and a queue keeps the
 order it got them in, so messages of one key are consumed in the order they were
@@ -29,6 +30,7 @@ from typing import Any
 import pika
 import pika.exceptions
 
+from ._core.brokers import BrokerTraits, traits_of
 from ._url import mask_url
 
 _EXCHANGE_TYPES = {"modulus": "x-modulus-hash", "consistent": "x-consistent-hash"}
@@ -93,21 +95,36 @@ class ShardLayout:
         return self.name, rk
 
 
+def auto_kinds(traits: BrokerTraits) -> tuple[ShardKind, ...]:
+    """The hash exchanges `ShardKind.AUTO` tries, in this order, on a broker with these
+    traits: the one place where the broker's version chooses the layout.
+
+    x-modulus-hash first where it is built in (RabbitMQ 4.3+) and where the version
+    cannot be read (a broker without it refuses the declaration), then x-consistent-hash;
+    before 4.3 x-consistent-hash alone (its plugin can be enabled on any version)."""
+    if traits.modulus_hash_exchange or traits.series == "unknown":
+        return (ShardKind.MODULUS, ShardKind.CONSISTENT)
+    return (ShardKind.CONSISTENT,)
+
+
 def declare_shards(
     url: str, name: str, shards: int, *, kind: ShardKind | str = ShardKind.AUTO
 ) -> ShardLayout:
     """Declare the N durable shard queues (and the hashing exchange, bound to each).
 
     Idempotent: declaring the same layout again changes nothing. Raises ValueError when
-    the kind cannot be had on this broker (AUTO: neither hash exchange type exists)."""
+    the kind cannot be had on this broker (AUTO: no hash exchange type of `auto_kinds`
+    exists)."""
     kind = ShardKind(kind)
     queues = shard_queues(name, shards)
-    candidates = [ShardKind.MODULUS, ShardKind.CONSISTENT] if kind is ShardKind.AUTO else [kind]
     refusals = []
-    for k in candidates:
-        # An unknown exchange type closes the whole connection (503): one per attempt.
-        conn = pika.BlockingConnection(pika.URLParameters(url))
-        try:
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        traits = traits_of(conn._impl.server_properties)
+        candidates = auto_kinds(traits) if kind is ShardKind.AUTO else (kind,)
+        for k in candidates:
+            if not conn.is_open:  # an unknown exchange type closed the connection (503)
+                conn = pika.BlockingConnection(pika.URLParameters(url))
             ch = conn.channel()
             for q in queues:
                 ch.queue_declare(q, durable=True)
@@ -123,11 +140,12 @@ def declare_shards(
             for q in queues:
                 ch.queue_bind(q, name, routing_key=weight)
             return ShardLayout(name, shards, k)
-        finally:
-            if conn.is_open:
-                conn.close()
+    finally:
+        if conn.is_open:
+            conn.close()
+    version = ".".join(map(str, traits.version)) if traits.version else "of unknown version"
     raise ValueError(
-        f"cannot declare the shard exchange {name!r} on {mask_url(url)} ("
+        f"cannot declare the shard exchange {name!r} on {mask_url(url)} (RabbitMQ {version}: "
         + "; ".join(refusals)
         + "): use RabbitMQ 4.3+ (x-modulus-hash), enable the bundled plugin "
         "(rabbitmq-plugins enable rabbitmq_consistent_hash_exchange), or kind='client' "

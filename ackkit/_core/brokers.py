@@ -17,7 +17,9 @@ elsewhere:
   always the broker's; native delayed retry on quorum queues; consumer timeouts
   (quorum queues only) cancel the consumer with `basic.cancel` instead of closing
   the channel; classic queue v1 arguments (`x-queue-mode`, `x-queue-version: 1`)
-  and global QoS are refused; transient non-exclusive queues are denied.
+  and global QoS are refused; transient non-exclusive queues are denied; the
+  `x-modulus-hash` exchange type is built in (shard layouts use it, see
+  `ackkit.shards`; `x-consistent-hash` needs its plugin on every version).
 
 A version that cannot be read gets `UNKNOWN`: no broker header is trusted for
 counting (the redelivered flag and restamped copies count, which is right on
@@ -86,6 +88,8 @@ class BrokerTraits:
     """Transient (non-durable) non-exclusive queues may be declared (denied on 4.3+)."""
     honours_client_x_death: bool = True
     """The broker reads x-death a publisher set (ignored on 4.0+)."""
+    modulus_hash_exchange: bool = False
+    """The x-modulus-hash exchange type is built in (4.3+)."""
 
     def count_source(self, queue_type: str | None) -> CountSource:
         """Which header says how often a copy in a queue of `queue_type` was delivered
@@ -124,6 +128,7 @@ V43 = BrokerTraits(
     global_qos=False,
     transient_queues=False,
     honours_client_x_death=False,
+    modulus_hash_exchange=True,
 )
 UNKNOWN = BrokerTraits(
     "unknown",

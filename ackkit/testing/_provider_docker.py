@@ -28,6 +28,7 @@ from ._docker_engine import container_name, engine_is_local, rabbitmq_conf
 from ._env import ENV_BOOT_TIMEOUT, ENV_DOCKER_NETWORK, ENV_IMAGE, ENV_MODE, _env_float
 from ._errors import BrokerError, BrokerUnavailable
 from ._handle import BrokerHandle
+from ._node_files import PLUGINS
 from ._registry import _register, _unregister
 from ._util import free_port, mask_secrets
 
@@ -108,7 +109,13 @@ class _DockerBroker(BrokerHandle):
     # -- container ----------------------------------------------------------------
 
     def _boot_new_container(self) -> None:
-        env = {"HOME": "/var/lib/rabbitmq", "RABBITMQ_NODENAME": str(self.node_name)}
+        env = {
+            "HOME": "/var/lib/rabbitmq",
+            "RABBITMQ_NODENAME": str(self.node_name),
+            # The kit's plugins instead of the image's list (e.g. rabbitmq_prometheus),
+            # as on its own nodes; the node writes them into its enabled_plugins file.
+            "RABBITMQ_ENABLED_PLUGINS": ",".join(PLUGINS),
+        }
         kwargs: dict[str, Any] = {}
         if self.network == "host":
             self.amqp_port = free_port()

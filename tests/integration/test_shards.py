@@ -1,13 +1,16 @@
 """Shard layouts on a real broker: which queue each key lands in, as the broker shows it.
 
 The exchange kinds depend on the broker: x-modulus-hash is built into RabbitMQ 4.3+,
-x-consistent-hash needs its (bundled) plugin enabled. `declare_shards(kind=AUTO)` takes
-what the broker has, or fails with a message saying what to enable; both outcomes are
-checked against whichever broker the run uses.
+x-consistent-hash needs its (bundled) plugin enabled. The test kit's own brokers (3.10,
+4.x nodes, containers) run that plugin, so both kinds are exercised on them; on a broker
+of AMQP_URL without the plugin the x-consistent-hash tests skip and say why.
+`declare_shards(kind=AUTO)` takes what the broker has (x-modulus-hash on 4.3+), or fails
+with a message saying what to enable.
 """
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 
 import pika
@@ -15,10 +18,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ackkit._core.brokers import traits_for
 from ackkit.shards import (
     ShardKind,
     ShardLayout,
     ShardPublisher,
+    auto_kinds,
     declare_shards,
     shard_queues,
 )
@@ -62,8 +67,12 @@ def _drain(url: str, layout: ShardLayout) -> dict[str, list[str]]:
     return out
 
 
-def _publish(url: str, layout: ShardLayout, n: int, keys: int) -> dict[str, str]:
-    """n messages over `keys` keys with confirms; returns message id -> key."""
+def _publish(
+    url: str, layout: ShardLayout, n: int, keys: int, *, prefix: str = "m"
+) -> dict[str, str]:
+    """n messages over `keys` keys with confirms; returns message id -> key.
+
+    Message ids sort in publish order (`<prefix><i>`); `keys=1` sends all with one key."""
     sent: dict[str, str] = {}
     conn = pika.BlockingConnection(pika.URLParameters(url))
     try:
@@ -71,8 +80,8 @@ def _publish(url: str, layout: ShardLayout, n: int, keys: int) -> dict[str, str]
         ch.confirm_delivery()
         pub = ShardPublisher(ch, layout)
         for i in range(n):
-            key = f"customer-{i % keys}"
-            mid = f"m{i:05d}"
+            key = f"customer-{i % keys}" if keys > 1 else "customer-solo"
+            mid = f"{prefix}{i:05d}"
             pub.publish(key, b"{}", pika.BasicProperties(message_id=mid), mandatory=True)
             sent[mid] = key
     finally:
@@ -102,18 +111,91 @@ def test_client_kind_declares_the_queues_and_routes_by_key(amqp_url, queue_facto
 
 
 def test_auto_takes_the_hash_exchange_the_broker_has_or_says_what_to_enable(
-    amqp_url, queue_factory
+    amqp_url, rabbitmq, queue_factory
 ) -> None:
     name = queue_factory("auto")
+    traits = traits_for(rabbitmq.server_version())
     try:
         layout = declare_shards(amqp_url, name, 3)
     except ValueError as exc:
-        # Neither x-modulus-hash (4.3+) nor the consistent-hash plugin on this broker.
+        # Neither x-modulus-hash (4.3+) nor the consistent-hash plugin on this broker,
+        # which the test kit's own brokers always have.
+        assert not rabbitmq.own, exc
         assert "rabbitmq_consistent_hash_exchange" in str(exc)
         assert "kind='client'" in str(exc)
         return
-    assert layout.kind in (ShardKind.MODULUS, ShardKind.CONSISTENT)
+    # x-modulus-hash on 4.3+, x-consistent-hash before (the kit's brokers have its plugin).
+    assert layout.kind is auto_kinds(traits)[0]
+    assert layout.kind is (ShardKind.MODULUS if traits.series == "4.3+" else ShardKind.CONSISTENT)
     assert layout.exchange == name
     _check_routing(amqp_url, layout)
     # Declaring the same layout again changes nothing.
     assert declare_shards(amqp_url, name, 3) == layout
+
+
+def _ctl_rows(rabbitmq, what: str, *fields: str) -> list[dict[str, str]]:
+    text = rabbitmq.ctl(what, "-p", rabbitmq.vhost, "--formatter", "json", "--quiet", *fields)
+    return json.loads(text)
+
+
+def _declare_or_skip(rabbitmq, url: str, name: str, shards: int, kind: ShardKind) -> ShardLayout:
+    """`declare_shards` of a hash kind; skips (with the reason) where the broker lacks it:
+    x-modulus-hash before 4.3, x-consistent-hash on a broker of AMQP_URL without the
+    plugin. The test kit's own brokers must have the plugin: there it is a failure."""
+    version = rabbitmq.server_version()
+    if kind is ShardKind.MODULUS and not traits_for(version).modulus_hash_exchange:
+        pytest.skip(f"x-modulus-hash is built into RabbitMQ 4.3+, this broker is {version}")
+    try:
+        return declare_shards(url, name, shards, kind=kind)
+    except ValueError:
+        if kind is ShardKind.CONSISTENT and not rabbitmq.own:
+            pytest.skip(
+                f"the broker of AMQP_URL (RabbitMQ {version}) has no x-consistent-hash "
+                "exchange: enable its plugin (rabbitmq-plugins enable "
+                "rabbitmq_consistent_hash_exchange) to run this test"
+            )
+        raise
+
+
+@pytest.mark.parametrize("kind", [ShardKind.CONSISTENT, ShardKind.MODULUS])
+def test_hash_exchange_spreads_keys_over_the_shards_and_keeps_a_key_on_one(
+    kind, amqp_url, rabbitmq, queue_factory
+) -> None:
+    name = queue_factory(kind.value)
+    layout = _declare_or_skip(rabbitmq, amqp_url, name, 4, kind)
+    assert layout == ShardLayout(name, 4, kind) and layout.exchange == name
+    # The broker holds the exchange of that type, bound to each of the 4 queues.
+    exchanges = {
+        r["name"]: r["type"] for r in _ctl_rows(rabbitmq, "list_exchanges", "name", "type")
+    }
+    assert exchanges[name] == {"consistent": "x-consistent-hash"}.get(kind.value, "x-modulus-hash")
+    bindings = sorted(
+        (r["destination_name"], r["routing_key"])
+        for r in _ctl_rows(
+            rabbitmq, "list_bindings", "source_name", "destination_name", "routing_key"
+        )
+        if r["source_name"] == name
+    )
+    weight = "1" if kind is ShardKind.CONSISTENT else ""
+    assert bindings == [(q, weight) for q in layout.queues]
+    assert [rabbitmq.counts(q).ready for q in layout.queues] == [0, 0, 0, 0]
+
+    # One key: all of its messages in one shard queue, the others untouched.
+    solo = _publish(amqp_url, layout, 30, 1, prefix="a")
+    counts = [rabbitmq.counts(q).ready for q in layout.queues]
+    assert sorted(counts) == [0, 0, 0, 30], counts
+    solo_queue = layout.queues[counts.index(30)]
+    # Forty keys: every shard gets some; the solo key's queue gets no more of it.
+    sent = _publish(amqp_url, layout, 400, 40)
+    counts = [rabbitmq.counts(q).ready for q in layout.queues]
+    assert sum(counts) == 430 and all(counts), counts
+    held = _drain(amqp_url, layout)
+    assert held[solo_queue][:30] == sorted(solo)
+    sent.update(solo)
+    home: dict[str, str] = {}
+    for q, mids in held.items():
+        assert mids == sorted(mids), q  # a queue keeps publish order
+        for m in mids:
+            assert home.setdefault(sent[m], q) == q  # one queue per key
+    assert sorted(m for ms in held.values() for m in ms) == sorted(sent)  # each once
+    assert [rabbitmq.counts(q).ready for q in layout.queues] == [0, 0, 0, 0]

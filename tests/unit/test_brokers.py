@@ -391,3 +391,20 @@ def test_quorum_delayed_needs_a_delivery_limit_of_max_attempts(limit: int | None
     with pytest.raises(ValueError, match="delivery-limit is 20"):
         check_delivery_limit(Retry(max_attempts=21, strategy=QD), {})
     check_delivery_limit(Retry(max_attempts=21), {})  # broker retries: fresh copies
+
+
+@pytest.mark.parametrize(
+    ("raw", "kinds"),
+    [
+        ("3.10.8", ("consistent",)),
+        ("4.0.5", ("consistent",)),
+        ("4.2.1", ("consistent",)),
+        ("4.3.6", ("modulus", "consistent")),
+        ("5.0.0", ("modulus", "consistent")),
+        (None, ("modulus", "consistent")),  # unknown: try both, the broker says which it has
+    ],
+)
+def test_shard_layouts_follow_the_broker_version(raw: object, kinds: tuple[str, ...]) -> None:
+    from ackkit.shards import auto_kinds
+
+    assert tuple(k.value for k in auto_kinds(traits_for(raw))) == kinds
