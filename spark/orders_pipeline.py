@@ -247,15 +247,19 @@ def start_query(
     dead_letter: bool = True,
     writer: Callable[[Any, int], None] | None = None,
     layout: aks.ShardLayout | None = None,
+    via_exchange: bool = False,
     **options: Any,
 ) -> tuple[Any, aks.AckAfterCommit]:
     """Start the streaming query; returns it and its ack_after_commit wrapper (counters).
 
     `writer(df, batch_id)` defaults to idempotent Parquet batches under `output`. With a
     shard `layout`, its queues are read in parallel (`queue` only names the query) and
-    the output has a `queue` column.
+    the output has a `queue` column; `via_exchange` names them as a user would, by the
+    layout's exchange, number of shards and kind (`read_stream` declares it, idempotently).
     """
     where: dict[str, Any] = {"queue": queue} if layout is None else {"queues": layout.queues}
+    if layout is not None and via_exchange:
+        where = {"exchange": layout.name, "shards": layout.shards, "shard_kind": layout.kind}
     df = aks.read_stream(
         spark,
         url=url,

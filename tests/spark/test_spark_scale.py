@@ -72,6 +72,54 @@ def test_shard_queues_are_read_in_parallel_each_message_once_and_per_key_in_orde
         assert in_seq == sorted(in_seq), customer  # consumed in publish order
 
 
+def test_consistent_hash_shards_are_read_each_message_once_and_left_empty(
+    spark, amqp_url, rabbitmq, queue_factory, tmp_path
+):
+    # The x-consistent-hash exchange routes (its plugin runs on the test kit's own brokers,
+    # 3.10 and 4.x); the query names the shards by exchange, as read_stream's users do.
+    name = queue_factory("chash")
+    try:
+        layout = aks.declare_shards(amqp_url, name, 2, kind=aks.ShardKind.CONSISTENT)
+    except ValueError:
+        if rabbitmq.own:
+            raise
+        pytest.skip(
+            "the broker of AMQP_URL has no x-consistent-hash exchange: enable its plugin "
+            "(rabbitmq-plugins enable rabbitmq_consistent_hash_exchange) to run this test"
+        )
+    good, _ = publish_orders(amqp_url, name, 300, layout=layout)
+    per_queue = {q: rabbitmq.counts(q).ready for q in layout.queues}
+    assert sum(per_queue.values()) == 300 and all(per_queue.values()), per_queue
+    query, writer = start_query(
+        spark,
+        url=amqp_url,
+        queue=name,
+        checkpoint=tmp_path / "ck",
+        output=tmp_path / "out",
+        max_batch=100,
+        layout=layout,
+        via_exchange=True,
+    )
+    try:
+        wait_until_drained(
+            query, url=amqp_url, queue=layout.queues, checkpoint=tmp_path / "ck", timeout=180
+        )
+        for q in layout.queues:
+            c = rabbitmq.counts(q)
+            assert (c.ready, c.unacked) == (0, 0), q
+    finally:
+        query.stop()
+    acked = {q: sum(h[3] for h in writer.history if h[1] == q) for q in layout.queues}
+    assert acked == per_queue
+    rows = spark.read.parquet(str(tmp_path / "out")).select("queue", "message_id", "customer")
+    rows = rows.collect()
+    assert sorted(r["message_id"] for r in rows) == sorted(good)  # every order, once
+    home: dict[str, str] = {}
+    for r in rows:
+        assert home.setdefault(r["customer"], r["queue"]) == r["queue"]  # one shard per key
+    assert set(home.values()) == set(layout.queues)
+
+
 def test_write_ahead_log_on_s3_replays_and_resumes_exactly(
     spark, amqp_url, rabbitmq, queue_factory, tmp_path, s3_base
 ):
