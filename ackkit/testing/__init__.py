@@ -31,6 +31,10 @@ Where the broker comes from (first that applies):
    directory, ports, node name and Erlang cookie, removed on exit.
 4. Otherwise :class:`BrokerUnavailable`, saying how to get a broker.
 
+The kit's own brokers (2 and 3) run the ``rabbitmq_consistent_hash_exchange``
+plugin (so ``x-consistent-hash`` shard layouts work on every version), instead
+of an image's own list of plugins.
+
 Environment knobs: ``ACKKIT_TEST_BROKER=auto|url|docker|own`` forces a way;
 ``ACKKIT_RABBITMQ_SERVER`` is the rabbitmq-server script to use;
 ``ACKKIT_TEST_BOOT_TIMEOUT`` (seconds, default 60); ``ACKKIT_TEST_NODE_DIR``
