@@ -23,37 +23,35 @@ from spark.orders_pipeline import publish_orders, start_query, wait_until_draine
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(300)]
 
 
-def test_shard_queues_are_read_in_parallel_each_message_once_and_per_key_in_order(
-    spark, amqp_url, rabbitmq, queue_factory, tmp_path
-):
-    name = queue_factory("shards")
-    layout = aks.declare_shards(amqp_url, name, 2, kind=aks.ShardKind.CLIENT)
-    # (the shard queues `<name>.shard-<i>` are deleted with `name` after the test)
-    good, _ = publish_orders(amqp_url, name, 400, layout=layout)
+def _read_all_shards(
+    spark: Any, amqp_url: str, rabbitmq: Any, layout: Any, tmp_path: Any, n: int, **kw: Any
+) -> tuple[dict[str, Any], list[Any], list[str]]:
+    """Publish `n` orders through `layout`, run a query over its shards until they are
+    drained, and check what the broker shows: every shard queue left empty, each queue's
+    share of every batch acked by its own runner, all of it once. Returns the drain
+    stats, the output rows and the published message ids."""
+    good, _ = publish_orders(amqp_url, layout.name, n, layout=layout)
     per_queue = {q: rabbitmq.counts(q).ready for q in layout.queues}
-    assert sum(per_queue.values()) == 400 and all(per_queue.values()), per_queue
+    assert sum(per_queue.values()) == n and all(per_queue.values()), per_queue
     query, writer = start_query(
         spark,
         url=amqp_url,
-        queue=name,
+        queue=layout.name,
         checkpoint=tmp_path / "ck",
         output=tmp_path / "out",
         max_batch=100,
         layout=layout,
+        **kw,
     )
     try:
         stats = wait_until_drained(
             query, url=amqp_url, queue=layout.queues, checkpoint=tmp_path / "ck", timeout=180
         )
-        # One runner process per queue: the queues' I/O does not share one interpreter.
-        pids = {st["pid"] for st in stats["per_queue"].values()}
-        assert len(pids) == 2
         for q in layout.queues:
             c = rabbitmq.counts(q)
             assert (c.ready, c.unacked) == (0, 0), q
     finally:
         query.stop()
-    # Each queue's share of every batch was acked by its own runner, all of it once.
     acked = {q: sum(h[3] for h in writer.history if h[1] == q) for q in layout.queues}
     assert acked == per_queue
     rows = (
@@ -61,7 +59,19 @@ def test_shard_queues_are_read_in_parallel_each_message_once_and_per_key_in_orde
         .select("queue", "seq", "message_id", "customer")
         .collect()
     )
-    assert sorted(r["message_id"] for r in rows) == sorted(good)
+    assert sorted(r["message_id"] for r in rows) == sorted(good)  # every order, once
+    return stats, rows, good
+
+
+def test_shard_queues_are_read_in_parallel_each_message_once_and_per_key_in_order(
+    spark, amqp_url, rabbitmq, queue_factory, tmp_path
+):
+    name = queue_factory("shards")
+    layout = aks.declare_shards(amqp_url, name, 2, kind=aks.ShardKind.CLIENT)
+    # (the shard queues `<name>.shard-<i>` are deleted with `name` after the test)
+    stats, rows, _ = _read_all_shards(spark, amqp_url, rabbitmq, layout, tmp_path, 400)
+    # One runner process per queue: the queues' I/O does not share one interpreter.
+    assert len({st["pid"] for st in stats["per_queue"].values()}) == 2
     by_customer: dict[str, list[tuple[str, int, str]]] = {}
     for r in rows:
         assert r["queue"] == layout.queue_for(r["customer"])
@@ -87,33 +97,9 @@ def test_consistent_hash_shards_are_read_each_message_once_and_left_empty(
             "the broker of AMQP_URL has no x-consistent-hash exchange: enable its plugin "
             "(rabbitmq-plugins enable rabbitmq_consistent_hash_exchange) to run this test"
         )
-    good, _ = publish_orders(amqp_url, name, 300, layout=layout)
-    per_queue = {q: rabbitmq.counts(q).ready for q in layout.queues}
-    assert sum(per_queue.values()) == 300 and all(per_queue.values()), per_queue
-    query, writer = start_query(
-        spark,
-        url=amqp_url,
-        queue=name,
-        checkpoint=tmp_path / "ck",
-        output=tmp_path / "out",
-        max_batch=100,
-        layout=layout,
-        via_exchange=True,
+    _, rows, _ = _read_all_shards(
+        spark, amqp_url, rabbitmq, layout, tmp_path, 300, via_exchange=True
     )
-    try:
-        wait_until_drained(
-            query, url=amqp_url, queue=layout.queues, checkpoint=tmp_path / "ck", timeout=180
-        )
-        for q in layout.queues:
-            c = rabbitmq.counts(q)
-            assert (c.ready, c.unacked) == (0, 0), q
-    finally:
-        query.stop()
-    acked = {q: sum(h[3] for h in writer.history if h[1] == q) for q in layout.queues}
-    assert acked == per_queue
-    rows = spark.read.parquet(str(tmp_path / "out")).select("queue", "message_id", "customer")
-    rows = rows.collect()
-    assert sorted(r["message_id"] for r in rows) == sorted(good)  # every order, once
     home: dict[str, str] = {}
     for r in rows:
         assert home.setdefault(r["customer"], r["queue"]) == r["queue"]  # one shard per key
