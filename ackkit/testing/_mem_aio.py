@@ -126,8 +126,10 @@ class AioChannel:
             self._model.close_channel(self.state, exc.code, exc.text)
             raise _closed(exc.code, exc.text) from None
 
-    async def basic_qos(self, prefetch_count: int = 0, **_: Any) -> spec.Basic.QosOk:
-        self._op(lambda: self._model.qos(self.state, prefetch_count))
+    async def basic_qos(
+        self, prefetch_count: int = 0, global_: bool = False, **_: Any
+    ) -> spec.Basic.QosOk:
+        self._op(lambda: self._model.qos(self.state, prefetch_count, global_))
         return spec.Basic.QosOk()
 
     async def basic_consume(
@@ -186,7 +188,11 @@ class AioChannel:
     ) -> spec.Queue.DeclareOk:
         q = self._op(
             lambda: self._model.queue_declare(
-                queue, passive=passive, durable=durable, arguments=arguments
+                queue,
+                passive=passive,
+                durable=durable,
+                exclusive=exclusive,
+                arguments=arguments,
             )
         )
         return spec.Queue.DeclareOk(

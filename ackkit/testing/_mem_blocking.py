@@ -72,8 +72,8 @@ class BlockingChannel:
     def confirm_delivery(self) -> None:
         self._confirm = True
 
-    def basic_qos(self, prefetch_count: int = 0, **_: Any) -> None:
-        self._run(lambda: self._model.qos(self.state, prefetch_count))
+    def basic_qos(self, prefetch_count: int = 0, global_qos: bool = False, **_: Any) -> None:
+        self._run(lambda: self._model.qos(self.state, prefetch_count, global_qos))
 
     def basic_publish(
         self,
@@ -125,7 +125,11 @@ class BlockingChannel:
     ) -> pika.frame.Method:
         q = self._run(
             lambda: self._model.queue_declare(
-                queue, passive=passive, durable=durable, arguments=arguments
+                queue,
+                passive=passive,
+                durable=durable,
+                exclusive=exclusive,
+                arguments=arguments,
             )
         )
         return self._ok(pika.spec.Queue.DeclareOk(q.name, len(q.ready), len(q.consumers)))

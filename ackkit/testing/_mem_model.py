@@ -9,9 +9,10 @@ closed channel requeued; an unknown delivery tag or a missing queue closing the
 channel (406 / 404) as the broker does; queue arguments checked on re-declare
 (406); dead-lettering through `x-dead-letter-exchange` with `x-death`;
 `x-message-ttl` and per-message `expiration` (expired at the head of the
-queue); quorum queues' `x-delivery-count` and `x-delivery-limit`; `x-max-length`
-(drop-head or reject-publish); publisher confirms and `mandatory` returns;
-transactions (`tx.select` / `tx.commit`).
+queue); quorum queues' `x-delivery-count`, `x-acquired-count` and delivery limit;
+`x-max-length` (drop-head or reject-publish); publisher confirms and `mandatory`
+returns; transactions (`tx.select` / `tx.commit`). What differs between RabbitMQ
+versions is decided by `self.rules` (`_mem_rules`), nowhere else.
 
 Nothing here knows a client library: the facades (`_mem_pika`, `_mem_aio`) turn
 `ChannelError` into their library's exceptions and `Sink` calls into their
@@ -62,6 +63,8 @@ class Model(Topology):
             )
         with self.lock:
             headers = python_headers(msg)
+            if msg.deaths is None and not self.rules.honours_client_x_death:
+                msg.deaths = []  # 4.0+: the publisher's x-death is not the broker's
             queues = self.route(msg.exchange, msg.routing_key, headers)
             refused = False
             for q in queues:
@@ -106,7 +109,7 @@ class Model(Topology):
             touched = []
             for tag in sorted(ch.unacked):
                 u = self._pop(ch, tag)
-                self._requeue(u)
+                self._requeue(u, counts=True)  # a lost consumer counts on every version
                 touched.append(u.queue)
             for q in {id(q): q for q in touched}.values():
                 self._dispatch(q)
@@ -117,9 +120,11 @@ class Model(Topology):
         self.close_channel(ch, code, text)
         return ChannelError(code, text)
 
-    def qos(self, ch: Channel, prefetch: int) -> None:
+    def qos(self, ch: Channel, prefetch: int, global_qos: bool = False) -> bool:
         with self.lock:
+            self.rules.check_qos(global_qos)
             ch.prefetch = prefetch
+            return True
 
     def consume(self, ch: Channel, queue: str, no_ack: bool, tag: str | None = None) -> str:
         with self.lock:
@@ -164,21 +169,35 @@ class Model(Topology):
             return tag, msg, len(q.ready)
 
     def _take(self, q: Queue) -> Message | None:
-        """The head of `q`, or None. A quorum queue counts returns in x-delivery-count
-        and dead-letters a message past its x-delivery-limit instead."""
+        """The head of `q`, or None. A quorum queue writes its counts into the headers
+        (x-delivery-count, on 4.3 x-acquired-count too) and dead-letters a message whose
+        counted returns passed its delivery limit instead."""
         while q.ready:
             _, msg = q.ready.pop(0)
-            if not q.quorum or not msg.returns:
+            if not q.quorum:
                 return msg
-            limit = q.arg("x-delivery-limit")
-            if isinstance(limit, int) and msg.returns > limit:
+            limit = self.rules.delivery_limit(q.arg("x-delivery-limit"))
+            if limit is not None and msg.counted > limit:
                 self._dead_letter(q, msg, "delivery_limit")
                 continue
-            props = msg.properties()
-            props["headers"] = {**(props.get("headers") or {}), "x-delivery-count": msg.returns}
-            msg.props = wire.encode_properties(props)
+            self._stamp_counts(msg)
             return msg
         return None
+
+    def _stamp_counts(self, msg: Message) -> None:
+        """The count headers a quorum queue writes on a delivery of `msg`."""
+        props = msg.properties()
+        headers = dict(props.get("headers") or {})
+        before = dict(headers)
+        if msg.counted or (
+            "x-delivery-count" in headers and self.rules.overwrite_first_delivery_count
+        ):
+            headers["x-delivery-count"] = msg.counted
+        if self.rules.acquired_count and msg.returns:
+            headers["x-acquired-count"] = msg.returns
+        if headers != before:
+            props["headers"] = headers
+            msg.props = wire.encode_properties(props)
 
     def _dispatch(self, q: Queue) -> None:
         self._expire(q)
@@ -233,7 +252,7 @@ class Model(Topology):
             if kind == "ack":
                 continue
             if requeue:
-                self._requeue(u)
+                self._requeue(u, counts=kind == "reject" or self.rules.nack_counts)
             else:
                 self._dead_letter(u.queue, u.msg, "rejected")
         for q in touched.values():
@@ -247,11 +266,14 @@ class Model(Topology):
             u.consumer.unacked -= 1
         return u
 
-    def _requeue(self, u: Unacked) -> None:
+    def _requeue(self, u: Unacked, *, counts: bool) -> None:
+        """Back to its place; `counts`: the return counts in x-delivery-count (and
+        toward the delivery limit), which `self.rules` decides per settle kind."""
         q = u.queue
         msg = u.msg
         msg.redelivered = True
         msg.returns += 1
+        msg.counted += counts
         if q.name in self.queues:
             bisect.insort(q.ready, (msg.seq, msg), key=lambda e: e[0])
 
@@ -280,8 +302,13 @@ class Model(Topology):
         rk = q.arg("x-dead-letter-routing-key")
         props = msg.properties()
         headers: dict[str, Any] = dict(props.get("headers") or {})
-        py = python_headers(msg)
-        deaths = list(py.get("x-death") or [])
+        if msg.deaths is None:  # before 4.0: whatever x-death the message carries
+            deaths = list(python_headers(msg).get("x-death") or [])
+        else:  # 4.0+: only what this broker dead-lettered
+            deaths = [dict(d) for d in msg.deaths]
+            if not deaths:  # the publisher's death headers start nothing
+                for k in [k for k in headers if k.startswith(("x-first-death", "x-last-death"))]:
+                    del headers[k]
         now = int(time.time())
         entry = None
         for d in deaths:
@@ -310,9 +337,12 @@ class Model(Topology):
         headers["x-last-death-queue"] = q.name
         headers["x-last-death-exchange"] = msg.exchange
         headers.pop("x-delivery-count", None)
+        headers.pop("x-acquired-count", None)
         props["headers"] = headers
         props.pop("expiration", None)
         copy = Message(msg.body, wire.encode_properties(props), dlx, rk or msg.routing_key)
+        if msg.deaths is not None:
+            copy.deaths = [dict(d) for d in headers["x-death"]]
         for target in self.route(dlx, copy.routing_key, headers):
             self._enqueue(target, copy_message(copy))
 

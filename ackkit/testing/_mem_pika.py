@@ -102,10 +102,14 @@ class SelectChannel:
             return None
 
     def basic_qos(
-        self, prefetch_count: int = 0, callback: Callback | None = None, **_: Any
+        self,
+        prefetch_count: int = 0,
+        callback: Callback | None = None,
+        global_qos: bool = False,
+        **_: Any,
     ) -> None:
-        self._run(lambda: self._model.qos(self.state, prefetch_count))
-        self._then(callback, pika.spec.Basic.QosOk())
+        if self._run(lambda: self._model.qos(self.state, prefetch_count, global_qos)):
+            self._then(callback, pika.spec.Basic.QosOk())
 
     def basic_consume(
         self,
@@ -196,7 +200,11 @@ class SelectChannel:
     ) -> None:
         def op() -> Any:
             return self._model.queue_declare(
-                queue, passive=passive, durable=durable, arguments=arguments
+                queue,
+                passive=passive,
+                durable=durable,
+                exclusive=exclusive,
+                arguments=arguments,
             )
 
         q = self._run(op)

@@ -69,7 +69,13 @@ class Message:
     expires_at: float | None = None
     redelivered: bool = False
     returns: int = 0
-    """How often it came back to its queue unsettled (quorum: x-delivery-count)."""
+    """How often it came back to its queue unsettled (4.3: x-acquired-count)."""
+    counted: int = 0
+    """The returns a quorum queue counts in x-delivery-count and toward its delivery
+    limit (every return before 4.3; on 4.3 rejects and lost consumers only)."""
+    deaths: list[dict[str, Any]] | None = None
+    """The x-death the broker itself wrote (4.0+ ignores a publisher's); None: read the
+    headers (before 4.0)."""
 
     def properties(self) -> dict[str, Any]:
         return wire.decode_properties(self.props)
@@ -164,7 +170,8 @@ def same_args(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 
 def copy_message(msg: Message) -> Message:
-    return Message(msg.body, msg.props, msg.exchange, msg.routing_key)
+    deaths = None if msg.deaths is None else [dict(d) for d in msg.deaths]
+    return Message(msg.body, msg.props, msg.exchange, msg.routing_key, deaths=deaths)
 
 
 def expiration(msg: Message) -> int | None:

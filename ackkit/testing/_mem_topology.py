@@ -13,6 +13,7 @@ import itertools
 import threading
 from typing import Any
 
+from ._mem_rules import Rules, rules_for
 from ._mem_state import (
     ACCESS_REFUSED,
     NOT_FOUND,
@@ -28,13 +29,13 @@ from ._mem_state import (
 
 
 class Topology:
-    """Queues, exchanges and bindings of one in-memory broker (one virtual host)."""
+    """Queues, exchanges and bindings of one in-memory broker (one virtual host), under
+    the `rules` of one RabbitMQ version (`_mem_rules`)."""
 
-    """The state of one in-memory broker (one virtual host)."""
-
-    def __init__(self, clock: Clock | None = None) -> None:
+    def __init__(self, clock: Clock | None = None, rules: Rules | None = None) -> None:
         self.lock = threading.RLock()
         self.clock = clock or Clock()
+        self.rules = rules or rules_for(None)
         self.queues: dict[str, Queue] = {}
         self.exchanges: dict[str, Exchange] = {"": Exchange("", "direct")}
         for kind in ("direct", "fanout", "topic", "headers"):
@@ -53,6 +54,7 @@ class Topology:
         *,
         passive: bool = False,
         durable: bool = True,
+        exclusive: bool = False,
         arguments: dict[str, Any] | None = None,
     ) -> Queue:
         args = dict(arguments or {})
@@ -62,6 +64,7 @@ class Topology:
                 if q is None:
                     raise ChannelError(NOT_FOUND, f"NOT_FOUND - no queue '{name}' in vhost '/'")
                 return q
+            self.rules.check_queue_declare(name, durable, exclusive, args)
             if q is None:
                 if not name:
                     name = f"amq.gen-{next(self._seq)}"

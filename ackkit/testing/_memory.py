@@ -32,6 +32,7 @@ from .._spec import AppBase
 from ._errors import BrokerError, QueueNotFound
 from ._handle import BrokerHandle
 from ._mem_model import Model
+from ._mem_rules import DEFAULT, rules_for
 from ._mem_state import Clock, ManualClock
 from ._queries import QueueCounts
 
@@ -39,9 +40,10 @@ __all__ = ["InMemoryBroker"]
 
 A = TypeVar("A", bound=AppBase)
 
-VERSION = "3.13.7"
-"""The RabbitMQ version whose rules the in-memory broker follows (and announces): quorum
-queues count every return in x-delivery-count and have no default delivery limit."""
+VERSION = rules_for(DEFAULT).version
+"""The RabbitMQ version whose rules an in-memory broker follows (and announces) unless
+told otherwise: quorum queues count every return in x-delivery-count and have no
+default delivery limit. ``InMemoryBroker(rabbitmq="4.0" | "4.3")`` follows those."""
 
 _names = itertools.count(1)
 
@@ -51,22 +53,30 @@ class InMemoryBroker(BrokerHandle):
 
     ``ttl_scale`` multiplies every message TTL (a retry delay queue's too): ``0``
     hands retry copies back at once. ``manual_clock=True`` stops time for TTLs
-    until :meth:`advance` moves it. What it does not model: see the README
-    ("Testing your service").
+    until :meth:`advance` moves it. ``rabbitmq`` picks the RabbitMQ version whose
+    rules it follows and announces: "3.13" (the default), "4.0" or "4.3" (see
+    ``_mem_rules``); an app on it picks its broker traits from that version. What it
+    does not model: see the README ("Testing your service").
     """
 
     kind = "memory"
 
     def __init__(
-        self, *, name: str | None = None, ttl_scale: float = 1.0, manual_clock: bool = False
+        self,
+        *,
+        name: str | None = None,
+        ttl_scale: float = 1.0,
+        manual_clock: bool = False,
+        rabbitmq: str | None = None,
     ) -> None:
         if ttl_scale < 0:
             raise ValueError(f"ttl_scale must be >= 0, got {ttl_scale!r}")
+        self.rules = rules_for(rabbitmq)
         name = name or f"broker-{os.getpid()}-{next(_names)}"
         super().__init__(f"memory://{name}", own=False, amqp_port=0, node_name=None)
         self.name = name
         self.clock: Clock = ManualClock(ttl_scale) if manual_clock else Clock(ttl_scale)
-        self.model = Model(self.clock)
+        self.model = Model(self.clock, self.rules)
         self._connections: list[Any] = []
         self._conn_lock = threading.Lock()
         self._timer: threading.Thread | None = None
@@ -78,7 +88,7 @@ class InMemoryBroker(BrokerHandle):
             self._timer.start()
 
     def __repr__(self) -> str:
-        return f"<InMemoryBroker {self.url}>"
+        return f"<InMemoryBroker {self.url} (RabbitMQ {self.rules.version} rules)>"
 
     __str__ = __repr__
 
@@ -206,10 +216,10 @@ class InMemoryBroker(BrokerHandle):
 
     def server_properties(self) -> dict[str, Any]:
         """What its connections announce: the RabbitMQ version whose rules it follows."""
-        return {"product": "RabbitMQ (ackkit in-memory broker)", "version": VERSION}
+        return {"product": "RabbitMQ (ackkit in-memory broker)", "version": self.rules.version}
 
     def server_version(self) -> str:
-        return VERSION
+        return self.rules.version
 
     def ping(self, timeout: float = 5.0) -> bool:
         return not self.closed

@@ -24,7 +24,9 @@ Fixtures:
 ``amqp_broker``    ``memory_broker``, or ``rabbitmq`` with ``--real-broker`` /
                    ``ACKKIT_TEST_REAL_BROKER=1``: one test suite, both brokers
 ``memory_broker``  a fresh :class:`~ackkit.testing.InMemoryBroker` for the test (no
-                   network); ``App(memory_broker.url)`` runs on it
+                   network); ``App(memory_broker.url)`` runs on it. It follows RabbitMQ
+                   3.13's rules, or those of the version ``--rabbitmq`` /
+                   ``ACKKIT_TEST_RABBITMQ`` names (3.10: 3.13's, 4.0, 4.3)
 
 Which RabbitMQ: ``--rabbitmq=3.10|4.0|4.3`` (or ``ACKKIT_TEST_RABBITMQ``) picks the
 version of the kit's own brokers (3.10, the default, is the machine's own
@@ -162,10 +164,19 @@ def rabbitmq() -> Iterator[BrokerHandle]:
         yield broker
 
 
+def _memory_rabbitmq() -> str | None:
+    """The RabbitMQ version the in-memory fixtures follow: the one ``--rabbitmq`` /
+    ``ACKKIT_TEST_RABBITMQ`` asks the kit's own brokers for, so that one option runs a
+    suite on the same version's rules whichever broker it gets; None (3.13) if unset."""
+    if not os.environ.get(ENV_VERSION, "").strip():
+        return None
+    return wanted_version()
+
+
 @pytest.fixture
 def memory_broker() -> Iterator[InMemoryBroker]:
     """A fresh in-memory broker for this test (``App(memory_broker.url)``), closed after it."""
-    with InMemoryBroker() as broker:
+    with InMemoryBroker(rabbitmq=_memory_rabbitmq()) as broker:
         yield broker
 
 
@@ -182,7 +193,7 @@ def amqp_broker(request: pytest.FixtureRequest) -> Iterator[BrokerHandle]:
     if _real_broker_wanted(request.config):
         yield request.getfixturevalue("rabbitmq")
         return
-    with InMemoryBroker() as broker:
+    with InMemoryBroker(rabbitmq=_memory_rabbitmq()) as broker:
         yield broker
 
 

@@ -10,7 +10,9 @@ What the tests assert comes from the broker (queue counts, dead-letter queue
 contents and headers), through the `ackkit.testing` kit.
 
 On the in-memory broker every test runs except those in `MEMORY_SKIPS`, skipped
-by name with the reason: what that broker does not model.
+by name with the reason: what that broker does not model. It follows RabbitMQ 3.13's
+rules; the version tests (test_broker_versions.py) run on a fourth transport too,
+"memory-4.3", the in-memory broker under RabbitMQ 4.3's rules (`MEMORY_43_SKIPS`).
 """
 
 from __future__ import annotations
@@ -354,9 +356,6 @@ MEMORY_SKIPS = {
     "test_refused_login_fails_start_at_once": (
         "the in-memory broker has no users or passwords: nothing to refuse"
     ),
-    "test_classic_v1_arguments_never_reach_a_43_broker": (
-        "it reads the queues' arguments with rabbitmqctl; the in-memory broker has no node"
-    ),
     "test_consumer_priority_and_exclusive_reach_the_broker": (
         "it reads the consumers' arguments with rabbitmqctl; the in-memory broker has no node"
     ),
@@ -366,15 +365,42 @@ MEMORY_SKIPS = {
 }
 """Contract tests the in-memory broker does not run, by name, and why."""
 
+MEMORY_43_SKIPS = {
+    "test_a_consumer_timeout_on_43_cancels_the_consumer_and_ackkit_consumes_again": (
+        "the in-memory broker does not model consumer timeouts"
+    ),
+    "test_quorum_delayed_retry_on_43_and_refused_before": (
+        "the in-memory broker does not model 4.3's native delayed retry (x-delayed-retry-*)"
+    ),
+}
+"""What the in-memory broker under RabbitMQ 4.3's rules does not run, besides MEMORY_SKIPS."""
+
+MEMORY_RABBITMQ = {"memory": None, "memory-4.3": "4.3"}
+"""The in-memory transports and the RabbitMQ rules each follows (None: the default 3.13)."""
+
+
+def _transport(request: pytest.FixtureRequest) -> str:
+    name = request.node.originalname
+    reason = None
+    if request.param in MEMORY_RABBITMQ:
+        reason = MEMORY_SKIPS.get(name)
+    if request.param == "memory-4.3" and reason is None:
+        reason = MEMORY_43_SKIPS.get(name)
+    if reason is not None:
+        pytest.skip(f"{request.param} broker: {reason}")
+    return str(request.param)
+
 
 @pytest.fixture(params=["rabbitmq", "memory"])
 def transport(request: pytest.FixtureRequest) -> str:
     """Where the test's broker is: a real RabbitMQ, or the kit's InMemoryBroker."""
-    if request.param == "memory":
-        reason = MEMORY_SKIPS.get(request.node.originalname)
-        if reason is not None:
-            pytest.skip(f"in-memory broker: {reason}")
-    return str(request.param)
+    return _transport(request)
+
+
+@pytest.fixture(params=["rabbitmq", "memory", "memory-4.3"])
+def version_transport(request: pytest.FixtureRequest) -> str:
+    """The transports of the version tests: the in-memory broker under 4.3's rules too."""
+    return _transport(request)
 
 
 @pytest.fixture
@@ -382,7 +408,7 @@ def broker(request: pytest.FixtureRequest, transport: str) -> Iterator[Broker]:
     if transport == "rabbitmq":
         yield Broker(request.getfixturevalue("rabbitmq"))
         return
-    with InMemoryBroker() as memory:
+    with InMemoryBroker(rabbitmq=MEMORY_RABBITMQ[transport]) as memory:
         yield Broker(memory)
 
 

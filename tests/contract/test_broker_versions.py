@@ -2,7 +2,8 @@
 
 Run the suite once per broker (AMQP_URL=...:5672 for 3.10, ...:5673 for 4.3): each
 test reads the version the broker reports and expects that version's behaviour.
-The in-memory transport announces (and follows) RabbitMQ 3.13.
+The in-memory broker runs here twice: under RabbitMQ 3.13's rules ("memory") and
+under 4.3's ("memory-4.3"); each announces the version it follows.
 The headers are read back by a plain pika client (basic.get), not by ackkit.
 """
 
@@ -20,12 +21,31 @@ import pytest
 from ackkit import AckMode, Delivery, RequeueMessage, Retry, RetryStrategy, TopologyConflict
 from ackkit._core.brokers import BrokerTraits, traits_of
 from ackkit._core.events import Counters
+from ackkit.testing import InMemoryBroker
 
 from .conftest import IO, Broker, Runtime, eventually
 
 pytestmark = pytest.mark.contract
 
 QUORUM = {"x-queue-type": "quorum"}
+
+
+@pytest.fixture
+def transport(version_transport: str) -> str:
+    """Every version test runs on the in-memory broker under 3.13's and 4.3's rules."""
+    return version_transport
+
+
+def _queue_arguments(broker: Broker, queue: str) -> str:
+    """The arguments `queue` was declared with, as JSON (the node's list, or the model's)."""
+    if isinstance(broker.handle, InMemoryBroker):
+        with broker.handle.model.lock:
+            return json.dumps(broker.handle.model.queues[queue].arguments)
+    text = broker.handle.ctl(
+        "list_queues", "-p", broker.handle.vhost, "name", "arguments", "--formatter", "json", "-q"
+    )
+    (row,) = [r for r in json.loads(text[text.find("[") :]) if r["name"] == queue]
+    return json.dumps(row["arguments"])
 
 
 @pytest.fixture
@@ -247,11 +267,7 @@ def test_classic_v1_arguments_never_reach_a_43_broker(
         broker.publish(q, [b"{}"], content_type=None)
         eventually(lambda: seen == [1], what="handled")
         broker.wait_for(q, ready=0, unacked=0)
-    text = broker.handle.ctl(
-        "list_queues", "-p", broker.handle.vhost, "name", "arguments", "--formatter", "json", "-q"
-    )
-    (row,) = [r for r in json.loads(text[text.find("[") :]) if r["name"] == q]
-    declared = json.dumps(row["arguments"])
+    declared = _queue_arguments(broker, q)
     if traits.classic_v1_arguments:
         assert "x-queue-version" in declared and "x-queue-mode" in declared
         assert "declared without" not in caplog.text
