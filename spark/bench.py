@@ -117,18 +117,21 @@ def run_steady(url: str, queue: str | list[str], n: int) -> dict[str, float]:
     return {"messages": res["steady_messages"], "seconds": res["steady_s"]}
 
 
-def warm(url: str = DEFAULT_URL) -> None:
-    """Start the SparkSession and warm the JVM with a 5,000-message query."""
+def warm(url: str = DEFAULT_URL, n: int = 40_000) -> None:
+    """Start the SparkSession and warm the JVM with an n-message query in batches of up
+    to 20,000: the JIT compiles the per-row paths only after enough rows (with a 5,000-row
+    warm-up, the first measured run used twice the JVM CPU per message of later ones)."""
     queue = f"ackkit.bench.warm.{os.getpid()}"
-    prefill(url, queue, 5000)
+    batch = min(DEFAULT_BATCH, max(n // 2, 100))
+    prefill(url, queue, n)
     try:
         try:
-            drain(url, queue, 5000, max_batch=2500)
+            drain(url, queue, n, max_batch=batch)
         except RuntimeError:
             # On a loaded machine Spark's first Python worker can miss its fixed 10 s to
             # connect back ("Python worker failed to connect back"): warm once more.
-            prefill(url, queue, 5000)
-            drain(url, queue, 5000, max_batch=2500)
+            prefill(url, queue, n)
+            drain(url, queue, n, max_batch=batch)
     finally:
         delete_queue(url, queue)
 
@@ -185,14 +188,18 @@ def drain(
         .option("checkpointLocation", str(ckpt))
         .start()
     )
+    cpu0: dict[str, float] | None = None
     try:
         while writer.acked < n:
+            if profile and cpu0 is None and marks:
+                cpu0 = process_cpu()  # the steady window starts at the first ack
             if not query.isActive:
                 raise RuntimeError(f"query failed: {query.exception()}")
             if time.monotonic() - t0 > timeout:
                 raise TimeoutError(f"{writer.acked} of {n} acked after {timeout:.0f} s")
             time.sleep(0.02)
         seconds = time.monotonic() - t0
+        cpu1 = process_cpu() if profile else None
         queues = [queue] if isinstance(queue, str) else list(queue)
         runner = {q: aks.source_stats(ckpt, q) for q in queues}
         timings = {q: _timings(ckpt, q) for q in queues} if profile else {}
@@ -214,7 +221,68 @@ def drain(
         "runner_cpu_s": {q: st.get("cpu_s") for q, st in runner.items()},
         "profile": breakdown(driver, timings) if profile else None,
         "spark_ms": _median_ms(progress[1:]) if profile else None,
+        "cpu_ms_per_1k": _cpu_per_1k(cpu0, cpu1, marks),
     }
+
+
+BROKER_PID: int | None = None
+"""The broker's process (e.g. RabbitMQ's beam.smp), if known: its CPU is counted too
+(all of it: on a shared broker, other clients' work as well)."""
+
+
+def _proc_cpu(pid: int) -> float:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    f = stat[stat.rindex(")") + 2 :].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu() -> dict[str, float]:
+    """CPU seconds so far of this process and its descendants (Linux /proc), by role:
+    driver (this Python), jvm, runner (the source runners), workers (Spark's other Python
+    processes: executors' workers, their daemon); and the broker's (`BROKER_PID`)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    procs: dict[int, tuple[int, float, str]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        f = stat[stat.rindex(")") + 2 :].split()
+        procs[int(d.name)] = (int(f[1]), (int(f[11]) + int(f[12])) / tick, cmd)
+    me = os.getpid()
+    out = {"driver": 0.0, "jvm": 0.0, "runner": 0.0, "workers": 0.0}
+    for pid, (_ppid, cpu, cmd) in procs.items():
+        p, up = pid, set()
+        while p in procs and p != me and p not in up:
+            up.add(p)
+            p = procs[p][0]
+        if p != me:
+            continue
+        if pid == me:
+            role = "driver"
+        elif "java" in cmd.split(" ")[0]:
+            role = "jvm"
+        elif "python_streaming_source_runner" in cmd:
+            role = "runner"
+        else:
+            role = "workers"
+        out[role] += cpu
+    if BROKER_PID is not None:
+        out["broker"] = _proc_cpu(BROKER_PID)
+    return out
+
+
+def _cpu_per_1k(
+    before: dict[str, float] | None, after: dict[str, float] | None, marks: list[tuple[float, int]]
+) -> dict[str, float] | None:
+    """CPU milliseconds per 1,000 messages in the steady window, by role."""
+    if before is None or after is None or marks[-1][1] <= marks[0][1]:
+        return None
+    k = (marks[-1][1] - marks[0][1]) / 1000
+    return {r: round((after[r] - before[r]) * 1000 / k, 1) for r in after}
 
 
 def _median_ms(durations: list[dict[str, int]]) -> dict[str, float]:
@@ -227,12 +295,13 @@ def _median_ms(durations: list[dict[str, int]]) -> dict[str, float]:
 
 
 def _timings(ckpt: Path, queue: str) -> list[dict[str, float]]:
+    """The runner's timings of its batches, and of its acks (entries with "mark_s")."""
     from ackkit.spark._ipc import request
     from ackkit.spark._options import ipc_address
     from ackkit.spark._store import normalize_location
 
     reply = request(ipc_address(normalize_location(ckpt), queue), {"op": "timings"}, 10.0)
-    return list(reply.get("timings", []))
+    return list(reply.get("timings", [])) + list(reply.get("acks", []))
 
 
 def breakdown(
@@ -243,9 +312,13 @@ def breakdown(
     runner_wait (read() waiting for the buffer to fill), arrow (rows to Arrow), wal (the
     write-ahead log), to_writer (runner returned -> foreachBatch called: Spark's offset
     log, planning, moving the rows to the JVM, the job's start), write (the Parquet
-    job), ack (the runners' acks), to_next_read (acked -> the next read(): Spark's
-    commit log, commit(), planning the next batch)."""
-    runner = sorted((t for ts in timings.values() for t in ts), key=lambda t: t["called"])
+    job), ack (the runners' acks; of it, in the runner: ack_mark, the durable "written up
+    to" marker, and ack_send, the ledger's acks sent), to_next_read (acked -> the next
+    read(): Spark's commit log, commit(), planning the next batch)."""
+    acks = [t for ts in timings.values() for t in ts if "mark_s" in t][1:]
+    runner = sorted(
+        (t for ts in timings.values() for t in ts if "called" in t), key=lambda t: t["called"]
+    )
     batches = [d for d in driver if d.get("rows") and "acked" in d]
     steps: dict[str, list[float]] = {
         k: [] for k in ("runner_wait", "arrow", "wal", "to_writer", "write", "ack", "to_next_read")
@@ -267,9 +340,18 @@ def breakdown(
         steps["to_next_read"].append(later[0]["called"] - d["acked"])
         cycle.append(later[0]["called"] - prev[0]["called"])
     med = {k: round(statistics.median(v), 4) if v else None for k, v in steps.items()}
+    for k in ("mark", "send"):
+        v = [a["mark_s" if k == "mark" else "ack_s"] for a in acks]
+        med[f"ack_{k}"] = round(statistics.median(v), 4) if v else None
     med["cycle"] = round(statistics.median(cycle), 4) if cycle else None
     med["batches"] = len(cycle)
     return med
+
+
+RAW_CPU: list[float] = []
+"""CPU seconds of each raw_pika() drain (this process: the consumer's side)."""
+RAW_BROKER_CPU: list[float] = []
+"""The broker's CPU seconds during each raw_pika() drain (with BROKER_PID)."""
 
 
 def raw_pika(url: str, queue: str, n: int, *, prefetch: int = 1000, ack_every: int = 100) -> float:
@@ -290,7 +372,12 @@ def raw_pika(url: str, queue: str, n: int, *, prefetch: int = 1000, ack_every: i
                 c.stop_consuming()
 
         ch.basic_consume(queue, on_message)
+        c0 = time.process_time()
+        b0 = _proc_cpu(BROKER_PID) if BROKER_PID is not None else 0.0
         ch.start_consuming()
+        RAW_CPU.append(time.process_time() - c0)
+        if BROKER_PID is not None:
+            RAW_BROKER_CPU.append(_proc_cpu(BROKER_PID) - b0)
         return time.monotonic() - t0
     finally:
         conn.close()
@@ -313,25 +400,37 @@ def curve(
     queue = f"ackkit.bench.spark.{os.getpid()}"
     warm(url)  # JVM start-up, code generation, the Parquet writer: not measured
     raw: list[float] = []
-    plan: list[tuple[str, int, int]] = [(f"max_batch={b}", b, 0) for b in batches]
-    plan += [(f"shards={k} max_batch={shard_batch}", shard_batch, k) for k in shards or []]
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _ in plan}
+    plan: list[tuple[str, int, int, dict[str, str]]] = [
+        (f"max_batch={b}", b, 0, {}) for b in batches
+    ]
+    plan += [(f"shards={k} max_batch={shard_batch}", shard_batch, k, {}) for k in shards or []]
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _, _ in plan}
     for r in range(rounds):
         prefill(url, queue, n)
         raw.append(n / raw_pika(url, queue, n))
-        print(f"round {r + 1}: raw pika {raw[-1]:,.0f} msg/s", flush=True)
-        for name, b, k in plan:
+        print(
+            f"round {r + 1}: raw pika {raw[-1]:,.0f} msg/s, "
+            f"cpu {RAW_CPU[-1] * 1e6 / n:.1f} ms per 1k"
+            + (f", broker {RAW_BROKER_CPU[-1] * 1e6 / n:.1f}" if RAW_BROKER_CPU else ""),
+            flush=True,
+        )
+        for name, b, k, extra in plan:
             if k:
                 target: str | list[str] = prefill_shards(url, f"{queue}.s{k}", k, n)
             else:
                 prefill(url, queue, n)
                 target = queue
-            res = drain(url, target, n, max_batch=b, profile=profile)
+            res = drain(url, target, n, max_batch=b, profile=profile, **extra)
             runs[name].append(res)
             print(
                 f"round {r + 1}: spark {name}: {n / res['seconds']:,.0f} msg/s, steady "
                 f"{res['steady_messages'] / res['steady_s']:,.0f} msg/s"
-                + (f", per batch {res['profile']}, spark ms {res['spark_ms']}" if profile else ""),
+                + (
+                    f", per batch {res['profile']}, spark ms {res['spark_ms']}, "
+                    f"cpu ms per 1k {res['cpu_ms_per_1k']}"
+                    if profile
+                    else ""
+                ),
                 flush=True,
             )
             if k:
@@ -341,12 +440,17 @@ def curve(
     results: dict[str, Any] = {
         "messages": n,
         "rounds": rounds,
-        "raw_pika": {"msgs_per_s": round(raw_rate), "runs": [round(x) for x in raw]},
+        "raw_pika": {
+            "msgs_per_s": round(raw_rate),
+            "runs": [round(x) for x in raw],
+            "cpu_ms_per_1k": [round(c * 1e6 / n, 1) for c in RAW_CPU[-rounds:]],
+            "broker_cpu_ms_per_1k": [round(c * 1e6 / n, 1) for c in RAW_BROKER_CPU[-rounds:]],
+        },
         "cases": [],
     }
-    print(f"\n{'case':<30}{'msg/s':>9}{'vs raw':>8}{'steady':>9}{'vs raw':>8}{'batches':>9}")
-    print(f"{'raw pika (ack every 100)':<30}{raw_rate:>9,.0f}{1:>8.2f}")
-    for name, b, k in plan:
+    print(f"\n{'case':<38}{'msg/s':>9}{'vs raw':>8}{'steady':>9}{'vs raw':>8}{'batches':>9}")
+    print(f"{'raw pika (ack every 100)':<38}{raw_rate:>9,.0f}{1:>8.2f}")
+    for name, b, k, _ in plan:
         rs = runs[name]
         rate = statistics.median(n / x["seconds"] for x in rs)
         steady = statistics.median(x["steady_messages"] / x["steady_s"] for x in rs)
@@ -364,11 +468,12 @@ def curve(
                 "runner_cpu_s": rs[0]["runner_cpu_s"],
                 "profile": rs[0]["profile"],
                 "spark_ms": rs[0]["spark_ms"],
+                "cpu_ms_per_1k": [x["cpu_ms_per_1k"] for x in rs],
                 "runs": [round(n / x["seconds"]) for x in rs],
             }
         )
         print(
-            f"{name:<30}{rate:>9,.0f}{rate / raw_rate:>8.2f}{steady:>9,.0f}"
+            f"{name:<38}{rate:>9,.0f}{rate / raw_rate:>8.2f}{steady:>9,.0f}"
             f"{steady / raw_rate:>8.2f}{rs[0]['batches']:>9}"
         )
     delete_queue(url, queue)
@@ -385,7 +490,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--profile", action="store_true", help="per-batch time breakdown")
     p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--broker-pid", type=int, default=None, help="count this process's CPU too")
     args = p.parse_args(argv)
+    global BROKER_PID
+    BROKER_PID = args.broker_pid
     batches = [int(x) for x in args.batches.split(",") if x]
     shards = [int(x) for x in args.shards.split(",") if x]
     res = curve(

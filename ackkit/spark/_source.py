@@ -142,6 +142,7 @@ class _Runner:
         self._closed = False
         self._handed_out = 0
         self.timings: collections.deque[dict[str, float]] = collections.deque(maxlen=500)
+        self.ack_timings: collections.deque[dict[str, float]] = collections.deque(maxlen=500)
         atexit.register(self.close)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -213,12 +214,16 @@ class _Runner:
 
     def written(self, end: int) -> dict[str, int]:
         with self._written_lock:
+            t0 = time.monotonic()
             if end > self._persisted:
                 # Before acking: after a crash, redelivered copies of these rows are
                 # recognised as written and acked at once.
                 self.wal.set_written_upto(end)
                 self._persisted = end
-            return self.consumer.written(end)
+            t1 = time.monotonic()
+            out = self.consumer.written(end)
+            self.ack_timings.append({"end": end, "mark_s": t1 - t0, "ack_s": time.monotonic() - t1})
+            return out
 
     def _handle(self, req: dict[str, Any]) -> dict[str, Any]:
         op = req.get("op")
@@ -236,7 +241,7 @@ class _Runner:
             cpu = round(usage.ru_utime + usage.ru_stime, 3)
             return {"ok": True, "pid": os.getpid(), "cpu_s": cpu, **self.consumer.stats()}
         if op == "timings":
-            return {"ok": True, "timings": list(self.timings)}
+            return {"ok": True, "timings": list(self.timings), "acks": list(self.ack_timings)}
         raise ValueError(f"unknown request {op!r}")
 
     # -- shutdown ------------------------------------------------------------------------------
