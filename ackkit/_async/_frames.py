@@ -15,8 +15,11 @@ the undecodable bytes replaced. The reason is kept, per connection, under the
 delivery's channel and tag, where the consumer finds it (`unreadable()`) and
 passes it to `ListenerCore.receive`, which dead-letters the delivery.
 
-Cost: each content header and delivery method frame is decoded once more
-here (pamqp decodes it again in aiormq's receiver).
+Cost: each content header and delivery method frame is checked here before
+pamqp decodes it in aiormq's receiver. A raw scan passes the usual ones
+(ASCII names, a headers table of plain values; `_plain_header`,
+`_ascii_delivery_tag`); only the others are decoded a second time, by pamqp
+here, and only one pamqp cannot read takes the salvage path.
 """
 
 from __future__ import annotations
@@ -238,22 +241,22 @@ def _ascii_delivery_tag(payload: bytes) -> int | None:
 
 
 # Content header properties in the order pamqp reads them, by flag bit, and their kind:
-# everything but timestamp and continued flags (a headers table only when empty).
+# everything but timestamp and continued flags.
 _OCTET, _SHORTSTR, _TABLE = 0, 1, 2
 _PLAIN_PROPERTIES = tuple(
     (1 << bit, _TABLE if bit == 13 else _OCTET if bit in (12, 11) else _SHORTSTR)
     for bit in (15, 14, 13, 12, 11, 10, 9, 8, 7, 5, 4, 3, 2)
 )
 _NOT_PLAIN = 1 << 6 | 1  # timestamp, more flags follow
-_EMPTY_TABLE = b"\x00\x00\x00\x00"
 _plain_layouts: dict[int, tuple[int, ...]] = {}
 
 
 def _plain_header(payload: bytes) -> bool:
-    """True when pamqp surely reads this content header: no timestamp, an empty headers
-    table if any, every property there to read (pamqp fails on a missing one) and the
-    properties all ASCII (every shortstr decodes). False means: ask pamqp."""
-    if len(payload) < 14 or not payload[14:].isascii():
+    """True when pamqp surely reads this content header: no timestamp property, every
+    property there to read (pamqp fails on a missing one), every shortstr ASCII and the
+    headers table plain (`_plain_table`). False means: ask pamqp."""
+    size = len(payload)
+    if size < 14:
         return False
     flags = payload[12] << 8 | payload[13]
     layout = _plain_layouts.get(flags)
@@ -261,19 +264,97 @@ def _plain_header(payload: bytes) -> bool:
         if flags & _NOT_PLAIN:
             return False
         layout = _plain_layouts[flags] = tuple(k for bit, k in _PLAIN_PROPERTIES if flags & bit)
-    pos, size = 14, len(payload)
+    pos = 14
     for kind in layout:
         if pos >= size:
             return False
         if kind == _SHORTSTR:
-            pos += 1 + payload[pos]
+            end = pos + 1 + payload[pos]
+            if not payload[pos + 1 : end].isascii():
+                return False
+            pos = end
         elif kind == _OCTET:
             pos += 1
-        elif payload[pos : pos + 4] == _EMPTY_TABLE:
-            pos += 4
         else:
-            return False  # a table with fields in it: pamqp decides
+            pos = _plain_table(payload, pos, 0)
+            if pos < 0:
+                return False
     return True
+
+
+# Field values pamqp reads from any bytes of their fixed size (AMQP 0-9-1 errata types).
+_FIXED = {
+    ord(k): n for k, n in zip("tbBsuIilLfdV", (1, 1, 1, 2, 2, 4, 4, 8, 8, 4, 8, 0), strict=True)
+}
+_FIXED[0] = 0  # void, as pamqp reads it
+_SIZED = frozenset(b"Sx")  # long string, byte array: a 4-byte length, then that many bytes
+_LATEST_T = 253_402_300_799  # 9999-12-31T23:59:59Z: datetime holds no later second
+_MAX_DEPTH = 8  # deeper tables and arrays: pamqp decides (its recursion limit)
+_U32 = struct.Struct(">I")
+
+
+def _plain_table(payload: bytes, pos: int, depth: int) -> int:
+    """Where the field table at `pos` ends when pamqp surely reads it, else -1.
+
+    Plain: it lies whole in the payload, every name is ASCII, every value is of a
+    type pamqp reads from any bytes (or a string, byte array, table or array of such
+    values, not too deep) and ends inside the table, and every timestamp fits a
+    datetime. Anything else (decimals, truncation, a value running past the table's
+    end, which pamqp may still read) is left to pamqp: -1."""
+    if pos + 4 > len(payload) or depth > _MAX_DEPTH:
+        return -1
+    end = pos + 4 + _U32.unpack_from(payload, pos)[0]
+    if end > len(payload):
+        return -1
+    pos += 4
+    while pos < end:
+        name = pos + 1 + payload[pos]
+        if name >= end or not payload[pos + 1 : name].isascii():
+            return -1
+        pos = _plain_value(payload, name, end, depth)
+        if pos < 0:
+            return -1
+    return pos if pos == end else -1
+
+
+def _plain_value(payload: bytes, pos: int, end: int, depth: int) -> int:
+    """Where the typed field value at `pos` ends (inside `end`) when plain, else -1."""
+    kind = payload[pos]
+    pos += 1
+    n = _FIXED.get(kind)
+    if n is not None:
+        pos += n
+    elif kind in _SIZED:
+        if pos + 4 > end:
+            return -1
+        pos += 4 + _U32.unpack_from(payload, pos)[0]
+    elif kind == 0x54:  # T: a timestamp, milliseconds past 2106 as pamqp reads it
+        if pos + 8 > end:
+            return -1
+        (ts,) = _TAG.unpack_from(payload, pos)
+        if ts > 0xFFFFFFFF and ts > _LATEST_T * 1000:
+            return -1
+        pos += 8
+    elif kind == 0x46:  # F: a table
+        pos = _plain_table(payload, pos, depth + 1)
+        if pos < 0:
+            return -1
+    elif kind == 0x41:  # A: an array of typed values
+        if pos + 4 > end or depth >= _MAX_DEPTH:
+            return -1
+        last = pos + 4 + _U32.unpack_from(payload, pos)[0]
+        if last > end:
+            return -1
+        pos += 4
+        while pos < last:
+            pos = _plain_value(payload, pos, last, depth + 1)
+            if pos < 0:
+                return -1
+        if pos != last:
+            return -1
+    else:
+        return -1
+    return pos if pos <= end else -1
 
 
 class SafeTransportFactory(TransportFactory):

@@ -80,11 +80,84 @@ def test_plain_headers_take_the_cheap_path_and_others_do_not() -> None:
     assert aframes._plain_header(aio_pika_default) and pamqp_reads(aio_pika_default)
     for other in (
         size + encode_properties({"message_id": b"\xff"}),  # pamqp fails: not UTF-8
-        size + encode_properties({"headers": {"a": 1}}),  # a table: pamqp decides
+        size + encode_properties({"headers": {"\u00e9": 1}}),  # a name not ASCII: pamqp decides
         size + encode_properties({"timestamp": 2**62}),  # pamqp fails: past year 9999
         plain[:15],  # message_id missing: pamqp fails
     ):
         assert not aframes._plain_header(other)
+
+
+def test_headers_tables_of_plain_values_take_the_cheap_path() -> None:
+    size = struct.pack(">HHQ", 60, 0, 200)
+    tables = (
+        {"ackkit-attempt": 2, "x-delivery-count": 300, "n": -(2**40), "ok": True, "f": 0.5},
+        {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+        {"nested": {"list": [1, "two", {"three": b"\xff\x00"}], "none": None}},
+        {"text": "caf\u00e9 \u2603"},  # a long string value need not be ASCII
+    )
+    for table in tables:
+        payload = size + encode_properties({"headers": table, "delivery_mode": 2})
+        assert aframes._plain_header(payload) and pamqp_reads(payload), table
+    for table in (
+        {"bad": {"\xff": 1}},  # a name not ASCII (here UTF-8): pamqp decides
+        {"deep": _nest(20)},  # deeper than the cheap path looks
+    ):
+        payload = size + encode_properties({"headers": table})
+        assert not aframes._plain_header(payload)
+
+
+def _nest(depth: int) -> object:
+    return {"d": _nest(depth - 1)} if depth else 1
+
+
+_FIXED_SIZES = {b"t": 1, b"b": 1, b"B": 1, b"s": 2, b"u": 2, b"I": 4, b"i": 4, b"l": 8}
+_FIXED_SIZES |= {b"L": 8, b"f": 4, b"d": 8, b"V": 0, b"\x00": 0, b"D": 5, b"Z": 0}
+_TIMESTAMPS = (0, 2**32 - 1, 2**32, 253_402_300_799_000, 253_402_300_799_001, 2**64 - 1)
+
+
+@st.composite
+def raw_value(draw: st.DrawFn, depth: int = 0) -> bytes:
+    """A typed field value as raw bytes: of every type, unknown ones, lengths that lie."""
+    kinds = [*_FIXED_SIZES, b"S", b"x", b"T"] + ([b"F", b"A"] if depth < 3 else [])
+    kind = draw(st.sampled_from(kinds))
+    if kind == b"T":
+        ts = draw(st.sampled_from(_TIMESTAMPS) | st.integers(0, 2**64 - 1))
+        return kind + struct.pack(">Q", ts)
+    if kind in _FIXED_SIZES:
+        n = _FIXED_SIZES[kind]
+        return kind + draw(st.binary(min_size=n, max_size=n))
+    if kind == b"A":
+        body = b"".join(draw(st.lists(raw_value(depth + 1), max_size=3)))
+    elif kind == b"F":
+        body = b"".join(draw(st.lists(raw_field(depth + 1), max_size=3)))
+    else:
+        body = draw(st.binary(max_size=6))
+    lie = draw(st.sampled_from((0, 0, 0, 1, -1)))
+    return kind + struct.pack(">I", max(0, len(body) + lie)) + body
+
+
+@st.composite
+def raw_field(draw: st.DrawFn, depth: int = 0) -> bytes:
+    return shortstr(draw(names)) + draw(raw_value(depth))
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    st.lists(raw_field(), max_size=4),
+    st.sampled_from((0, 0, 0, 1, -1, 3)),
+    st.booleans(),
+    st.integers(0, 200),
+)
+def test_a_headers_table_passed_without_pamqp_is_one_pamqp_reads(
+    fields: list[bytes], lie: int, more: bool, cut: int
+) -> None:
+    body = b"".join(fields)
+    table = struct.pack(">I", max(0, len(body) + lie)) + body
+    flags = 0x2000 | (0x1000 if more else 0)  # headers, maybe delivery_mode after them
+    payload = struct.pack(">HHQH", 60, 0, 10, flags) + table + (b"\x02" if more else b"")
+    for p in (payload, payload[: len(payload) - cut]):
+        if aframes._plain_header(p):
+            assert pamqp_reads(p)
 
 
 @settings(max_examples=400)
