@@ -157,7 +157,7 @@ class AsyncConsumer(ChannelSettler):
         try:
             ok = await ch.basic_consume(
                 self.queue,
-                self._on_message,
+                self._deliver,
                 no_ack=self.no_ack,
                 exclusive=spec.exclusive,
                 arguments=spec.consumer_arguments or None,
@@ -231,18 +231,27 @@ class AsyncConsumer(ChannelSettler):
 
     # -- deliveries ----------------------------------------------------------------
 
-    async def _on_message(self, msg: DeliveredMessage) -> None:
+    async def _deliver(self, msg: DeliveredMessage) -> None:
         """aiormq's consumer callback (already a task of the channel)."""
         try:
-            await self._deliver(msg)
+            if msg.channel is not self.channel:
+                return  # a late delivery of a closed channel: the broker requeued it
+            d = self._receive(msg)
+            t = d.tracked
+            if t.verdict is not None:
+                if t.verdict:
+                    await self.execute(t.generation, t.verdict)
+            elif self.running < self.limit and self.batcher is None and not self.core.flow.gated:
+                await self._run(d)  # what `_admit` comes to: a free slot, no gate, no batch
+            else:
+                await self._admit(d)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # a bug of ours: stop visibly, never a silent zombie
             self.rt.fail(exc, f"{self.spec.name}: delivery task failed")
 
-    async def _deliver(self, msg: DeliveredMessage) -> None:
-        if msg.channel is not self.channel:
-            return  # a late delivery of a closed channel: the broker requeued it
+    def _receive(self, msg: DeliveredMessage) -> Delivery:
+        """The core tracks the delivery (and may decide its fate at once, `verdict`)."""
         dv: Any = msg.delivery
         props = msg.header.properties
         core = self.core
@@ -264,7 +273,7 @@ class AsyncConsumer(ChannelSettler):
         except Exception as exc:  # never let one delivery stop the queue
             why = f"receiving it failed: {describe(exc)}"
             t = core.receive(dv.delivery_tag, redelivered, None, exchange, rk, unreadable=why)
-        d = self.delivery_cls(
+        return self.delivery_cls(
             msg.body,
             props,
             t,
@@ -275,11 +284,6 @@ class AsyncConsumer(ChannelSettler):
             queue=self.queue,
             decoder=self.binding.decoder,
         )
-        if t.verdict is not None:
-            if t.verdict:
-                await self.execute(t.generation, t.verdict)
-            return
-        await self._admit(d)
 
     def start_held(self, t: Tracked) -> None:
         """Start a delivery the core held (from `execute`, which holds the settle lock:

@@ -111,6 +111,7 @@ class ListenerCore(Fates, Shutdown):
         have been upgraded meanwhile). Sets how attempts are counted."""
         self.broker = broker
         self._count = broker.count_source(self.policy.queue_type)
+        self._count_header = self._count.header
 
     @property
     def count_source(self) -> CountSource:
@@ -204,11 +205,12 @@ class ListenerCore(Fates, Shutdown):
         listener has no dead-letter queue, so the queue's own dead-letter route takes
         it whole.
         """
-        count = self._count
         # a redelivery of one we returned unstarted (paused, tripped) is not an attempt
         back = self.flow.forgive(message_id) if redelivered and self.flow.owed else 0
         try:
-            attempt = H.attempt_of(headers, redelivered, count_header=count.header, returned=back)
+            attempt = H.attempt_of(
+                headers, redelivered, count_header=self._count_header, returned=back
+            )
             bad: str | None = None
         except H.BadAttemptHeader as exc:
             attempt, bad = 1, str(exc)
@@ -231,8 +233,10 @@ class ListenerCore(Fates, Shutdown):
             ):
                 t.verdict = []  # nothing to send now: `republished` starts it
                 return t
-            if mx <= 1:
-                return t  # the common case: nothing to decide before the handler runs
+            if mx <= 1 or (not redelivered and attempt <= mx):
+                # The common case, where `arrival` says RUN: a first delivery with
+                # attempts left (or no retries): nothing to decide before the handler runs.
+                return t
         verdict = arrival(
             mode=mode,
             unreadable=unreadable is not None,
@@ -240,7 +244,7 @@ class ListenerCore(Fates, Shutdown):
             attempt=attempt,
             max_attempts=mx,
             redelivered=redelivered and not back,  # not restamped: we know why it is back
-            count=count,
+            count=self._count,
         )
         if verdict is Arrival.UNREADABLE:
             t.verdict = self._unreadable(t, unreadable or "")
