@@ -34,24 +34,39 @@ def _key(exc: BaseException) -> tuple[object, ...]:
             tb = tb.tb_next
         cause = e.__cause__
         context = None if e.__suppress_context__ else e.__context__
-        parts.append((type(e), str(e), tuple(frames), cause is not None, context is not None))
+        parts.append((type(e), text_of(e), tuple(frames), cause is not None, context is not None))
         e = cause if cause is not None else context
     return tuple(parts)
 
 
+def _format(exc: BaseException) -> str:
+    """Python's traceback text of `exc`; when that fails (an exception in the chain whose
+    str() raises a BaseException, which the traceback module does not catch), its frames
+    and the exception described by `text_of`."""
+    try:
+        return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    except BaseException:  # a hostile __str__ / __repr__ may raise anything
+        try:
+            frames = "".join(traceback.format_tb(exc.__traceback__))
+        except BaseException:
+            frames = ""
+        return f"Traceback (most recent call last):\n{frames}{type(exc).__name__}: {text_of(exc)}\n"
+
+
 def format_traceback(exc: BaseException) -> str:
-    """The standard traceback text of `exc` (with its chain), cached per distinct failure."""
+    """The standard traceback text of `exc` (with its chain), cached per distinct failure.
+    Never raises, whatever the exception's str() does."""
     try:
         key = _key(exc)
         hash(key)
-    except Exception:  # an exception whose str() raises, or unhashable parts
-        return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    except Exception:  # unhashable parts
+        return _format(exc)
     with _LOCK:
         text = _CACHE.get(key)
         if text is not None:
             _CACHE.move_to_end(key)
             return text
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    text = _format(exc)
     with _LOCK:
         _CACHE[key] = text
         if len(_CACHE) > _CACHE_SIZE:

@@ -45,6 +45,11 @@ class Hostile(Exception):
         raise RuntimeError("str() of this exception fails")
 
 
+class HostileBase(Exception):
+    def __str__(self) -> str:
+        raise Odd("str() of this exception raises a BaseException")
+
+
 class Runs:
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -71,6 +76,7 @@ def ids(n: int) -> list[str | bytes]:
         (Odd("not an Exception"), "Odd", 1),
         (GeneratorExit(), "GeneratorExit", 1),
         (Hostile(), "Hostile", 3),  # an Exception whose str() raises: retried as usual
+        (HostileBase(), "HostileBase", 3),  # ... and one whose str() raises a BaseException
     ],
 )
 def test_any_exception_is_dead_lettered_and_the_listener_goes_on(

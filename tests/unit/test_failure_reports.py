@@ -69,6 +69,44 @@ def test_format_traceback_keeps_the_chain() -> None:
     assert "KeyError: 'inner'" in text and "direct cause" in text and "RuntimeError: outer" in text
 
 
+class _Stop(BaseException):
+    pass
+
+
+class _StrRaisesBase(Exception):
+    """An exception whose str() raises something outside the Exception tree."""
+
+    def __init__(self, raised: type[BaseException]) -> None:
+        super().__init__()
+        self.raised = raised
+
+    def __str__(self) -> str:
+        raise self.raised()
+
+
+@pytest.mark.parametrize("raised", [_Stop, KeyboardInterrupt, SystemExit])
+def test_a_dead_letter_is_made_when_str_of_the_error_raises_a_base_exception(
+    raised: type[BaseException],
+) -> None:
+    """format_traceback keyed its cache on str(exc) and let a BaseException from a hostile
+    __str__ escape: the dead letter was never made and the consumer's worker died."""
+    c = core()
+    t = c.receive(1)
+    t.attach("d")
+    try:
+        try:
+            raise KeyError("inner")
+        except KeyError as e:
+            raise _StrRaisesBase(raised) from e
+    except _StrRaisesBase as exc:
+        (act,) = c.finish(t, exc)
+    hdrs = act.set_headers  # type: ignore[union-attr]
+    assert act.purpose == "dead-letter"  # type: ignore[union-attr]
+    assert hdrs[H.ERROR_MESSAGE] == "<_StrRaisesBase: str() failed>"
+    assert hdrs[H.ERROR_TRACEBACK].startswith("Traceback (most recent call last):")
+    assert "_StrRaisesBase" in hdrs[H.ERROR_TRACEBACK]
+
+
 def test_failure_log_is_throttled_and_counts_what_it_left_out(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
