@@ -90,6 +90,10 @@ class CircuitBreaker:
         return isinstance(exc, self.trip_on)
 
 
+MIN_RATE = 1 / 86400
+"""The slowest RateLimit.per_second: one handler start a day."""
+
+
 @dataclass(frozen=True, slots=True)
 class RateLimit:
     """At most `per_second` handler starts a second for one listener (one process), with
@@ -101,6 +105,14 @@ class RateLimit:
 
     def __post_init__(self) -> None:
         rate = C.number("RateLimit.per_second", self.per_second, 0, 1_000_000, above=True)
+        if rate < MIN_RATE:
+            # A slower rate spaces starts by more than a day: a worker's wait for its turn
+            # then overflows the thread timer (App stopped at the second delivery), and a
+            # rate below ~1e-308 made the bucket's interval infinite (no limit at all).
+            raise ValueError(
+                "RateLimit.per_second must be at least one start a day (1/86400 = "
+                f"{MIN_RATE:.3g}) and at most 1000000, got {self.per_second!r}"
+            )
         object.__setattr__(self, "per_second", rate)
         C.integer("RateLimit.burst", self.burst, 1, 1_000_000)
 

@@ -80,6 +80,24 @@ def test_rate_and_key_options_fail_at_once() -> None:
         FlowPolicy(breaker=0.5)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("rate", [5e-324, 1e-300, 1e-11, 1 / 86400 / 2])
+def test_a_rate_below_one_start_a_day_fails_at_once(rate: float) -> None:
+    """5e-324 made the bucket's interval infinite (its tolerance NaN: no limit at all);
+    1e-11 made App's worker wait 1e11 s for the second start, past the thread timer's
+    maximum: an OverflowError stopped the app at its second delivery."""
+    with pytest.raises(ValueError, match=r"RateLimit.per_second must be at least one start a day"):
+        RateLimit(rate)
+
+
+def test_the_slowest_rate_waits_within_the_thread_timer() -> None:
+    import threading
+
+    tb = TokenBucket(RateLimit(1 / 86400))
+    assert tb.reserve(1, 0.0) == 0.0
+    wait = tb.reserve(65535, 0.0)  # the largest batch
+    assert 86400 <= wait <= threading.TIMEOUT_MAX
+
+
 def test_breaker_refused_with_no_ack() -> None:
     with pytest.raises(ValueError, match=r"AckMode\.NONE"):
         ListenerPolicy("l", "q", mode=AckMode.NONE, flow=FlowPolicy(breaker=CircuitBreaker()))
