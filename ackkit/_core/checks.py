@@ -7,6 +7,8 @@ import math
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
+from .wire import encode_table
+
 E = TypeVar("E")
 
 MAX_NAME_BYTES = 255
@@ -108,7 +110,24 @@ _AMQP_SCALARS = (str, bytes, int, float, bool, type(None))
 
 
 def amqp_table(option: str, value: object) -> dict[str, Any]:
-    """A dict with str keys and values AMQP field tables can carry."""
+    """A dict with str keys and values AMQP field tables can carry: of AMQP's types, and
+    encodable (a key over 255 bytes of UTF-8, an int past 64 bits, a lone surrogate, a
+    table that contains itself fail here, not when the broker is sent it)."""
+    try:
+        out = _table(option, value)
+    except RecursionError:
+        raise ValueError(f"{option} is nested too deeply (or contains itself)") from None
+    if out:
+        try:
+            encode_table(out)
+        except RecursionError:
+            raise ValueError(f"{option} is nested too deeply (or contains itself)") from None
+        except Exception as exc:  # EncodeError, or struct's error for an out-of-range value
+            raise ValueError(f"{option} cannot be sent in an AMQP table: {exc}") from None
+    return out
+
+
+def _table(option: str, value: object) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
@@ -128,7 +147,7 @@ def _amqp_value(option: str, v: object) -> None:
     if isinstance(v, _AMQP_SCALARS):
         return
     if isinstance(v, Mapping):
-        amqp_table(option, v)
+        _table(option, v)
         return
     if isinstance(v, (list, tuple)):
         for i, item in enumerate(v):

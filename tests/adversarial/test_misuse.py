@@ -222,8 +222,18 @@ def test_deeply_nested_json_is_dead_lettered_on_its_first_attempt(
         {"dead_letter": "{queue}.retry.100ms"},
         {"prefetch": 70_000},
         {"queue_arguments": {"x-queue-type": "stream"}},
+        {"queue_arguments": {"x-max-length": 2**70}},
+        {"consumer_arguments": {"k" * 300: 1}},
     ],
-    ids=["dlq-empty", "dlq-own-queue", "dlq-delay-queue", "prefetch", "stream"],
+    ids=[
+        "dlq-empty",
+        "dlq-own-queue",
+        "dlq-delay-queue",
+        "prefetch",
+        "stream",
+        "int-past-64-bits",
+        "key-over-255-bytes",
+    ],
 )
 def test_options_that_cannot_work_are_refused_before_any_queue_is_declared(
     runtime: Runtime, broker: Broker, queue_factory: Any, kw: dict[str, Any]

@@ -300,6 +300,14 @@ OPTION_CASES: list[tuple[dict[str, Any], str]] = [
     ({"queue_arguments": {"x-thing": {1, 2}}}, "queue_arguments"),
     ({"queue_arguments": {"x-thing": math.nan}}, "queue_arguments"),
     ({"queue_arguments": ["x-queue-type"]}, "queue_arguments"),
+    # accepted by their types, then unencodable at start(): struct.error, a reconnect loop
+    # on a key over 255 bytes, a UnicodeEncodeError that stopped the I/O thread
+    ({"queue_arguments": {"x-max-length": 2**70}}, "queue_arguments"),
+    ({"queue_arguments": {"k" * 300: 1}}, "queue_arguments"),
+    ({"queue_arguments": {"x-thing": "\udcff"}}, "queue_arguments"),
+    ({"queue_arguments": {"x-thing": [{"\udcff": 1}]}}, "queue_arguments"),
+    ({"consumer_arguments": {"x-thing": -(2**64)}}, "consumer_arguments"),
+    ({"consumer_arguments": {"k" * 256: "v"}}, "consumer_arguments"),
     (
         {
             "queue_arguments": {
@@ -311,6 +319,17 @@ OPTION_CASES: list[tuple[dict[str, Any], str]] = [
     ),
     ({"ack_mode": AckMode.NONE, "retry": Retry(max_attempts=3)}, "AckMode.NONE"),
 ]
+
+
+def test_exchange_and_bind_arguments_must_be_encodable() -> None:
+    from ackkit import Bind, Exchange
+
+    refused(lambda: Bind("amq.headers", "", {"x-match": "\ud800"}), "bind arguments")
+    refused(
+        lambda: Exchange("ex", arguments={"alternate-exchange": "a" * 2**8 + "\ud800"}),
+        "Exchange arguments",
+    )
+    refused(lambda: Exchange("ex", arguments={"x" * 256: 1}), "Exchange arguments")
 
 
 @pytest.mark.parametrize("kw,option", OPTION_CASES)
