@@ -55,7 +55,8 @@ def _as_int(value: Any) -> int | None:
     if isinstance(value, (bytes, str)):
         text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
         text = text.strip()
-        if text.isdigit() and len(text) <= 9:
+        # ASCII digits only: str.isdigit() also takes "²" or "⑴", which int() refuses
+        if text.isascii() and text.isdigit() and len(text) <= 9:
             return int(text)
     return None
 

@@ -290,6 +290,7 @@ BAD_PAYLOADS: list[tuple[str, bytes, dict[str, Any], str]] = [
     ("attempt-abc", GOOD.encode(), {H.ATTEMPT: "abc"}, "invalid ackkit-attempt header"),
     ("attempt-negative", GOOD.encode(), {H.ATTEMPT: -1}, "invalid ackkit-attempt header"),
     ("attempt-huge", GOOD.encode(), {H.ATTEMPT: 10**12}, "invalid ackkit-attempt header"),
+    ("attempt-superscript", GOOD.encode(), {H.ATTEMPT: "\u00b2"}, "invalid ackkit-attempt header"),
 ]
 
 

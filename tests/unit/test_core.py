@@ -167,7 +167,9 @@ def test_attempt_from_headers():
     # A classic queue passes a producer's x-delivery-count through: never read there.
     assert H.attempt_of({H.ATTEMPT: 3, "x-delivery-count": 2}, True) == 4
     assert H.attempt_of({"x-delivery-count": 0}, True, count_header=H.X_DELIVERY_COUNT) == 2
-    for bad in ("abc", -1, 10**12, b"\xff", True):
+    # "²" and "⑴" are digits to str.isdigit() but not to int(): they escaped as a plain
+    # ValueError (dead-lettered as "unreadable message"); "٣" was read as attempt 3
+    for bad in ("abc", -1, 10**12, b"\xff", True, "\u00b2", "\u2474", "\u0663", "\uff13"):
         with pytest.raises(H.BadAttemptHeader):
             H.attempt_of({H.ATTEMPT: bad}, False)
 
