@@ -79,10 +79,17 @@ async def attempt(c: AsyncConsumer, inv: Invocation) -> Outcome:
             result = await b.fn(*inv.args())
         else:
             result = await c.rt.loop.run_in_executor(c.pool, _call, b.fn, inv.args)
-    except asyncio.CancelledError as e:  # released by handle(), not a failure
-        if done is not None:
-            done(e)
-        raise
+    except asyncio.CancelledError as e:
+        if _cancelled_from_outside():  # shutdown or a lost channel: released by handle()
+            if done is not None:
+                done(e)
+            raise
+        # The handler's own CancelledError (it raised one, or awaited something that was
+        # cancelled) while nobody cancelled its task: a failure like any other. Released,
+        # it came straight back to the queue, forever with max_attempts=1.
+        exc = e
+        tb = traceback.format_exc()
+        c.failures.failed(c.spec.name, inv, e)
     except BaseException as e:  # SystemExit and KeyboardInterrupt too: settled, then stop
         exc = e
         tb = traceback.format_exc()
@@ -99,6 +106,14 @@ async def attempt(c: AsyncConsumer, inv: Invocation) -> Outcome:
     if out.stop is not None:
         c.rt.fail(out.stop, f"{c.spec.name}: handler raised {type(out.stop).__name__}")
     return out
+
+
+def _cancelled_from_outside() -> bool:
+    """Whether the running task has been asked to cancel (by shutdown, a lost channel).
+    Python 3.10 cannot tell (no Task.cancelling): every CancelledError counts as one."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return cancelling is None or cancelling() > 0
 
 
 def _call(fn: Any, args: Any) -> Any:

@@ -77,6 +77,9 @@ def ids(n: int) -> list[str | bytes]:
         (GeneratorExit(), "GeneratorExit", 1),
         (Hostile(), "Hostile", 3),  # an Exception whose str() raises: retried as usual
         (HostileBase(), "HostileBase", 3),  # ... and one whose str() raises a BaseException
+        # raised by the handler itself, not a cancelled task: AsyncApp released it to the
+        # queue as if shutting down (redelivered forever with max_attempts=1)
+        (asyncio.CancelledError("raised by the handler"), "CancelledError", 1),
     ],
 )
 def test_any_exception_is_dead_lettered_and_the_listener_goes_on(
@@ -115,6 +118,35 @@ def test_any_exception_is_dead_lettered_and_the_listener_goes_on(
         2: runs_each,
         4: runs_each,
     }
+
+
+def test_a_cancelled_error_from_the_handler_is_dead_lettered_without_retry(
+    runtime: Runtime, broker: Broker, queue_factory: Any
+) -> None:
+    """With the default Retry (one attempt), AsyncApp used to requeue a delivery whose
+    handler raised CancelledError (taken for its task's cancellation): the broker handed
+    it back at once, about a thousand runs a second, for ever."""
+    q = queue_factory(declare=True)
+    runs = Runs()
+
+    async def handle(p: dict[str, int], d: Delivery, io: IO) -> None:
+        runs.add(p["id"])
+        if p["id"] == 0:
+            raise asyncio.CancelledError("an inner task was cancelled")
+
+    app = runtime.app()
+    runtime.listen(app, q, handle, dict)
+    broker.publish(q, ids(2))
+    with runtime.running(app):
+        broker.wait_for(f"{q}.dlq", ready=1)
+        broker.wait_for(q, ready=0, unacked=0)
+        broker.publish(q, [json.dumps({"id": 7})])
+        eventually(lambda: runs.by_id.get(7) == 1, what="a later message handled")
+        assert app.is_running
+    (dead,) = broker.take_all(f"{q}.dlq")
+    assert json.loads(dead.body) == {"id": 0}
+    assert dead.headers["ackkit-reason"] == "non-retryable CancelledError"
+    assert runs.by_id == {0: 1, 1: 1, 7: 1}
 
 
 @pytest.mark.parametrize("delay", [math.nan, -3.0, "soon"])
