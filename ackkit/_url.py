@@ -36,4 +36,51 @@ def check_url(url: object) -> str:
         raise ValueError(f"url {mask_url(url)!r} cannot be parsed: {exc}") from None
     if parts.scheme.lower() not in ("amqp", "amqps", "memory"):  # memory: ackkit.testing
         raise ValueError(f"url must be amqp:// or amqps://, got {mask_url(url)!r}")
+    _check_query(url, parts.query)
     return url
+
+
+# Numeric connection options an AMQP URL's query may carry, as pika and aiormq read them:
+# name -> (integer?, lowest, highest). aiormq turns a value it cannot read into 0 (for
+# `heartbeat`: heartbeats off) and pika refuses it only when connecting; both runtimes
+# refuse it here, when the app is built.
+_QUERY_NUMBERS: dict[str, tuple[bool, float, float | None]] = {
+    "heartbeat": (True, 0, 65535),
+    "channel_max": (True, 1, 65535),
+    "frame_max": (True, 4096, 131072),
+    "connection_attempts": (True, 1, None),
+    "retry_delay": (False, 0, None),
+    "socket_timeout": (False, 0, None),
+    "stack_timeout": (False, 0, None),
+    "blocked_connection_timeout": (False, 0, None),
+    "timeout": (False, 0, None),
+}
+
+_POSITIVE = {"socket_timeout", "stack_timeout", "timeout"}
+"""Of those, the ones that must be above 0 (pika refuses 0 for its own two)."""
+
+
+def _check_query(url: str, query: str) -> None:
+    """ValueError naming the parameter when a numeric connection option in the URL's
+    query is not a number in its range."""
+    from ._core import checks
+
+    try:
+        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
+    except ValueError as exc:  # e.g. too many fields
+        raise ValueError(f"url {mask_url(url)!r}: its query cannot be parsed: {exc}") from None
+    for name, raw in pairs:
+        rule = _QUERY_NUMBERS.get(name)
+        if rule is None:
+            continue  # the client library decides
+        whole, lo, hi = rule
+        option = f"url query parameter {name}"
+        try:
+            value: float = int(raw) if whole else float(raw)
+        except ValueError:
+            kind = "an integer" if whole else "a number"
+            raise ValueError(f"{option} must be {kind}, got {raw!r:.80}") from None
+        if whole:
+            checks.integer(option, value, int(lo), None if hi is None else int(hi))
+        else:
+            checks.number(option, value, lo, hi, above=name in _POSITIVE)

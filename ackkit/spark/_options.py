@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from .._core.policy import DLQ_DEFAULT
+from .._url import check_url
 from ._store import check_location, child_location, is_local, normalize_location
 
 MAX_PREFETCH = 65535  # basic.qos prefetch-count is a short
@@ -138,11 +139,9 @@ class SourceOptions:
         unknown = sorted(set(opts) - known)
         if unknown:
             raise ValueError(f"unknown rabbitmq source option(s): {', '.join(unknown)}")
-        max_batch = int(opts.get("max_batch", 20_000))
-        if max_batch < 1:
-            raise ValueError("max_batch must be >= 1")
+        max_batch = _int(opts, "max_batch", 20_000, 1)
         if "prefetch" in opts:
-            prefetch = int(opts["prefetch"])
+            prefetch = _int(opts, "prefetch", 0, 1, MAX_PREFETCH)
         else:
             prefetch = min(max(2 * max_batch, 100), MAX_PREFETCH)
         if not 1 <= prefetch <= MAX_PREFETCH:
@@ -150,7 +149,7 @@ class SourceOptions:
         # A batch never waits for more than the broker may have in flight: cap it.
         max_batch = min(max_batch, prefetch)
         return cls(
-            url=opts["url"],
+            url=check_url(opts["url"]),
             queue=opts["queue"],
             checkpoint=check_location(opts["checkpoint"]),
             max_batch=max_batch,
@@ -159,13 +158,13 @@ class SourceOptions:
             on_invalid=OnInvalid(opts.get("on_invalid", OnInvalid.FAIL.value).lower()),
             dead_letter_queue=opts.get("dead_letter_queue", DLQ_DEFAULT),
             key=KeyFrom(opts.get("key", KeyFrom.MESSAGE_ID.value).lower()),
-            max_wait=int(opts.get("max_wait_ms", 500)) / 1000,
-            linger=int(opts.get("linger_ms", 50)) / 1000,
-            heartbeat=int(opts.get("heartbeat", 30)),
+            max_wait=_int(opts, "max_wait_ms", 500, 0, 3_600_000) / 1000,
+            linger=_int(opts, "linger_ms", 50, 0, 3_600_000) / 1000,
+            heartbeat=_int(opts, "heartbeat", 30, 0, 65535),
             exclusive=_flag(opts.get("exclusive", "true")),
             declare=_flag(opts.get("declare", "true")),
             fsync=_flag(opts.get("fsync", "true")),
-            retain_batches=int(opts.get("retain_batches", 10)),
+            retain_batches=_int(opts, "retain_batches", 10, 0),
             wal_location=check_location(opts["wal_location"]) if opts.get("wal_location") else None,
         )
 
@@ -176,3 +175,21 @@ class SourceOptions:
     @property
     def address(self) -> str:
         return ipc_address(self.checkpoint, self.queue)
+
+
+def _int(opts: Mapping[str, str], name: str, default: int, lo: int, hi: int | None = None) -> int:
+    """Option `name` as an int in [lo, hi] (`default` when absent), else a ValueError
+    that names it (Spark hands every option over as a string)."""
+    raw = opts.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise ValueError(
+            f"rabbitmq source option {name} must be an integer, got {raw!r:.80}"
+        ) from None
+    if value < lo or (hi is not None and value > hi):
+        bound = f">= {lo}" if hi is None else f"between {lo} and {hi}"
+        raise ValueError(f"rabbitmq source option {name} must be {bound}, got {value}")
+    return value

@@ -69,7 +69,7 @@ def test_options_require_url_queue_checkpoint(tmp_path: Path):
 def test_batch_is_capped_by_prefetch_so_it_can_always_fill(tmp_path: Path):
     o = SourceOptions.parse(
         {
-            "url": "u",
+            "url": "amqp://localhost/",
             "queue": "q",
             "checkpoint": str(tmp_path),
             "max_batch": "5000",
@@ -78,12 +78,17 @@ def test_batch_is_capped_by_prefetch_so_it_can_always_fill(tmp_path: Path):
     )
     assert (o.max_batch, o.prefetch) == (300, 300)
     o = SourceOptions.parse(
-        {"url": "u", "queue": "q", "checkpoint": str(tmp_path), "max_batch": "40000"}
+        {
+            "url": "amqp://localhost/",
+            "queue": "q",
+            "checkpoint": str(tmp_path),
+            "max_batch": "40000",
+        }
     )
     assert o.prefetch == 65535 and o.max_batch == 40000
     o = SourceOptions.parse(
         {
-            "url": "u",
+            "url": "amqp://localhost/",
             "queue": "q",
             "checkpoint": f"file://{tmp_path}",
             "on_invalid": "DEAD_LETTER",
@@ -94,13 +99,19 @@ def test_batch_is_capped_by_prefetch_so_it_can_always_fill(tmp_path: Path):
     assert (o.on_invalid, o.key) == (OnInvalid.DEAD_LETTER, KeyFrom.BODY)
     # Object-store checkpoints are taken; the log goes inside them, a URI's query kept.
     s3 = SourceOptions.parse(
-        {"url": "u", "queue": "q", "checkpoint": "s3a://bucket/ck/?endpoint_override=h:9"}
+        {
+            "url": "amqp://localhost/",
+            "queue": "q",
+            "checkpoint": "s3a://bucket/ck/?endpoint_override=h:9",
+        }
     )
     assert s3.checkpoint == "s3a://bucket/ck?endpoint_override=h:9"
     assert s3.wal_dir.startswith("s3a://bucket/ck/ackkit/q-")
     assert s3.wal_dir.endswith("?endpoint_override=h:9")
     with pytest.raises(ValueError, match="nosuch"):
-        SourceOptions.parse({"url": "u", "queue": "q", "checkpoint": "nosuch://bucket/ck"})
+        SourceOptions.parse(
+            {"url": "amqp://localhost/", "queue": "q", "checkpoint": "nosuch://bucket/ck"}
+        )
 
 
 def test_model_fields_become_typed_columns():
