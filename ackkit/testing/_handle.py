@@ -142,7 +142,9 @@ class BrokerHandle(KitHelpers):
                     blocked_connection_timeout=timeout,
                 )
             )
-        except (pika.exceptions.AMQPError, OSError):
+        except Exception:  # not answering yet, in whatever way: pika's
+            # connection workflow raises its own errors too (AMQPConnectorStackTimeout
+            # while a booting node accepts the socket but not yet the handshake)
             return False
         with contextlib.suppress(Exception):
             conn.close()
