@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from ackkit._core.arrival import Arrival, arrival
@@ -89,3 +89,69 @@ def test_only_a_readable_fresh_delivery_within_its_attempts_runs(
     elif got is Arrival.RUN:
         assert not forged and (mx <= 1 or attempt <= mx)
         assert mx <= 1 or not redelivered or count is not RD
+
+
+# -- receive() skips the rule where it surely says RUN: it must agree -------------------
+
+
+@settings(max_examples=300)
+@given(
+    mode=st.sampled_from([AckMode.AUTO, AckMode.MANUAL, AckMode.NONE, AckMode.TRANSACTED]),
+    max_attempts=st.integers(1, 5),
+    redelivered=st.booleans(),
+    attempt_header=st.none()
+    | st.integers(-2, 2).map(lambda off: ("offset", off))
+    | st.sampled_from(["2", "x", "²", -1, 0]),
+    queue_type=st.sampled_from([None, "classic", "quorum"]),
+    delivery_count=st.none() | st.integers(0, 8),
+)
+def test_receive_runs_a_delivery_exactly_when_the_arrival_rule_says_run(
+    mode: AckMode,
+    max_attempts: int,
+    redelivered: bool,
+    attempt_header: object,
+    queue_type: str | None,
+    delivery_count: int | None,
+) -> None:
+    """`ListenerCore.receive` returns early for a first delivery with attempts left (a
+    hot-path shortcut); with any headers and flags, a delivery runs (no verdict) exactly
+    when `arrival()`, given the same facts, says RUN."""
+    from ackkit import Retry
+    from ackkit._core import headers as H
+    from ackkit._core.brokers import V3
+    from ackkit._core.listener import ListenerCore
+    from ackkit._core.policy import ListenerPolicy
+
+    retry = Retry(max_attempts=max_attempts, initial_interval=0.1) if max_attempts > 1 else None
+    kw = {"retry": retry} if retry is not None else {}
+    try:
+        policy = ListenerPolicy(name="l", queue="q", mode=mode, queue_type=queue_type, **kw)
+    except ValueError:  # a combination the options refuse (e.g. retries with no acks)
+        assume(False)
+        return
+    core = ListenerCore(policy, wallclock=lambda: 0.0, broker=V3)
+    core.channel_opened()
+    headers: dict[str, object] = {}
+    if isinstance(attempt_header, tuple):  # around max_attempts, where the rule turns
+        headers[H.ATTEMPT] = max(1, max_attempts + attempt_header[1])
+    elif attempt_header is not None:
+        headers[H.ATTEMPT] = attempt_header
+    if delivery_count is not None:
+        headers[H.X_DELIVERY_COUNT] = delivery_count
+    t = core.receive(1, redelivered, headers or None, message_id="m")
+    count = V3.count_source(queue_type)
+    try:
+        attempt = H.attempt_of(headers or None, redelivered, count_header=count.header, returned=0)
+        forged = False
+    except H.BadAttemptHeader:
+        attempt, forged = 1, True
+    expected = arrival(
+        mode=mode,
+        unreadable=False,
+        forged=forged,
+        attempt=attempt,
+        max_attempts=policy.retry.max_attempts,
+        redelivered=redelivered,
+        count=count,
+    )
+    assert (t.verdict is None) == (expected is Arrival.RUN)
