@@ -33,6 +33,10 @@ class Sink(Protocol):
 
     def closed(self, code: int, text: str) -> None: ...
 
+    def cancelled(self, consumer_tag: str) -> None:
+        """The broker cancelled this channel's consumer (basic.cancel: its queue was
+        deleted); the channel stays open."""
+
 
 class Clock:
     """Real time, scaled: `scale` 0 makes every TTL expire at once."""
@@ -88,6 +92,7 @@ class Consumer:
     channel: Channel
     no_ack: bool
     unacked: int = 0
+    exclusive: bool = False
 
 
 @dataclass
@@ -162,11 +167,63 @@ def _words(pat: list[str], words: list[str]) -> bool:
     return (head == "*" or head == words[0]) and _words(rest, words[1:])
 
 
-def same_args(a: dict[str, Any], b: dict[str, Any]) -> bool:
+CLASSIC_ARGUMENTS = frozenset(
+    {
+        "x-expires",
+        "x-message-ttl",
+        "x-dead-letter-exchange",
+        "x-dead-letter-routing-key",
+        "x-max-length",
+        "x-max-length-bytes",
+        "x-max-priority",
+        "x-overflow",
+        "x-queue-mode",
+        "x-queue-version",
+        "x-single-active-consumer",
+        "x-queue-type",
+        "x-queue-master-locator",
+    }
+)
+"""The arguments a re-declare of a classic queue must repeat (RabbitMQ's
+`rabbit_classic_queue:capabilities()` queue_arguments); any other may differ."""
+
+QUORUM_ARGUMENTS = frozenset(
+    {
+        "x-dead-letter-exchange",
+        "x-dead-letter-routing-key",
+        "x-dead-letter-strategy",
+        "x-expires",
+        "x-max-length",
+        "x-max-length-bytes",
+        "x-max-in-memory-length",
+        "x-max-in-memory-bytes",
+        "x-overflow",
+        "x-single-active-consumer",
+        "x-queue-type",
+        "x-quorum-initial-group-size",
+        "x-delivery-limit",
+        "x-message-ttl",
+        "x-queue-leader-locator",
+    }
+)
+"""The same for a quorum queue (`rabbit_quorum_queue:capabilities()`)."""
+
+
+def inequivalent_arg(current: dict[str, Any], received: dict[str, Any]) -> str | None:
+    """The first argument a re-declare with `received` may not change on a queue declared
+    with `current`, or None. As RabbitMQ's `assert_args_equivalence`: only the arguments
+    its queue type knows are compared (changed, added or left out); a custom `x-...`
+    argument may differ. x-queue-type "classic" equals no x-queue-type."""
+
     def norm(d: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in d.items() if not (k == "x-queue-type" and v == "classic")}
 
-    return norm(a) == norm(b)
+    a, b = norm(current), norm(received)
+    known = QUORUM_ARGUMENTS if a.get("x-queue-type") == "quorum" else CLASSIC_ARGUMENTS
+    for key in sorted(known):
+        if a.get(key) != b.get(key) or (key in a) != (key in b):
+            return key
+    return None
 
 
 def copy_message(msg: Message) -> Message:

@@ -23,7 +23,7 @@ from ._mem_state import (
     Clock,
     Exchange,
     Queue,
-    same_args,
+    inequivalent_arg,
     topic_matches,
 )
 
@@ -70,13 +70,13 @@ class Topology:
                     name = f"amq.gen-{next(self._seq)}"
                 q = self.queues[name] = Queue(name, args, durable)
                 return q
-            if not same_args(q.arguments, args):
-                diff = sorted(set(q.arguments.items()) ^ set(args.items()), key=str)
+            key = inequivalent_arg(q.arguments, args)
+            if key is not None:
                 raise ChannelError(
                     PRECONDITION_FAILED,
-                    f"PRECONDITION_FAILED - inequivalent arg for queue '{name}' in vhost '/': "
-                    f"{diff[0][0]!r} received {args.get(diff[0][0])!r} but current is "
-                    f"{q.arguments.get(diff[0][0])!r}",
+                    f"PRECONDITION_FAILED - inequivalent arg '{key}' for queue '{name}' in "
+                    f"vhost '/': received {_shown(args, key)} but current is "
+                    f"{_shown(q.arguments, key)}",
                 )
             return q
 
@@ -85,8 +85,10 @@ class Topology:
             q = self.queues.pop(name, None)
             if q is None:
                 return 0
-            for c in list(q.consumers):
+            for c in list(q.consumers):  # each gets basic.cancel (consumer_cancel_notify)
                 c.channel.consumers.pop(c.tag, None)
+                c.channel.sink.cancelled(c.tag)
+            q.consumers.clear()
             for ex in self.exchanges.values():
                 ex.bindings = [b for b in ex.bindings if b.queue != name]
             self.changed.notify_all()
@@ -188,3 +190,7 @@ class Topology:
             if hit and b.queue not in names:
                 names.append(b.queue)
         return [self.queues[n] for n in names if n in self.queues]
+
+
+def _shown(args: dict[str, Any], key: str) -> str:
+    return f"the value '{args[key]}'" if key in args else "none"
