@@ -7,7 +7,9 @@ TTLs (`x-message-ttl`, per-message `expiration`) expire at the head of the queue
 `x-max-length` and `x-max-length-bytes` count ready messages only (bodies' bytes),
 with `x-overflow` drop-head (the default: the oldest ready messages are dead-lettered,
 reason maxlen), reject-publish (the publish is nacked) and reject-publish-dlx (nacked
-and dead-lettered).
+and dead-lettered). A quorum queue's reject-publish follows rabbit_fifo: the publish
+that takes it over its limit is accepted, and the ones after it are refused until it
+is down to 80% of its limits.
 """
 
 from __future__ import annotations
@@ -49,20 +51,45 @@ class Deaths(Topology):
     # -- length limits ------------------------------------------------------------------
 
     def _refuses(self, q: Queue, msg: Message) -> bool:
-        """Whether a reject-publish queue is full for `msg` (its ready messages and
-        their bodies' bytes, with `msg` added, over a limit); reject-publish-dlx
-        dead-letters what it refuses."""
+        """Whether a reject-publish queue refuses `msg`: a classic queue when its ready
+        messages or their bodies' bytes, with `msg` added, would be over a limit
+        (reject-publish-dlx dead-letters what it refuses); a quorum queue while it is
+        blocked (`_over_limit`)."""
         if q.arg("x-overflow") not in REJECTING:
             return False
         length, size = _limit(q, "x-max-length"), _limit(q, "x-max-length-bytes")
         if length is None and size is None:
             return False
+        if q.quorum:
+            return q.blocked
         full = (length is not None and len(q.ready) + 1 > length) or (
             size is not None and _ready_bytes(q) + len(msg.body) > size
         )
         if full and q.arg("x-overflow") == "reject-publish-dlx":
             self._dead_letter(q, msg, "maxlen")
         return full
+
+    def _over_limit(self, q: Queue) -> None:
+        """After an enqueue: a quorum reject-publish queue over a limit blocks its
+        publishers (rabbit_fifo accepts the publish that took it over)."""
+        if q.quorum and q.arg("x-overflow") in REJECTING:
+            length, size = _limit(q, "x-max-length"), _limit(q, "x-max-length-bytes")
+            if (length is not None and len(q.ready) > length) or (
+                size is not None and _ready_bytes(q) > size
+            ):
+                q.blocked = True
+
+    def _relax(self, q: Queue) -> None:
+        """After its ready messages went down: a blocked quorum queue takes publishes
+        again once they and their bytes are at most 80% of its limits (rabbit_fifo's
+        soft limit)."""
+        if not q.blocked:
+            return
+        length, size = _limit(q, "x-max-length"), _limit(q, "x-max-length-bytes")
+        if (length is None or len(q.ready) <= int(length * 0.8)) and (
+            size is None or _ready_bytes(q) <= int(size * 0.8)
+        ):
+            q.blocked = False
 
     def _drop_head(self, q: Queue) -> None:
         """drop-head (the default overflow): dead-letter the oldest ready messages while
@@ -79,6 +106,7 @@ class Deaths(Topology):
             _, head = q.ready.pop(0)
             total -= len(head.body)
             self._dead_letter(q, head, "maxlen")
+        self._relax(q)
 
     # -- dead letters and expiry --------------------------------------------------------
 
@@ -146,6 +174,7 @@ class Deaths(Topology):
                 return
             q.ready.pop(0)
             self._dead_letter(q, head, "expired")
+            self._relax(q)
             self.changed.notify_all()
 
     def expire_due(self) -> float | None:

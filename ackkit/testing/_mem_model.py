@@ -86,6 +86,7 @@ class Model(Deaths):
         q.ready.append((msg.seq, msg))
         self._dispatch(q)
         self._drop_head(q)
+        self._over_limit(q)
         return True
 
     # -- channels and consumers -------------------------------------------------------
@@ -193,6 +194,7 @@ class Model(Deaths):
             _, msg = q.ready.pop(0)
             if not q.quorum:
                 return msg
+            self._relax(q)
             limit = self.rules.delivery_limit(q.arg("x-delivery-limit"))
             if limit is not None and msg.counted > limit:
                 self._dead_letter(q, msg, "delivery_limit")

@@ -104,6 +104,8 @@ class Queue:
     unacked: int = 0
     consumers: list[Consumer] = field(default_factory=list)
     turn: int = 0
+    blocked: bool = False
+    """A quorum reject-publish queue over its limit refuses publishes (rabbit_fifo)."""
 
     def arg(self, name: str) -> Any:
         return self.arguments.get(name)

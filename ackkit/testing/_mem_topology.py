@@ -99,6 +99,7 @@ class Topology:
             q = self._queue(name)
             n = len(q.ready)
             q.ready.clear()
+            q.blocked = False
             self.changed.notify_all()
             return n
 

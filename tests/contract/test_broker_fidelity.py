@@ -74,12 +74,15 @@ def _deaths(broker: Broker, queue: str) -> list[tuple[bytes, str]]:
 # -- x-max-length and x-max-length-bytes -----------------------------------------------------
 
 
+@pytest.mark.parametrize("kind", ["classic", "quorum"])
 @pytest.mark.parametrize("overflow", ["drop-head", "reject-publish"])
 def test_max_length_counts_only_ready_messages(
-    broker: Broker, queue_factory: Any, overflow: str
+    broker: Broker, queue_factory: Any, overflow: str, kind: str
 ) -> None:
     """Unacknowledged messages do not count toward x-max-length: with 2 of 2 taken by a
-    consumer, 2 more are accepted, and only the third is dropped or refused."""
+    consumer, 2 more are accepted. Then a drop-head queue drops from its head; a classic
+    reject-publish queue refuses what would take it over; a quorum one accepts the
+    publish that takes it over and refuses the next ones."""
     q, dead = queue_factory(), queue_factory("dead", declare=True)
     _declare(
         broker,
@@ -89,6 +92,7 @@ def test_max_length_counts_only_ready_messages(
             "x-overflow": overflow,
             "x-dead-letter-exchange": "",
             "x-dead-letter-routing-key": dead,
+            "x-queue-type": kind,
         },
     )
     conn = broker.handle.connect()
@@ -101,24 +105,30 @@ def test_max_length_counts_only_ready_messages(
         assert _publish(ch, q, b"3", b"4") == [True, True]
         c = broker.counts(q)
         assert (c.ready, c.unacked) == (2, 2)
-        accepted = _publish(ch, q, b"5")
-        assert accepted == ([True] if overflow == "drop-head" else [False])
+        accepted = _publish(ch, q, b"5", b"6")
         for m in taken:
             ch.basic_ack(m.delivery_tag)
     finally:
         conn.close()
-    assert _bodies(broker, q) == ([b"4", b"5"] if overflow == "drop-head" else [b"3", b"4"])
+    want = {
+        "drop-head": ([True, True], [b"5", b"6"], [(b"3", "maxlen"), (b"4", "maxlen")]),
+        "reject-publish-classic": ([False, False], [b"3", b"4"], []),
+        "reject-publish-quorum": ([True, False], [b"3", b"4", b"5"], []),
+    }
+    key = overflow if overflow == "drop-head" else f"{overflow}-{kind}"
     # a dropped head is dead-lettered (maxlen); a refused publish is not
-    assert _deaths(broker, dead) == ([(b"3", "maxlen")] if overflow == "drop-head" else [])
+    assert (accepted, _bodies(broker, q), _deaths(broker, dead)) == want[key]
 
 
+@pytest.mark.parametrize("kind", ["classic", "quorum"])
 @pytest.mark.parametrize("overflow", ["drop-head", "reject-publish"])
 def test_max_length_bytes_counts_the_bodies_of_ready_messages(
-    broker: Broker, queue_factory: Any, overflow: str
+    broker: Broker, queue_factory: Any, overflow: str, kind: str
 ) -> None:
     """x-max-length-bytes 10 holds two 4-byte bodies and a 2-byte one (10 bytes, not
-    over); the next 4 bytes are dropped from the head or refused; bytes a consumer
-    holds unacknowledged do not count."""
+    over: headers do not count); bytes a consumer holds unacknowledged do not count.
+    A quorum reject-publish queue accepts the publish that takes it over, then refuses
+    until its ready bytes are down to 80% of the limit."""
     q, dead = queue_factory(), queue_factory("dead", declare=True)
     _declare(
         broker,
@@ -128,6 +138,7 @@ def test_max_length_bytes_counts_the_bodies_of_ready_messages(
             "x-overflow": overflow,
             "x-dead-letter-exchange": "",
             "x-dead-letter-routing-key": dead,
+            "x-queue-type": kind,
         },
     )
     conn = broker.handle.connect()
@@ -136,22 +147,37 @@ def test_max_length_bytes_counts_the_bodies_of_ready_messages(
         ch.confirm_delivery()
         headers = {"a-long-header-that-does-not-count": "x" * 100}
         assert _publish(ch, q, b"aaaa", b"bbbb", b"cc", headers=headers) == [True] * 3
-        refused = _publish(ch, q, b"dddd")
-        assert refused == ([True] if overflow == "drop-head" else [False])
-        m, _, body = ch.basic_get(q)  # 4 bytes leave the ready ones
-        assert m is not None
-        assert _publish(ch, q, b"eeee") == [True]
-        ch.basic_ack(m.delivery_tag)
+        accepted = _publish(ch, q, b"dddd")
+        taken = []
+        for more in (b"eeee", b"ffff"):
+            m, _, body = ch.basic_get(q)  # its bytes leave the ready ones
+            taken.append(body)
+            accepted += _publish(ch, q, more)
+            ch.basic_ack(m.delivery_tag)
     finally:
         conn.close()
-    if overflow == "drop-head":
-        assert body == b"bbbb"  # aaaa was dropped for dddd
-        assert _bodies(broker, q) == [b"cc", b"dddd", b"eeee"]
-        assert _deaths(broker, dead) == [(b"aaaa", "maxlen")]
-    else:
-        assert body == b"aaaa"
-        assert _bodies(broker, q) == [b"bbbb", b"cc", b"eeee"]
-        assert _deaths(broker, dead) == []
+    want = {
+        "drop-head": (
+            [True, True, True],
+            [b"bbbb", b"cc"],
+            [b"eeee", b"ffff"],
+            [(b"aaaa", "maxlen"), (b"dddd", "maxlen")],
+        ),
+        "reject-publish-classic": (
+            [False, True, True],
+            [b"aaaa", b"bbbb"],
+            [b"cc", b"eeee", b"ffff"],
+            [],
+        ),
+        "reject-publish-quorum": (
+            [True, False, True],
+            [b"aaaa", b"bbbb"],
+            [b"cc", b"dddd", b"ffff"],
+            [],
+        ),
+    }
+    key = overflow if overflow == "drop-head" else f"{overflow}-{kind}"
+    assert (accepted, taken, _bodies(broker, q), _deaths(broker, dead)) == want[key]
 
 
 def test_reject_publish_dlx_refuses_and_dead_letters(broker: Broker, queue_factory: Any) -> None:
@@ -180,14 +206,21 @@ def test_reject_publish_dlx_refuses_and_dead_letters(broker: Broker, queue_facto
     assert _deaths(broker, dead) == [(b"refused", "maxlen")]
 
 
-def test_a_requeue_over_the_limit_drops_the_head(broker: Broker, queue_factory: Any) -> None:
-    """A message requeued into a full drop-head queue comes back to its place (the head)
-    and the queue drops from the head until it is within its limit again."""
+@pytest.mark.parametrize("overflow", ["drop-head", "reject-publish"])
+def test_a_requeue_over_the_limit(broker: Broker, queue_factory: Any, overflow: str) -> None:
+    """A message requeued into a full queue comes back to its place (the head): a
+    drop-head queue then drops from the head until it is within its limit again; a
+    reject-publish queue keeps it (only publishes are refused), over its limit."""
     q, dead = queue_factory(), queue_factory("dead", declare=True)
     _declare(
         broker,
         q,
-        **{"x-max-length": 2, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead},
+        **{
+            "x-max-length": 2,
+            "x-overflow": overflow,
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": dead,
+        },
     )
     conn = broker.handle.connect()
     try:
@@ -200,8 +233,12 @@ def test_a_requeue_over_the_limit_drops_the_head(broker: Broker, queue_factory: 
         broker.wait_for(q, unacked=0)
     finally:
         conn.close()
-    assert _bodies(broker, q) == [b"2", b"3"]
-    assert _deaths(broker, dead) == [(b"1", "maxlen")]
+    if overflow == "drop-head":
+        assert _bodies(broker, q) == [b"2", b"3"]
+        assert _deaths(broker, dead) == [(b"1", "maxlen")]
+    else:
+        assert _bodies(broker, q) == [b"1", b"2", b"3"]
+        assert _deaths(broker, dead) == []
 
 
 # -- re-declaring ------------------------------------------------------------------------------
