@@ -50,6 +50,16 @@ class Deaths(Topology):
 
     # -- length limits ------------------------------------------------------------------
 
+    def _size(self, q: Queue, msg: Message) -> int:
+        """What `msg` counts toward x-max-length-bytes: its body; on a quorum queue from
+        RabbitMQ 4.0 on its encoded properties too (`self.rules`)."""
+        if q.quorum and self.rules.quorum_size_counts_properties:
+            return len(msg.body) + len(msg.props)
+        return len(msg.body)
+
+    def _ready_bytes(self, q: Queue) -> int:
+        return sum(self._size(q, m) for _, m in q.ready)
+
     def _refuses(self, q: Queue, msg: Message) -> bool:
         """Whether a reject-publish queue refuses `msg`: a classic queue when its ready
         messages or their bodies' bytes, with `msg` added, would be over a limit
@@ -63,7 +73,7 @@ class Deaths(Topology):
         if q.quorum:
             return q.blocked
         full = (length is not None and len(q.ready) + 1 > length) or (
-            size is not None and _ready_bytes(q) + len(msg.body) > size
+            size is not None and self._ready_bytes(q) + self._size(q, msg) > size
         )
         if full and q.arg("x-overflow") == "reject-publish-dlx":
             self._dead_letter(q, msg, "maxlen")
@@ -75,7 +85,7 @@ class Deaths(Topology):
         if q.quorum and q.arg("x-overflow") in REJECTING:
             length, size = _limit(q, "x-max-length"), _limit(q, "x-max-length-bytes")
             if (length is not None and len(q.ready) > length) or (
-                size is not None and _ready_bytes(q) > size
+                size is not None and self._ready_bytes(q) > size
             ):
                 q.blocked = True
 
@@ -87,7 +97,7 @@ class Deaths(Topology):
             return
         length, size = _limit(q, "x-max-length"), _limit(q, "x-max-length-bytes")
         if (length is None or len(q.ready) <= int(length * 0.8)) and (
-            size is None or _ready_bytes(q) <= int(size * 0.8)
+            size is None or self._ready_bytes(q) <= int(size * 0.8)
         ):
             q.blocked = False
 
@@ -99,12 +109,12 @@ class Deaths(Topology):
         length, size = _limit(q, "x-max-length"), _limit(q, "x-max-length-bytes")
         if length is None and size is None:
             return
-        total = _ready_bytes(q) if size is not None else 0
+        total = self._ready_bytes(q) if size is not None else 0
         while q.ready and (
             (length is not None and len(q.ready) > length) or (size is not None and total > size)
         ):
             _, head = q.ready.pop(0)
-            total -= len(head.body)
+            total -= self._size(q, head)
             self._dead_letter(q, head, "maxlen")
         self._relax(q)
 
@@ -187,7 +197,3 @@ class Deaths(Topology):
                     at = q.ready[0][1].expires_at
                     nxt = at if nxt is None else min(nxt, at)
             return nxt
-
-
-def _ready_bytes(q: Queue) -> int:
-    return sum(len(m.body) for _, m in q.ready)
