@@ -106,13 +106,38 @@ class Queue:
     turn: int = 0
     blocked: bool = False
     """A quorum reject-publish queue over its limit refuses publishes (rabbit_fifo)."""
+    policy: dict[str, Any] = field(default_factory=dict)
+    """The definition of the policy that applies to it (``set_policy``), e.g. max-length."""
+    policy_name: str | None = None
 
     def arg(self, name: str) -> Any:
-        return self.arguments.get(name)
+        """The argument `name` in effect: its own, or its policy's ("x-" dropped); with
+        both, the lower of two limits or TTLs, else its own (RabbitMQ's resolution)."""
+        own = self.arguments.get(name)
+        if not self.policy or not name.startswith("x-"):
+            return own
+        ruled = self.policy.get(name[2:])
+        if ruled is None:
+            return own
+        if own is None:
+            return ruled
+        if name in LOWER_WINS and _is_int(own) and _is_int(ruled):
+            return min(own, ruled)
+        return own
 
     @property
     def quorum(self) -> bool:
-        return bool(self.arg("x-queue-type") == "quorum")
+        return bool(self.arguments.get("x-queue-type") == "quorum")
+
+
+LOWER_WINS = frozenset(
+    {"x-max-length", "x-max-length-bytes", "x-message-ttl", "x-expires", "x-delivery-limit"}
+)
+"""Where a queue's argument and its policy both set a value, the lower one applies."""
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 @dataclass

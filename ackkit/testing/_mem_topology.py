@@ -10,7 +10,9 @@ headers exchanges.
 from __future__ import annotations
 
 import itertools
+import re
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 from ._mem_rules import Rules, rules_for
@@ -28,6 +30,15 @@ from ._mem_state import (
 )
 
 
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    pattern: re.Pattern[str]
+    definition: dict[str, Any]
+    apply_to: str
+    priority: int
+
+
 class Topology:
     """Queues, exchanges and bindings of one in-memory broker (one virtual host), under
     the `rules` of one RabbitMQ version (`_mem_rules`)."""
@@ -41,6 +52,7 @@ class Topology:
         for kind in ("direct", "fanout", "topic", "headers"):
             self.exchanges[f"amq.{kind}"] = Exchange(f"amq.{kind}", kind)
         self.channels: set[int] = set()
+        self.policies: dict[str, Policy] = {}
         self._seq = itertools.count(1)
         self._ctag = itertools.count(1)
         self.changed = threading.Condition(self.lock)
@@ -69,6 +81,7 @@ class Topology:
                 if not name:
                     name = f"amq.gen-{next(self._seq)}"
                 q = self.queues[name] = Queue(name, args, durable)
+                self._apply_policy(q)
                 return q
             key = inequivalent_arg(q.arguments, args)
             if key is not None:
@@ -79,6 +92,39 @@ class Topology:
                     f"{_shown(q.arguments, key)}",
                 )
             return q
+
+    # -- policies -------------------------------------------------------------------
+
+    def set_policy(
+        self, name: str, pattern: str, definition: dict[str, Any], apply_to: str, priority: int
+    ) -> None:
+        with self.lock:
+            self.policies[name] = Policy(name, re.compile(pattern), definition, apply_to, priority)
+            for q in self.queues.values():
+                self._apply_policy(q)
+            self.changed.notify_all()
+
+    def clear_policy(self, name: str) -> None:
+        with self.lock:
+            if self.policies.pop(name, None) is None:
+                raise ChannelError(NOT_FOUND, f"NOT_FOUND - no policy '{name}' in vhost '/'")
+            for q in self.queues.values():
+                self._apply_policy(q)
+            self.changed.notify_all()
+
+    def _apply_policy(self, q: Queue) -> None:
+        """The policy of `q`: of those whose pattern matches its name (and that apply to
+        its type), the one with the highest priority."""
+        best: Policy | None = None
+        for p in self.policies.values():
+            if not p.pattern.search(q.name):
+                continue
+            if p.apply_to == ("classic_queues" if q.quorum else "quorum_queues"):
+                continue
+            if best is None or p.priority > best.priority:
+                best = p
+        q.policy = dict(best.definition) if best else {}
+        q.policy_name = best.name if best else None
 
     def queue_delete(self, name: str) -> int:
         with self.lock:

@@ -12,6 +12,7 @@ connection functions, so a real node and the in-memory broker get the same calls
 
 from __future__ import annotations
 
+import contextlib
 import queue as queues
 import re
 import threading
@@ -285,6 +286,56 @@ def test_a_requeue_over_the_limit(broker: Broker, queue_factory: Any, overflow: 
     else:
         assert _bodies(broker, q) == [b"1", b"2", b"3"]
         assert _deaths(broker, dead) == []
+
+
+# -- policies ----------------------------------------------------------------------------------
+
+
+def test_a_policy_combines_with_the_queues_arguments(broker: Broker, queue_factory: Any) -> None:
+    """An operator's policy max-length 1 / overflow drop-head on a queue declared with
+    x-max-length 3 / x-overflow reject-publish: the lower limit applies (1) and the
+    queue's own overflow (reject-publish). Cleared, the queue's own limit is back."""
+    q = queue_factory()
+    _declare(broker, q, **{"x-max-length": 3, "x-overflow": "reject-publish"})
+    name = f"fidelity-{q}"
+    pattern = f"^{re.escape(q)}$"
+    broker.handle.set_policy(name, pattern, {"max-length": 1, "overflow": "drop-head"}, wait_for=q)
+    conn = broker.handle.connect()
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        assert broker.handle.policy_of(q) == name
+        assert _publish(ch, q, b"1", b"2") == [True, False]
+        broker.handle.clear_policy(name, wait_for=q)
+        assert _publish(ch, q, b"3", b"4", b"5") == [True, True, False]
+    finally:
+        conn.close()
+        with contextlib.suppress(Exception):
+            broker.handle.clear_policy(name)
+    assert _bodies(broker, q) == [b"1", b"3", b"4"]
+
+
+def test_a_policy_dead_letters_a_queue_that_has_no_dlx(broker: Broker, queue_factory: Any) -> None:
+    """A policy can give a queue its dead-letter exchange and a message TTL: the
+    message expires into the policy's dead-letter queue, reason expired."""
+    q, dead = queue_factory(), queue_factory("dead", declare=True)
+    _declare(broker, q)
+    name = f"fidelity-{q}"
+    definition = {"message-ttl": 50, "dead-letter-exchange": "", "dead-letter-routing-key": dead}
+    broker.handle.set_policy(name, f"^{re.escape(q)}$", definition, priority=5, wait_for=q)
+    try:
+        conn = broker.handle.connect()
+        try:
+            ch = conn.channel()
+            ch.confirm_delivery()
+            _publish(ch, q, b"late")
+        finally:
+            conn.close()
+        eventually(lambda: broker.counts(dead).ready == 1, timeout=5, what="dead-lettered")
+    finally:
+        broker.handle.clear_policy(name)
+    assert broker.counts(q).ready == 0
+    assert _deaths(broker, dead) == [(b"late", "expired")]
 
 
 # -- re-declaring ------------------------------------------------------------------------------

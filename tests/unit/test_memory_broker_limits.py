@@ -206,3 +206,39 @@ def test_inequivalent_arguments(
     current: dict[str, Any], received: dict[str, Any], named: str | None
 ) -> None:
     assert inequivalent_arg(current, received) == named
+
+
+def test_a_policy_applies_to_the_queues_its_pattern_matches(broker: InMemoryBroker) -> None:
+    declare(broker, "orders", **{"x-message-ttl": 1000})
+    declare(broker, "orders.dlq")
+    broker.set_policy("cap", r"^orders$", {"max-length": 2, "message-ttl": 5000})
+    broker.set_policy("tight", r"^orders", {"max-length": 1}, priority=-1)
+    assert broker.policy_of("orders") == "cap"  # the higher priority
+    assert broker.policy_of("orders.dlq") == "tight"
+    with broker.model.lock:
+        q = broker.model.queues["orders"]
+        assert q.arg("x-max-length") == 2
+        assert q.arg("x-message-ttl") == 1000  # the lower of argument and policy
+    declare(broker, "orders.new")  # declared later: the policy applies to it too
+    assert broker.policy_of("orders.new") == "tight"
+    broker.clear_policy("tight")
+    assert broker.policy_of("orders.dlq") is None
+    with pytest.raises(Exception, match="no policy 'tight'"):
+        broker.clear_policy("tight")
+
+
+@pytest.mark.parametrize(
+    ("kw", "error"),
+    [
+        ({"pattern": "("}, "no regular expression"),
+        ({"definition": {"x-max-length": 1}}, "a policy says 'max-length'"),
+        ({"definition": {}}, "empty definition"),
+        ({"apply_to": "exchanges"}, "apply_to must be one of"),
+    ],
+)
+def test_a_bad_policy_is_refused_at_once(
+    broker: InMemoryBroker, kw: dict[str, Any], error: str
+) -> None:
+    args: dict[str, Any] = {"pattern": ".*", "definition": {"max-length": 1}, **kw}
+    with pytest.raises(ValueError, match=error):
+        broker.set_policy("p", args.pop("pattern"), args.pop("definition"), **args)
