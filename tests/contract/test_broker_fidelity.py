@@ -582,6 +582,7 @@ class SelectClient:
         time.sleep(0.1)
         self.conn.ioloop.add_callback_threadsafe(self.conn.ioloop.stop)
         self.thread.join(10)
+        self.conn.ioloop.close()  # pika's loop: its wake-up socket pair
 
 
 @pytest.fixture(params=["pika", "aiormq"])
