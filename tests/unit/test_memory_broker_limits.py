@@ -242,3 +242,55 @@ def test_a_bad_policy_is_refused_at_once(
     args: dict[str, Any] = {"pattern": ".*", "definition": {"max-length": 1}, **kw}
     with pytest.raises(ValueError, match=error):
         broker.set_policy("p", args.pop("pattern"), args.pop("definition"), **args)
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.cancelled_tags: list[str] = []
+        self.closed_with: tuple[int, str] | None = None
+
+    def deliver(self, consumer_tag: str, tag: int, msg: Any, redelivered: bool) -> None:
+        pass
+
+    def closed(self, code: int, text: str) -> None:
+        self.closed_with = (code, text)
+
+    def cancelled(self, consumer_tag: str) -> None:
+        self.cancelled_tags.append(consumer_tag)
+
+
+@settings(max_examples=100)
+@given(st.lists(st.tuples(st.sampled_from(["consume", "cancel"]), st.booleans()), max_size=12))
+def test_exclusive_consumers_follow_rabbitmqs_rule(steps: list[tuple[str, bool]]) -> None:
+    """Any sequence of consumes (exclusive or not) and cancels, each on its own channel:
+    a consume is refused (403, its channel closed) exactly when the queue has an
+    exclusive consumer, or when it is exclusive and the queue has any consumer. Deleting
+    the queue then cancels every consumer it still has, once."""
+    from ackkit.testing._mem_state import ChannelError
+
+    with InMemoryBroker() as broker:
+        declare(broker, "q")
+        model = broker.model
+        live: list[tuple[Any, str, bool, _Sink]] = []
+        for i, (op, exclusive) in enumerate(steps):
+            if op == "cancel":
+                if live:
+                    ch, tag, _, _ = live.pop(0)
+                    model.cancel(ch, tag)
+                continue
+            sink = _Sink()
+            ch = model.open_channel(sink, "t")
+            refused = bool(live) and (exclusive or any(e for _, _, e, _ in live))
+            try:
+                tag = model.consume(ch, "q", False, f"c{i}", exclusive)
+            except ChannelError as exc:
+                assert refused
+                assert exc.code == 403 and "in exclusive use" in exc.text
+                assert sink.closed_with is not None and not ch.open
+                continue
+            assert not refused
+            live.append((ch, tag, exclusive, sink))
+            assert broker.counts("q").consumers == len(live)
+        broker.delete("q")
+        for ch, tag, _, sink in live:
+            assert sink.cancelled_tags == [tag] and ch.open and tag not in ch.consumers
