@@ -622,6 +622,7 @@ def test_an_exclusive_consumer_keeps_others_out(
     assert _refused(client, client.channel(), q, exclusive=False) == want
     assert _refused(client, client.channel(), q, exclusive=True) == want
     assert broker.counts(q).consumers == 1
+    assert broker.take_all(q) == []  # basic.get is no consume: not refused
 
     other = queue_factory(declare=True)
     client.consume(client.channel(), other)
