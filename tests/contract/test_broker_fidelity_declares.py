@@ -121,14 +121,19 @@ def test_a_two_queue_expiry_cycle_is_dropped(broker: Broker, queue_factory: Any)
     assert gone()
 
 
+@pytest.mark.parametrize("kind", ["classic", "quorum"])
 @pytest.mark.parametrize("ttl", ["expiration", "x-message-ttl"])
 def test_a_ttl_of_0_reaches_a_waiting_consumer(
-    runtime: Runtime, broker: Broker, queue_factory: Any, ttl: str
+    runtime: Runtime, broker: Broker, queue_factory: Any, ttl: str, kind: str
 ) -> None:
     """A message with TTL 0 is delivered when a consumer can take it at once; without a
     consumer it expires at once (dead-lettered)."""
     q, dead = queue_factory(), queue_factory("dead", declare=True)
-    args: dict[str, Any] = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead}
+    args: dict[str, Any] = {
+        "x-dead-letter-exchange": "",
+        "x-dead-letter-routing-key": dead,
+        "x-queue-type": kind,
+    }
     props: dict[str, Any] = {}
     if ttl == "x-message-ttl":
         args["x-message-ttl"] = 0
