@@ -16,18 +16,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._core.brokers import traits_of
+from .._core.consume import check_channels
+from .._core.errors import TopologyConflict
 from .._core.events import Observer
 from .._core.exchanges import plan
 from .._core.outcome import EXIT_SIGNALS
 from .._delivery import Delivery
-from .._io import ConnectFailed
+from .._io import ConnectFailed, FatalConnectError
 from .._logs import log_dropped_arguments, log_stop
 from .._observers import observing
 from .._publish import Outgoing, not_confirmed
 from .._settings import Settings
 from .._spec import Instrument, ListenerSpec
 from . import flowing
-from ._pika import declare_queues, parameters
+from ._pika import blocking_connection, declare_queues, parameters
 from .consumer import Consumer
 from .engine import Engine
 from .publisher import Publisher, Ticket
@@ -58,7 +60,7 @@ class Runtime(Engine):
         self.publisher = Publisher(self)
         self.stop_event = threading.Event()
         self.ready = threading.Event()
-        self._ready_count = 0
+        self._ready: set[str] = set()  # listeners that consume (or stand by) on this connection
         self._done = threading.Event()
         self._stop_lock = threading.Lock()
 
@@ -174,31 +176,68 @@ class Runtime(Engine):
         return parameters(s.url, heartbeat=s.heartbeat, name=s.connection_name, tls=s.tls)
 
     def declare(self, conn: Any) -> None:
+        negotiated = getattr(getattr(conn._impl, "params", None), "channel_max", 0) or 0
+        too_few = check_channels(len(self.consumers), negotiated, self.settings.safe_url)
+        if too_few is not None:
+            raise FatalConnectError(too_few)  # from start(): no retry makes channels
         broker = traits_of(conn._impl.server_properties)
         for c in self.consumers:
             with c.lock:
                 c.core.use_broker(broker)  # before anything of this connection is decided
             c.core.check_broker()  # TopologyConflict: fatal, from start()
-        own = [q for c in self.consumers for q in c.core.topology()]
+        self._declare_for(conn, self.consumers)
+
+    def _declare_for(self, conn: Any, consumers: Sequence[Consumer]) -> None:
+        own = [q for c in consumers for q in c.core.topology()]
         user = []
-        for c in self.consumers:
+        for c in consumers:
             if c.spec.declare:
                 args, dropped = c.core.queue_arguments(c.spec.queue_arguments)
                 log_dropped_arguments(log, c.spec.queue, dropped)
                 user.append((c.spec.queue, args))
-        existing = [c.spec.queue for c in self.consumers if not c.spec.declare]
+        existing = [c.spec.queue for c in consumers if not c.spec.declare]
+        exchanges = self.exchanges
+        if len(consumers) < len(self.consumers):
+            exchanges = plan((c.spec.queue, c.spec.binds) for c in consumers)
         # TopologyConflict: fatal, from start()
-        declare_queues(conn, own, user, existing, self.exchanges)
+        declare_queues(conn, own, user, existing, exchanges)
+
+    def redeclare(self, c: Consumer) -> None:
+        """I/O thread: listener `c`'s queue was deleted and the core asks for it again:
+        its queue, dead-letter and delay queues and bindings are declared on a short
+        blocking connection (a thread of its own: the I/O loop goes on), then `c`
+        consumes on a new channel. A refused declare stops the app."""
+        conn = self.connection
+
+        def work() -> None:
+            try:
+                blocking = blocking_connection(self.parameters())
+                try:
+                    self._declare_for(blocking, [c])
+                finally:
+                    if blocking.is_open:
+                        blocking.close()
+            except TopologyConflict as exc:
+                self.fail(exc, f"{c.spec.name}: declaring its deleted queue again failed")
+                return
+            except Exception as exc:  # the next consume is refused again: the core counts
+                log.warning(
+                    "%s: declaring queue %r again failed: %s", c.spec.name, c.spec.queue, exc
+                )
+            self.call_soon(lambda: c._reopen(conn))
+
+        threading.Thread(target=work, name=f"ackkit-declare-{c.spec.name}", daemon=True).start()
 
     def opened(self, conn: Any) -> None:
-        self._ready_count = 0
+        self._ready.clear()
         self.publisher.open(conn)
         for c in self.consumers:
             c.open(conn)
 
     def consumer_ready(self, c: Consumer) -> None:
-        self._ready_count += 1
-        if self._ready_count >= len(self.consumers):
+        """`c` consumes (the broker answered its basic.consume), stands by, or is paused."""
+        self._ready.add(c.spec.name)
+        if len(self._ready) >= len(self.consumers):
             self.ready.set()
 
     def channels_lost(self, reason: BaseException) -> None:
