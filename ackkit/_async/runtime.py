@@ -21,12 +21,14 @@ import logging
 import time
 from collections.abc import Coroutine, Sequence
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import aio_pika
 from aiormq.abc import AbstractConnection
 from tenacity import AsyncRetrying, retry_if_exception_type
 
 from .._core.brokers import traits_of
+from .._core.consume import check_channels
 from .._core.errors import TopologyConflict
 from .._core.events import Observer
 from .._core.exchanges import plan
@@ -172,22 +174,17 @@ class AsyncRuntime:
         conn, amqp = await open_connection(
             s.url, heartbeat=s.heartbeat, name=s.connection_name, timeout=10.0, tls=s.tls
         )
-        self.connection, self.amqp, self.numbers = conn, amqp, ChannelNumbers()
+        self.connection, self.amqp, self.numbers = conn, amqp, ChannelNumbers.of(amqp)
         broker = traits_of(amqp.server_properties)
         try:
             try:
+                too_few = check_channels(len(self.consumers), self._channel_max(amqp), s.safe_url)
+                if too_few is not None:
+                    raise FatalConnectError(too_few)  # from start(): no retry makes channels
                 for c in self.consumers:
                     c.core.use_broker(broker)  # before anything of this connection is decided
                     c.core.check_broker()  # TopologyConflict: fatal, from start()
-                own = [q for c in self.consumers for q in c.core.topology()]
-                user = []
-                for c in self.consumers:
-                    if c.spec.declare:
-                        args, dropped = c.core.queue_arguments(c.spec.queue_arguments)
-                        log_dropped_arguments(log, c.spec.queue, dropped)
-                        user.append((c.spec.queue, args))
-                existing = [c.spec.queue for c in self.consumers if not c.spec.declare]
-                await declare_queues(amqp, self.numbers, own, user, existing, self.exchanges)
+                await self.declare_for(amqp, self.consumers)
                 for c in self.consumers:
                     await c.open(amqp, self.numbers)
             except (TimeoutError, *CHANNEL_GONE) as exc:
@@ -209,6 +206,34 @@ class AsyncRuntime:
                 s.safe_url,
                 mask_text(reason),
             )
+
+    def _channel_max(self, amqp: AbstractConnection) -> int:
+        """The channels this connection may have: the broker's channel_max, or the URL's
+        ?channel_max= when lower (aiormq does not send it; ackkit keeps to it)."""
+        tune = getattr(amqp, "connection_tune", None)
+        limit = getattr(tune, "channel_max", 0) or 65535
+        asked = parse_qs(urlsplit(self.settings.url).query).get("channel_max")
+        if asked and asked[0].isdigit() and int(asked[0]) > 0:
+            limit = min(limit, int(asked[0]))
+        return limit
+
+    async def declare_for(
+        self, amqp: AbstractConnection, consumers: Sequence[AsyncConsumer]
+    ) -> None:
+        """Declare (or check) the queues, exchanges and bindings of `consumers`: all of
+        them when a connection opens; one whose queue was deleted, later."""
+        own = [q for c in consumers for q in c.core.topology()]
+        user = []
+        for c in consumers:
+            if c.spec.declare:
+                args, dropped = c.core.queue_arguments(c.spec.queue_arguments)
+                log_dropped_arguments(log, c.spec.queue, dropped)
+                user.append((c.spec.queue, args))
+        existing = [c.spec.queue for c in consumers if not c.spec.declare]
+        exchanges = self.exchanges
+        if len(consumers) < len(self.consumers):
+            exchanges = plan((c.spec.queue, c.spec.binds) for c in consumers)
+        await declare_queues(amqp, self.numbers, own, user, existing, exchanges)
 
     async def _tick_forever(self) -> None:
         while True:
