@@ -241,12 +241,12 @@ class AsyncConsumer(ChannelSettler):
             if self.channel is None:
                 self.rt.spawn(self.reopen_later(conn))
 
-    async def cancel(self) -> None:
+    async def cancel(self, timeout: float = CANCEL_TIMEOUT) -> None:
         ch, tag = self.channel, self.consumer_tag
         if ch is None or ch.is_closed or tag is None:
             return
         with contextlib.suppress(*CHANNEL_GONE, TimeoutError):
-            await ch.basic_cancel(tag, timeout=CANCEL_TIMEOUT)
+            await ch.basic_cancel(tag, timeout=timeout)
         self.consumer_tag = None
 
     # -- deliveries ----------------------------------------------------------------

@@ -33,6 +33,7 @@ from .._core.errors import TopologyConflict
 from .._core.events import Observer
 from .._core.exchanges import plan
 from .._core.outcome import EXIT_SIGNALS
+from .._core.stop_budget import CONFIRM_WAIT, StopBudget
 from .._io import TICK, ConnectFailed, FatalConnectError, reconnect_logger, reconnect_wait
 from .._logs import log_dropped_arguments, log_stop
 from .._observers import observing
@@ -45,7 +46,7 @@ from .consumer import CANCEL_TIMEOUT, AsyncConsumer
 from .publisher import AsyncPublisher
 
 log = logging.getLogger("ackkit")
-CONFIRM_TIMEOUT = 5.0
+CONFIRM_TIMEOUT = CONFIRM_WAIT
 
 
 class AsyncRuntime:
@@ -255,6 +256,7 @@ class AsyncRuntime:
     async def _stop(self, timeout: float | None) -> None:
         """The stop sequence: each step carries out what the listeners' cores decide."""
         timeout = self.settings.shutdown_timeout if timeout is None else timeout
+        budget = StopBudget(timeout)  # every wait below comes out of it
         self.stopping = True
         amqp = self.amqp
         serving = self._serving and amqp is not None and not amqp.is_closed
@@ -263,23 +265,23 @@ class AsyncRuntime:
         self._stop_requested.set()  # cuts in-process retry waits short
         if serving:
             for c in self.consumers:
-                await c.cancel()
+                await c.cancel(budget.cancel())
             await asyncio.sleep(0)  # callbacks of deliveries that arrived before CancelOk
             for c in self.consumers:
                 await c.release_unstarted()
-            await self._finish_handlers(timeout)
+            await self._finish_handlers(budget.handlers(), timeout)
             for c in self.consumers:
                 await c.release_unstarted()
-            await self._settle(time.monotonic() + CONFIRM_TIMEOUT)
+            await self._settle(time.monotonic() + budget.confirms())
         else:
             await self._finish_handlers(0)
         for task in (self._ticker, *self._background):
             if task is not None:
                 task.cancel()
         conn = self.connection
-        if conn is not None:
+        if conn is not None:  # a broker that blocks the connection may never answer close
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(conn.close(), 10.0)
+                await asyncio.wait_for(conn.close(), budget.close)
         if self._main is not None and not self._main.done():
             self._main.cancel()
             with contextlib.suppress(BaseException):
@@ -299,7 +301,7 @@ class AsyncRuntime:
                 return
             await asyncio.sleep(0.02)
 
-    async def _finish_handlers(self, timeout: float) -> None:
+    async def _finish_handlers(self, timeout: float, told: float | None = None) -> None:
         deadline = time.monotonic() + timeout
         while any(c.running for c in self.consumers) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
@@ -313,7 +315,7 @@ class AsyncRuntime:
                     "their deliveries are requeued",
                     c.spec.name,
                     c.running,
-                    timeout,
+                    timeout if told is None else told,
                 )
         for t in late:
             t.cancel()

@@ -236,6 +236,23 @@ class _QuietProbes(logging.Filter):
 logging.getLogger("pika.channel").addFilter(_QuietProbes())
 
 
+def drop(conn: Any) -> None:
+    """End a (select) connection that did not answer its close: the stream is cut, the
+    connection's close callbacks run (the broker requeues what was not acked)."""
+    if getattr(conn, "is_closed", True) or not hasattr(conn, "_terminate_stream"):
+        return
+    logging.getLogger("ackkit").warning(
+        "ackkit: the broker did not answer the connection close (is it blocking "
+        "publishers? a memory or disk alarm); dropped the connection"
+    )
+    try:
+        conn._terminate_stream(
+            pika.exceptions.ConnectionClosedByClient(200, "dropped: no close-ok in time")
+        )
+    except Exception:  # it is going either way
+        logging.getLogger("ackkit").debug("dropping the connection", exc_info=True)
+
+
 def quiet_refusals(ch: Any, on: bool) -> None:
     """While `on`, pika's warning about a refused basic.consume on the (select connection)
     channel `ch` is left out of the log; ackkit logs its own line."""

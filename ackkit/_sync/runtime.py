@@ -21,6 +21,7 @@ from .._core.errors import TopologyConflict
 from .._core.events import Observer
 from .._core.exchanges import plan
 from .._core.outcome import EXIT_SIGNALS
+from .._core.stop_budget import CONFIRM_WAIT, StopBudget
 from .._delivery import Delivery
 from .._io import ConnectFailed, FatalConnectError
 from .._logs import log_dropped_arguments, log_stop
@@ -29,14 +30,14 @@ from .._publish import Outgoing, not_confirmed
 from .._settings import Settings
 from .._spec import Instrument, ListenerSpec
 from . import flowing
-from ._pika import blocking_connection, declare_queues, parameters
+from ._pika import blocking_connection, declare_queues, drop, parameters
 from .consumer import Consumer
 from .engine import Engine
 from .publisher import Publisher, Ticket
 
 log = logging.getLogger("ackkit")
-CONFIRM_TIMEOUT = 5.0
-"""Seconds a stopping app waits for the broker to confirm the copies it published."""
+CONFIRM_TIMEOUT = CONFIRM_WAIT
+"""Most seconds a stopping app waits for the broker to confirm the copies it published."""
 
 
 class Runtime(Engine):
@@ -124,6 +125,7 @@ class Runtime(Engine):
         if self.stopping and self._done.is_set():
             return
         timeout = self.settings.shutdown_timeout if timeout is None else timeout
+        budget = StopBudget(timeout)  # every wait below comes out of it
         self.request_stop()
         conn = self.connection
         live = conn is not None and conn.is_open
@@ -137,19 +139,22 @@ class Runtime(Engine):
         self.stop_event.set()  # cuts in-process retry waits short
         if live:
             for c in self.consumers:
-                c.cancelled.wait(5.0)
-        self._join_workers(timeout)  # workers hand what is left in their inbox to the core
+                c.cancelled.wait(budget.cancel())
+        # workers hand what is left in their inbox to the core
+        self._join_workers(budget.handlers(), timeout)
         if live:
             settled = threading.Event()
-            self.call_soon(lambda: self._settle(settled, time.monotonic() + CONFIRM_TIMEOUT))
-            settled.wait(CONFIRM_TIMEOUT + 5.0)
+            wait = budget.confirms()
+            close = budget.close
+            self.call_soon(lambda: self._settle(settled, time.monotonic() + wait, close))
+            settled.wait(wait + close + 1.0)
         self._done.set()
         if self._thread is not None:
-            self._thread.join(10.0)
+            self._thread.join(budget.close + 1.0)
         if self.events is not None:
             self.events.close()  # every event emitted so far heard by the observers
 
-    def _join_workers(self, timeout: float) -> None:
+    def _join_workers(self, timeout: float, told: float | None = None) -> None:
         for c in self.consumers:
             for _ in c.workers:
                 c.inbox.put(None)
@@ -166,7 +171,7 @@ class Runtime(Engine):
                     "requeued by the broker when the channel closes",
                     c.spec.name,
                     min(alive, c.in_handler),
-                    timeout,
+                    timeout if told is None else told,
                 )
 
     # -- I/O thread: the engine's hooks ---------------------------------------------
@@ -269,7 +274,7 @@ class Runtime(Engine):
             else:
                 c.cancelled.set()
 
-    def _settle(self, settled: threading.Event, deadline: float) -> None:
+    def _settle(self, settled: threading.Event, deadline: float, close: float) -> None:
         """I/O thread, last step: deliveries still queued (workers gone) go back to the
         core, pending acks out, until every core is quiescent (copies confirmed) or the
         deadline; then the connection closes."""
@@ -290,8 +295,10 @@ class Runtime(Engine):
         conn = self.connection
         quiet = all(c.core.quiescent for c in self.consumers)
         if not quiet and time.monotonic() < deadline and conn.is_open:
-            conn.ioloop.call_later(0.02, lambda: self._settle(settled, deadline))
+            conn.ioloop.call_later(0.02, lambda: self._settle(settled, deadline, close))
             return
         if conn.is_open:
             conn.close()
+            # a broker that blocks the connection (an alarm) may never answer close-ok
+            conn.ioloop.call_later(close, lambda: drop(conn))
         settled.set()
