@@ -20,9 +20,11 @@ from typing import Any
 
 import pika
 import pytest
+from prometheus_client import CollectorRegistry
 
 from ackkit import ConsumeRefused, Delivery, FlowState
 from ackkit._io import FatalConnectError
+from ackkit.metrics import PrometheusMetrics
 from tests.adversarial.test_handlers import run_until
 from tests.contract.conftest import IO, Broker, Runtime, eventually
 
@@ -214,13 +216,18 @@ def test_an_exclusive_consumer_of_another_client_makes_a_standby(
     other.channel().basic_consume(q, lambda *a: None, exclusive=True)
     app = runtime.app()
     runtime.listen(app, q, seen.behaviour(), dict)
+    registry = CollectorRegistry()
+    PrometheusMetrics(app, registry=registry)
     with runtime.running(app):
         (state,) = app.flow_state().values()  # type: ignore[attr-defined]
         assert state is FlowState.STANDBY
+        labels = {"listener": app.specs[0].name, "queue": q}  # type: ignore[attr-defined]
+        assert registry.get_sample_value("ackkit_flow_state", {**labels, "state": "standby"}) == 1
         broker.publish(q, bodies(10))
         other.close()  # its unacked deliveries go back; the standby takes over
         eventually(lambda: len(seen.ids) == 10, what="the standby took over", timeout=20)
         broker.wait_for(q, ready=0, unacked=0, consumers=1)
+        assert registry.get_sample_value("ackkit_flow_state", {**labels, "state": "standby"}) == 0
     assert sorted(seen.ids) == list(range(10))
 
 
