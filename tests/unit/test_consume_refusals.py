@@ -1,4 +1,5 @@
-"""What a refused consumer comes to (`ackkit._core.consume`), without a broker."""
+"""What a refused consumer comes to (`ackkit._core.consume`), and how long a stop may
+wait (`ackkit._core.stop_budget`), without a broker."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ackkit._core.consume import (
 )
 from ackkit._core.flow import NO_FLOW
 from ackkit._core.gate import Flow
+from ackkit._core.stop_budget import MAX_OVERRUN, StopBudget
 
 EXCLUSIVE = "ACCESS_REFUSED - queue 'q' in vhost '/' in exclusive use"
 NO_READ = "ACCESS_REFUSED - access to queue 'q' in vhost '/' refused for user 'u'"
@@ -121,3 +123,25 @@ def test_channel_check_names_the_numbers(listeners: int, channel_max: int) -> No
     assert (why is None) == (listeners + 1 <= limit)
     if why is not None:
         assert f"needs {listeners + 1} channels" in why and f"channel_max={limit}" in why
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.floats(0, 120),
+    st.lists(st.floats(0, 60), min_size=3, max_size=3),
+)
+def test_a_stops_waits_add_up_to_at_most_the_timeout_plus_the_overrun(
+    timeout: float, spent: list[float]
+) -> None:
+    """Whatever each step really takes (up to what it was given), the waits of one stop
+    sum to at most shutdown_timeout + MAX_OVERRUN; handlers get the whole timeout when
+    the cancel is answered at once."""
+    now = [0.0]
+    budget = StopBudget(timeout, clock=lambda: now[0])
+    assert budget.handlers() == timeout
+    for step, took in zip((budget.cancel, budget.handlers, budget.confirms), spent, strict=True):
+        given_ = step()
+        assert given_ >= 0
+        now[0] += min(took, given_)
+    now[0] += budget.close
+    assert now[0] <= timeout + MAX_OVERRUN + 1e-9
