@@ -11,13 +11,19 @@ broker: queue counts and the dead-letter queue's contents.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import ackkit
 from ackkit import AsyncPullConnection, Delivery, PublishNotConfirmed, PullConnection
 from ackkit._core.stop_budget import MAX_OVERRUN
 from tests.contract.conftest import IO, Broker, Runtime, eventually
@@ -130,3 +136,62 @@ def test_no_original_is_acked_before_its_copy_is_confirmed_and_stop_is_bounded(
     ids = {json.loads(m.body)["id"] for m in broker.take_all(f"{q}.dlq")}
     assert ids == set(range(10))
     assert took < 5 + MAX_OVERRUN + 0.5, took  # shutdown_timeout + the stop budget's overrun
+
+
+SERVICE = """
+import os
+from ackkit import App, AsyncApp, Delivery
+
+KIND, URL, QUEUE = os.environ["T_KIND"], os.environ["T_URL"], os.environ["T_QUEUE"]
+app = (App if KIND == "sync" else AsyncApp)(URL, shutdown_timeout=5)
+
+if KIND == "sync":
+    @app.listener(QUEUE, prefetch=10)
+    def fail(d: Delivery) -> None:
+        raise ValueError("boom")
+else:
+    @app.listener(QUEUE, prefetch=10)
+    async def fail(d: Delivery) -> None:
+        raise ValueError("boom")
+"""
+
+
+def test_sigterm_under_an_alarm_stops_in_bounded_time_and_acks_nothing_uncopied(
+    runtime: Runtime, broker: Broker, queue_factory: Any, alarm: Alarm, tmp_path: Path
+) -> None:
+    """`ackkit run` under SIGTERM while the broker blocks the app's dead-letter copies."""
+    q = queue_factory(declare=True)
+    broker.publish(q, bodies(10))
+    (tmp_path / "svc.py").write_text(SERVICE)
+    env = {
+        **os.environ,
+        "T_KIND": runtime.kind,
+        "T_URL": broker.handle.url,
+        "T_QUEUE": q,
+        "PYTHONPATH": str(Path(ackkit.__file__).parent.parent),
+    }
+    with alarm():
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ackkit.cli", "run", "svc:app"],
+            cwd=tmp_path,
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            broker.wait_for(q, consumers=1, timeout=60)
+            eventually(lambda: broker.counts(q).unacked > 0, timeout=30)
+            time.sleep(2)
+            assert broker.counts(q).total == 10  # every original is still the broker's
+            t = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            _out, err = proc.communicate(timeout=60)
+            took = time.monotonic() - t
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        print(f"SIGTERM under the alarm: exited after {took:.2f} s ({runtime.kind})")
+        assert took < 5 + MAX_OVERRUN + 1.5, (took, err[-2000:])  # + interpreter exit
+        assert broker.counts(q).total == 10
+        assert broker.counts(f"{q}.dlq").total == 0
