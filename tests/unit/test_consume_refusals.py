@@ -145,3 +145,25 @@ def test_a_stops_waits_add_up_to_at_most_the_timeout_plus_the_overrun(
         now[0] += min(took, given_)
     now[0] += budget.close
     assert now[0] <= timeout + MAX_OVERRUN + 1e-9
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 40), st.sets(st.integers(1, 40), max_size=39), st.integers(1, 200))
+def test_channel_numbers_stay_within_channel_max_and_skip_open_channels(
+    limit: int, in_use: set[int], takes: int
+) -> None:
+    """AsyncApp's channel numbers: a standby opens a channel every few seconds for as long
+    as it waits, so the numbers wrap at the connection's channel_max instead of running
+    past it, never hand out an open channel's number, and do not come back to a number
+    before every other free one was used."""
+    from ackkit._async._amqp import ChannelNumbers
+
+    free = [n for n in range(1, limit + 1) if n not in in_use]
+    if not free:
+        return
+    numbers = ChannelNumbers(limit, in_use)
+    got = [numbers.take() for _ in range(takes)]
+    assert all(1 <= n <= limit and n not in in_use for n in got)
+    for i in range(len(got) - len(free) + 1):
+        window = got[i : i + len(free)]
+        assert len(set(window)) == len(window)
