@@ -151,20 +151,24 @@ class Consuming:
         return ConsumeStep(ConsumeMove.FAIL, error=ConsumeRefused(why))
 
 
-def channels_needed(listeners: int) -> int:
-    """Channels one app keeps open on its connection: one per listener, one publisher."""
-    return listeners + 1
+def channels_needed(listeners: int, per_listener: int = 1) -> int:
+    """Channels one app keeps open on its connection: `per_listener` per listener (its
+    consumer's; and its own copies' channel where a runtime gives it one), one publisher."""
+    return listeners * per_listener + 1
 
 
-def check_channels(listeners: int, channel_max: int, where: str) -> str | None:
+def check_channels(
+    listeners: int, channel_max: int, where: str, per_listener: int = 1
+) -> str | None:
     """Why the connection cannot carry the app (a negotiated `channel_max` below what it
     needs), or None. `channel_max` 0 means the broker sets no limit (65535)."""
-    need = channels_needed(listeners)
+    need = channels_needed(listeners, per_listener)
     limit = channel_max or 65535
     if need <= limit:
         return None
+    each = "one channel each" if per_listener == 1 else f"{per_listener} channels each"
     return (
-        f"the app needs {need} channels ({listeners} listeners, one channel each, and one "
+        f"the app needs {need} channels ({listeners} listeners, {each}, and one "
         f"for publishing) but the connection to {where} allows channel_max={limit}: raise "
         "channel_max (the URL's ?channel_max= and the broker's channel_max setting) or "
         "split the listeners over more apps"
