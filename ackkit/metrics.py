@@ -12,7 +12,8 @@ Per listener (labels `listener`, `queue`):
   `ackkit_retried_total`, `ackkit_dead_lettered_total`, `ackkit_stale_dropped_total`,
   `ackkit_unsettled_total`, `ackkit_returned_total`, and of flow control:
   `ackkit_paused_total`, `ackkit_tripped_total`, `ackkit_throttled_total`;
-- `ackkit_flow_state{state="consuming|paused|tripped|probing"}`: 1 for the current state;
+- `ackkit_flow_state{state="consuming|paused|tripped|probing|standby"}`: 1 for the current
+  state (standby: another consumer holds the queue exclusively);
 - `ackkit_ack_batch_size`: histogram of deliveries settled by one basic.ack frame;
 - `ackkit_in_flight` (delivered, not settled yet), `ackkit_pending_acks` (settled, the
   ack frame not sent yet), `ackkit_republishing` (retry / dead-letter copies waiting
@@ -208,7 +209,7 @@ class _ListenerCollector(Collector):
         fams.append(
             GaugeMetricFamily(
                 "ackkit_flow_state",
-                "1 for the listener's flow state (consuming, paused, tripped, probing).",
+                "1 for the listener's flow state (consuming, paused, tripped, probing, standby).",
                 labels=[*LABELS, "state"],
             )
         )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import ssl
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from typing import Any
 
 import aio_pika
@@ -102,22 +102,35 @@ async def open_connection(
 
 
 class ChannelNumbers:
-    """Channel numbers that are never reused on one connection.
+    """Channel numbers that are not reused soon on one connection.
 
     A frame queued for a channel that has just closed must never reach a new
     channel that got the same number: a stale delivery tag there closes the new
-    channel with PRECONDITION_FAILED.
+    channel with PRECONDITION_FAILED. Numbers go up to the connection's channel_max
+    (`limit`), then start again at 1, skipping those still open (`in_use`): a standby
+    listener opens a channel every few seconds, for as long as it waits.
     """
 
-    __slots__ = ("_next",)
+    __slots__ = ("_in_use", "_limit", "_next")
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = 65535, in_use: Container[int] = ()) -> None:
         self._next = 1
+        self._limit = max(1, min(limit or 65535, 65535))
+        self._in_use = in_use
+
+    @classmethod
+    def of(cls, conn: AbstractConnection) -> ChannelNumbers:
+        """Numbers for `conn`: up to its negotiated channel_max, skipping its open channels."""
+        tune = getattr(conn, "connection_tune", None)
+        return cls(getattr(tune, "channel_max", 0) or 65535, getattr(conn, "channels", {}))
 
     def take(self) -> int:
-        n = self._next
-        self._next = n + 1 if n < 65535 else 1
-        return n
+        for _ in range(self._limit):
+            n = self._next
+            self._next = n + 1 if n < self._limit else 1
+            if n not in self._in_use:
+                return n
+        raise ConnectionError(f"every channel number up to channel_max={self._limit} is open")
 
 
 _PAMQP_NAMES = {"message_type": "type"}

@@ -44,6 +44,7 @@ import aiormq.exceptions
 from aiormq.abc import AbstractChannel, AbstractConnection, DeliveredMessage
 
 from .._core.actions import Action, TxSelect
+from .._core.consume import RETRY_DELAY, Consuming
 from .._core.events import Observer
 from .._core.listener import ListenerCore
 from .._core.policy import AckMode
@@ -54,7 +55,7 @@ from .._publish import Outgoing
 from .._spec import Instrument, ListenerSpec, probe_for
 from .._wire import describe
 from . import _frames as frames
-from . import flowing, handlers
+from . import flowing, handlers, refusals
 from ._amqp import CHANNEL_GONE, ChannelNumbers
 from .batching import Batcher
 from .delivery import AsyncDelivery
@@ -62,7 +63,7 @@ from .settling import ChannelSettler, SettlerHost
 
 log = logging.getLogger("ackkit")
 CANCEL_TIMEOUT = 5.0
-CHANNEL_REOPEN_DELAY = 1.0
+CHANNEL_REOPEN_DELAY = RETRY_DELAY
 
 Unit = Delivery | list[Delivery]
 """What one handler invocation gets: a delivery, or a batch of them."""
@@ -82,6 +83,9 @@ class ConsumerHost(SettlerHost, Protocol):
     def fail(self, exc: BaseException, what: str) -> None: ...
     async def pause(self, delay: float) -> bool: ...
     async def publish(self, msg: Outgoing) -> None: ...
+    async def declare_for(
+        self, conn: AbstractConnection, consumers: Sequence[AsyncConsumer]
+    ) -> None: ...
 
 
 class AsyncConsumer(ChannelSettler):
@@ -118,6 +122,11 @@ class AsyncConsumer(ChannelSettler):
         self.pool: ThreadPoolExecutor | None = None
         self._opening = False
         self.consuming = False  # a basic.consume is on its way
+        # what a refused or cancelled consumer comes to (the core's `Consuming`)
+        self.consume_state = Consuming(
+            self.core.flow, spec.name, spec.queue, declare=spec.declare, exclusive=spec.exclusive
+        )
+        self.refused_on: AbstractChannel | None = None  # the channel whose consume was refused
         self._reasons: frames.Reasons | None = None  # of the channel's connection
         self.failures = FailureLog(log)
         # metrics, tracing: None when off
@@ -162,20 +171,29 @@ class AsyncConsumer(ChannelSettler):
                 exclusive=spec.exclusive,
                 arguments=spec.consumer_arguments or None,
             )
+        except aiormq.exceptions.ChannelClosed as exc:  # refused: the core decides
+            self.consuming = False
+            refusals.refused(self, ch, exc)
+            return
         finally:
             self.consuming = False
         self.consumer_tag = ok.consumer_tag
+        refusals.consume_ok(self)
 
     def _on_channel_closed(self, ch: AbstractChannel, fut: asyncio.Future[Any]) -> None:
         reason = None if fut.cancelled() else fut.exception()
         if ch is not self.channel:
             return
+        if self.consuming:  # closed before the broker answered basic.consume: refused
+            refusals.refused(self, ch, reason)
+            return
         self.lost(reason)
         conn = self.rt.amqp
         if not self.rt.stopping and conn is not None and not conn.is_closed:
-            if isinstance(reason, aiormq.exceptions.ChannelClosed):
+            # (None, None): closed by ackkit itself (after a broker's cancel), no error
+            if reason is not None and refusals.refusal(reason)[0] not in (None, 200):
                 log.error("%s: channel closed by the broker: %s", self.spec.name, short(reason))
-            self.rt.spawn(self._reopen_later(conn))
+            self.rt.spawn(self.reopen_later(conn))
 
     def _on_cancelled(self, ch: AbstractChannel, frame: Any) -> None:
         """basic.cancel from the broker (RabbitMQ 4.3's consumer timeout, a deleted
@@ -210,8 +228,10 @@ class AsyncConsumer(ChannelSettler):
                 lost,
             )
 
-    async def _reopen_later(self, conn: AbstractConnection) -> None:
-        await asyncio.sleep(CHANNEL_REOPEN_DELAY)
+    async def reopen_later(
+        self, conn: AbstractConnection, delay: float = CHANNEL_REOPEN_DELAY
+    ) -> None:
+        await asyncio.sleep(delay)
         if self.rt.stopping or self.rt.amqp is not conn or conn.is_closed:
             return
         try:
@@ -219,14 +239,14 @@ class AsyncConsumer(ChannelSettler):
         except (TimeoutError, *CHANNEL_GONE) as exc:
             log.warning("%s: reopening the channel failed: %s", self.spec.name, short(exc))
             if self.channel is None:
-                self.rt.spawn(self._reopen_later(conn))
+                self.rt.spawn(self.reopen_later(conn))
 
-    async def cancel(self) -> None:
+    async def cancel(self, timeout: float = CANCEL_TIMEOUT) -> None:
         ch, tag = self.channel, self.consumer_tag
         if ch is None or ch.is_closed or tag is None:
             return
         with contextlib.suppress(*CHANNEL_GONE, TimeoutError):
-            await ch.basic_cancel(tag, timeout=CANCEL_TIMEOUT)
+            await ch.basic_cancel(tag, timeout=timeout)
         self.consumer_tag = None
 
     # -- deliveries ----------------------------------------------------------------

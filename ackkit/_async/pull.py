@@ -21,7 +21,7 @@ from .._core.errors import SettleNotAllowed
 from .._core.listener import ListenerCore
 from .._core.policy import DLQ_DEFAULT, AckMode, FlushPolicy, ListenerPolicy
 from .._delivery import Delivery
-from .._publish import Outgoing, failure, outgoing
+from .._publish import Outgoing, failure, not_confirmed, outgoing
 from .._tls import TLS, client_tls
 from .._url import check_url, mask_url
 from . import _frames as frames
@@ -76,6 +76,7 @@ class AsyncPullConnection:
         self._lock = asyncio.Lock()
         self._closed = False
         self._inner: set[asyncio.Future[Any]] = set()
+        self._stuck = False  # a publish got no answer: close() does not wait for one
 
     def __repr__(self) -> str:
         return f"<AsyncPullConnection {mask_url(self.url)}>"
@@ -303,15 +304,27 @@ class AsyncPullConnection:
         async with self._lock:
             self._check_open("publish()")
             ch = await self._channel()
-            confirmed, returned = await confirmed_publish(
-                ch,
-                msg.body,
-                msg.exchange,
-                msg.routing_key,
-                WireProperties(msg.properties),
-                mandatory=msg.mandatory,
-                timeout=msg.timeout,
-            )
+            try:
+                confirmed, returned = await confirmed_publish(
+                    ch,
+                    msg.body,
+                    msg.exchange,
+                    msg.routing_key,
+                    WireProperties(msg.properties),
+                    mandatory=msg.mandatory,
+                    timeout=msg.timeout,
+                )
+            except TimeoutError:
+                # No answer: a broker that blocks publishers (a memory or disk alarm)
+                # reads nothing more from this connection; close() does not wait for it.
+                self._stuck = True
+                raise not_confirmed(
+                    msg,
+                    f"no confirm within {msg.timeout:g} s (is the broker blocking "
+                    "publishers? a memory or disk alarm)",
+                ) from None
+            except CHANNEL_GONE as exc:
+                raise not_confirmed(msg, f"the channel closed first: {exc!r:.300}") from None
         error = failure(msg, confirmed=confirmed, returned=returned)
         if error is not None:
             raise error
@@ -346,13 +359,24 @@ class AsyncPullConnection:
                     core.channel_closed()
             conn, ch = self._conn, self._ch
             self._conn, self._amqp, self._ch = None, None, None
+            if self._stuck:  # a round trip would wait for an answer that does not come
+                log.warning(
+                    "closing the pull connection without waiting: a publish got no answer "
+                    "(is the broker blocking publishers?); unsettled deliveries go back"
+                )
+                ch = None
             try:
                 if ch is not None and not ch.is_closed:
-                    await asyncio.wait_for(ch.close(), CLOSE_TIMEOUT)
+                    left = max(deadline - time.monotonic(), 0.5)
+                    await asyncio.wait_for(ch.close(), left)
             except (TimeoutError, *CHANNEL_GONE) as exc:
                 log.warning("closing the pull channel: %r", exc)
             if conn is not None and not conn.is_closed:
-                await conn.close()
+                left = max(deadline - time.monotonic(), 1.0)
+                try:
+                    await asyncio.wait_for(conn.close(), left)
+                except TimeoutError:
+                    log.warning("closing the pull connection: no answer within %.1f s", left)
 
 
 @asynccontextmanager

@@ -21,16 +21,19 @@ import logging
 import time
 from collections.abc import Coroutine, Sequence
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import aio_pika
 from aiormq.abc import AbstractConnection
 from tenacity import AsyncRetrying, retry_if_exception_type
 
 from .._core.brokers import traits_of
+from .._core.consume import check_channels
 from .._core.errors import TopologyConflict
 from .._core.events import Observer
 from .._core.exchanges import plan
 from .._core.outcome import EXIT_SIGNALS
+from .._core.stop_budget import CONFIRM_WAIT, StopBudget
 from .._io import TICK, ConnectFailed, FatalConnectError, reconnect_logger, reconnect_wait
 from .._logs import log_dropped_arguments, log_stop
 from .._observers import observing
@@ -43,7 +46,7 @@ from .consumer import CANCEL_TIMEOUT, AsyncConsumer
 from .publisher import AsyncPublisher
 
 log = logging.getLogger("ackkit")
-CONFIRM_TIMEOUT = 5.0
+CONFIRM_TIMEOUT = CONFIRM_WAIT
 
 
 class AsyncRuntime:
@@ -172,22 +175,17 @@ class AsyncRuntime:
         conn, amqp = await open_connection(
             s.url, heartbeat=s.heartbeat, name=s.connection_name, timeout=10.0, tls=s.tls
         )
-        self.connection, self.amqp, self.numbers = conn, amqp, ChannelNumbers()
+        self.connection, self.amqp, self.numbers = conn, amqp, ChannelNumbers.of(amqp)
         broker = traits_of(amqp.server_properties)
         try:
             try:
+                too_few = check_channels(len(self.consumers), self._channel_max(amqp), s.safe_url)
+                if too_few is not None:
+                    raise FatalConnectError(too_few)  # from start(): no retry makes channels
                 for c in self.consumers:
                     c.core.use_broker(broker)  # before anything of this connection is decided
                     c.core.check_broker()  # TopologyConflict: fatal, from start()
-                own = [q for c in self.consumers for q in c.core.topology()]
-                user = []
-                for c in self.consumers:
-                    if c.spec.declare:
-                        args, dropped = c.core.queue_arguments(c.spec.queue_arguments)
-                        log_dropped_arguments(log, c.spec.queue, dropped)
-                        user.append((c.spec.queue, args))
-                existing = [c.spec.queue for c in self.consumers if not c.spec.declare]
-                await declare_queues(amqp, self.numbers, own, user, existing, self.exchanges)
+                await self.declare_for(amqp, self.consumers)
                 for c in self.consumers:
                     await c.open(amqp, self.numbers)
             except (TimeoutError, *CHANNEL_GONE) as exc:
@@ -210,6 +208,34 @@ class AsyncRuntime:
                 mask_text(reason),
             )
 
+    def _channel_max(self, amqp: AbstractConnection) -> int:
+        """The channels this connection may have: the broker's channel_max, or the URL's
+        ?channel_max= when lower (aiormq does not send it; ackkit keeps to it)."""
+        tune = getattr(amqp, "connection_tune", None)
+        limit = getattr(tune, "channel_max", 0) or 65535
+        asked = parse_qs(urlsplit(self.settings.url).query).get("channel_max")
+        if asked and asked[0].isdigit() and int(asked[0]) > 0:
+            limit = min(limit, int(asked[0]))
+        return limit
+
+    async def declare_for(
+        self, amqp: AbstractConnection, consumers: Sequence[AsyncConsumer]
+    ) -> None:
+        """Declare (or check) the queues, exchanges and bindings of `consumers`: all of
+        them when a connection opens; one whose queue was deleted, later."""
+        own = [q for c in consumers for q in c.core.topology()]
+        user = []
+        for c in consumers:
+            if c.spec.declare:
+                args, dropped = c.core.queue_arguments(c.spec.queue_arguments)
+                log_dropped_arguments(log, c.spec.queue, dropped)
+                user.append((c.spec.queue, args))
+        existing = [c.spec.queue for c in consumers if not c.spec.declare]
+        exchanges = self.exchanges
+        if len(consumers) < len(self.consumers):
+            exchanges = plan((c.spec.queue, c.spec.binds) for c in consumers)
+        await declare_queues(amqp, self.numbers, own, user, existing, exchanges)
+
     async def _tick_forever(self) -> None:
         while True:
             await asyncio.sleep(TICK)
@@ -230,6 +256,7 @@ class AsyncRuntime:
     async def _stop(self, timeout: float | None) -> None:
         """The stop sequence: each step carries out what the listeners' cores decide."""
         timeout = self.settings.shutdown_timeout if timeout is None else timeout
+        budget = StopBudget(timeout)  # every wait below comes out of it
         self.stopping = True
         amqp = self.amqp
         serving = self._serving and amqp is not None and not amqp.is_closed
@@ -238,23 +265,23 @@ class AsyncRuntime:
         self._stop_requested.set()  # cuts in-process retry waits short
         if serving:
             for c in self.consumers:
-                await c.cancel()
+                await c.cancel(budget.cancel())
             await asyncio.sleep(0)  # callbacks of deliveries that arrived before CancelOk
             for c in self.consumers:
                 await c.release_unstarted()
-            await self._finish_handlers(timeout)
+            await self._finish_handlers(budget.handlers(), timeout)
             for c in self.consumers:
                 await c.release_unstarted()
-            await self._settle(time.monotonic() + CONFIRM_TIMEOUT)
+            await self._settle(time.monotonic() + budget.confirms())
         else:
             await self._finish_handlers(0)
         for task in (self._ticker, *self._background):
             if task is not None:
                 task.cancel()
         conn = self.connection
-        if conn is not None:
+        if conn is not None:  # a broker that blocks the connection may never answer close
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(conn.close(), 10.0)
+                await asyncio.wait_for(conn.close(), budget.close)
         if self._main is not None and not self._main.done():
             self._main.cancel()
             with contextlib.suppress(BaseException):
@@ -274,7 +301,7 @@ class AsyncRuntime:
                 return
             await asyncio.sleep(0.02)
 
-    async def _finish_handlers(self, timeout: float) -> None:
+    async def _finish_handlers(self, timeout: float, told: float | None = None) -> None:
         deadline = time.monotonic() + timeout
         while any(c.running for c in self.consumers) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
@@ -288,7 +315,7 @@ class AsyncRuntime:
                     "their deliveries are requeued",
                     c.spec.name,
                     c.running,
-                    timeout,
+                    timeout if told is None else told,
                 )
         for t in late:
             t.cancel()

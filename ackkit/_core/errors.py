@@ -25,6 +25,13 @@ class TopologyConflict(AckkitError):
     listeners of one app declaring one exchange differently."""
 
 
+class ConsumeRefused(AckkitError):
+    """The broker refused a listener's consumer for a reason waiting cannot fix (no read
+    permission on the queue, another connection's exclusive queue, refused consumer
+    arguments, a queue deleted while its listener has declare=False): `start()` raises
+    it, or `run()` when it happens later; the message carries the broker's reason."""
+
+
 class PublishError(AckkitError):
     """A publish the broker did not confirm; the subclass says how it failed."""
 
@@ -94,6 +101,7 @@ for _cls in (
     SettleNotAllowed,
     BadPayload,
     TopologyConflict,
+    ConsumeRefused,
     PublishError,
     MessageUnroutable,
     PublishNacked,

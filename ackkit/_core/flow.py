@@ -25,6 +25,11 @@ class FlowState(str, Enum):
     TRIPPED = "tripped"
     """The circuit breaker tripped: no consumer until `CircuitBreaker.open_for` has passed;
     what it held went back to the queue without counting an attempt."""
+    STANDBY = "standby"
+    """Another consumer holds the queue exclusively (an `exclusive=True` listener of
+    another instance, or any exclusive consumer): no consumer; the listener tries again
+    every few seconds and consumes as soon as the queue frees (one WARNING when it starts
+    waiting, one INFO when it takes over)."""
     PROBING = "probing"
     """Half-open: consuming again, with only `CircuitBreaker.probes` deliveries running;
     they all succeed: back to CONSUMING; one fails: TRIPPED again."""

@@ -73,6 +73,8 @@ class Flow:
         self.clock = clock
         self.emit = emit
         self.paused = False
+        # Another consumer holds the queue exclusively (set by the listener's `Consuming`)
+        self.standby = False
         self.breaker = Breaker(policy.breaker) if policy.breaker is not None else None
         self.bucket = TokenBucket(policy.rate_limit) if policy.rate_limit is not None else None
         self.serial = policy.serial_key
@@ -93,13 +95,14 @@ class Flow:
             return FlowState.PAUSED
         b = self.breaker
         if b is None or b.state is BreakerState.CLOSED:
-            return FlowState.CONSUMING
+            return FlowState.STANDBY if self.standby else FlowState.CONSUMING
         return FlowState.TRIPPED if b.state is BreakerState.OPEN else FlowState.PROBING
 
     @property
     def consuming(self) -> bool:
-        """Should the listener hold a consumer on its queue now?"""
-        return self.state in (FlowState.CONSUMING, FlowState.PROBING)
+        """Should the listener hold a consumer on its queue now (or, standing by, keep
+        trying to)?"""
+        return self.state in (FlowState.CONSUMING, FlowState.PROBING, FlowState.STANDBY)
 
     @property
     def active(self) -> bool:
@@ -140,7 +143,7 @@ class Flow:
     def may_start(self, t: Tracked) -> bool:
         """Just before its handler starts: may it? False: return it (`hold_back`)."""
         state = self.state
-        if state is FlowState.CONSUMING or not self.returnable:
+        if state is FlowState.CONSUMING or state is FlowState.STANDBY or not self.returnable:
             return True
         return state is FlowState.PROBING and t in self.probes
 

@@ -210,21 +210,56 @@ def _exchange(ch: Any, *, conn: Any, d: ExchangeDecl) -> None:
 
 _PROBES: weakref.WeakSet[Any] = weakref.WeakSet()
 """pika channels (their `_impl`) that are asking whether a queue exists, right now."""
+_CONSUMING: weakref.WeakSet[Any] = weakref.WeakSet()
+"""pika channels waiting for the answer to a listener's basic.consume: ackkit logs a
+refusal itself, once (`ackkit._core.consume`)."""
+REFUSALS = (403, 404, 405, 406)
 
 
 class _QuietProbes(logging.Filter):
     """Drops pika's WARNING "Received remote Channel.Close (404)" for a channel that only
     asked whether a queue exists (`passive_declare`): there NOT_FOUND is the answer, not
-    a problem. Every other channel close, of any channel, is still logged."""
+    a problem; and for a listener's channel whose basic.consume was refused (ackkit logs
+    that itself, once: a standby tries again every few seconds). Every other channel
+    close, of any channel, is still logged."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
-        return not (
-            isinstance(args, tuple) and len(args) == 3 and args[0] == 404 and args[2] in _PROBES
-        )
+        if not (isinstance(args, tuple) and len(args) == 3):
+            return True
+        code, ch = args[0], args[2]
+        if code == 404 and ch in _PROBES:
+            return False
+        return not (code in REFUSALS and ch in _CONSUMING)
 
 
 logging.getLogger("pika.channel").addFilter(_QuietProbes())
+
+
+def drop(conn: Any) -> None:
+    """End a (select) connection that did not answer its close: the stream is cut, the
+    connection's close callbacks run (the broker requeues what was not acked)."""
+    if getattr(conn, "is_closed", True) or not hasattr(conn, "_terminate_stream"):
+        return
+    logging.getLogger("ackkit").warning(
+        "ackkit: the broker did not answer the connection close (is it blocking "
+        "publishers? a memory or disk alarm); dropped the connection"
+    )
+    try:
+        conn._terminate_stream(
+            pika.exceptions.ConnectionClosedByClient(200, "dropped: no close-ok in time")
+        )
+    except Exception:  # it is going either way
+        logging.getLogger("ackkit").debug("dropping the connection", exc_info=True)
+
+
+def quiet_refusals(ch: Any, on: bool) -> None:
+    """While `on`, pika's warning about a refused basic.consume on the (select connection)
+    channel `ch` is left out of the log; ackkit logs its own line."""
+    if on:
+        _CONSUMING.add(ch)
+    else:
+        _CONSUMING.discard(ch)
 
 
 def passive_declare(ch: Any, name: str) -> Any | None:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from .._core.actions import Action, Republish, TxSelect
+from .._core.consume import ConsumeMove, Consuming
 from .._core.events import Observer
 from .._core.listener import ListenerCore
 from .._core.outcome import Outcome
@@ -29,6 +30,7 @@ from .._spec import Instrument, ListenerSpec, probe_for
 from .._wire import describe
 from . import _frames as frames
 from . import flowing
+from ._pika import quiet_refusals
 from .executor import Executor
 from .publisher import Publisher
 
@@ -48,6 +50,8 @@ class Host(Protocol):
     def call_soon(self, fn: Callable[[], None], /) -> object: ...
 
     def consumer_ready(self, c: Consumer, /) -> None: ...
+
+    def redeclare(self, c: Consumer, /) -> None: ...
 
     def fail(self, exc: BaseException, what: str, /) -> None: ...
 
@@ -77,6 +81,11 @@ class Consumer(Executor):
         self.no_ack = spec.policy.mode is AckMode.NONE
         self.failures = FailureLog(log)
         self.probe = probe_for(instruments, spec, self.core)  # metrics, tracing: None when off
+        # what a refused or cancelled consumer comes to (the core's `Consuming`)
+        self.consuming = Consuming(
+            self.core.flow, spec.name, spec.queue, declare=spec.declare, exclusive=spec.exclusive
+        )
+        self.awaiting_ok = False  # a basic.consume the broker has not answered yet
 
     # -- I/O thread ----------------------------------------------------------
 
@@ -106,22 +115,37 @@ class Consumer(Executor):
         self.cancelled.clear()
         self.consumer_tag = None
         if self.core.flow.consuming:  # not while paused or tripped
-            self._basic_consume(ch)
-        self.rt.consumer_ready(self)
+            self._basic_consume(ch)  # ready once the broker answered (`_on_consume_ok`)
+        else:
+            self.rt.consumer_ready(self)
 
     def _basic_consume(self, ch: Any) -> None:
         spec = self.spec
+        self.awaiting_ok = True
+        quiet_refusals(ch, True)  # a refusal is logged once, by `_refused`, not by pika
         self.consumer_tag = ch.basic_consume(
             spec.queue,
             self._on_message,
             auto_ack=self.no_ack,
             exclusive=spec.exclusive,
             arguments=spec.consumer_arguments or None,
+            callback=lambda _frame: self._on_consume_ok(ch),
         )
+
+    def _on_consume_ok(self, ch: Any) -> None:
+        self.awaiting_ok = False
+        quiet_refusals(ch, False)
+        if ch is not self.channel:
+            return
+        line = self.consuming.consumed()
+        if line:
+            log.info("%s", line)
+        self.rt.consumer_ready(self)
 
     def _on_channel_closed(self, ch: Any, reason: BaseException) -> None:
         if ch is not self.channel:
             return
+        refused, self.awaiting_ok = self.awaiting_ok, False
         with self.lock:
             lost = self.core.channel_closed()
         self.channel = None
@@ -133,11 +157,32 @@ class Consumer(Executor):
                 lost,
             )
         code = getattr(reason, "reply_code", 0)
+        conn = self.rt.connection
+        live = not self.rt.stopping and conn is not None and conn.is_open
+        if refused and live and code not in (0, 200, 320):
+            self._refused(conn, code, getattr(reason, "reply_text", str(reason)))
+            return
         if code not in (0, 200, 320):
             log.error("%s: channel closed by broker: %s", self.spec.name, reason)
-        conn = self.rt.connection
-        if not self.rt.stopping and conn is not None and conn.is_open:
+        if live:
             conn.ioloop.call_later(1.0, lambda: self._reopen(conn))
+
+    def _refused(self, conn: Any, code: int, text: str) -> None:
+        """The broker refused the basic.consume: carry out what the core decides."""
+        step = self.consuming.refused(code, text)
+        if step.log:
+            log.warning("%s", step.log)
+        if step.move is ConsumeMove.FAIL:
+            assert step.error is not None
+            self.rt.fail(step.error, f"{self.spec.name}: cannot consume")
+        elif step.move is ConsumeMove.DECLARE:
+            self.rt.redeclare(self)
+        else:
+            if step.move is ConsumeMove.STANDBY:
+                self.rt.consumer_ready(self)  # started: standing by is a state, not a failure
+            else:
+                log.error("%s: channel closed by broker: (%d, %r)", self.spec.name, code, text)
+            conn.ioloop.call_later(step.delay, lambda: self._reopen(conn))
 
     def _on_cancelled_by_broker(self, ch: Any, frame: Any) -> None:
         """basic.cancel from the broker (RabbitMQ 4.3's consumer timeout, a deleted

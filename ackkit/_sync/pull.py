@@ -21,7 +21,7 @@ from .._core.listener import ListenerCore
 from .._core.policy import DLQ_DEFAULT, AckMode, FlushPolicy, ListenerPolicy
 from .._delivery import Delivery
 from .._io import FatalConnectError
-from .._publish import Outgoing, failure, outgoing
+from .._publish import Outgoing, failure, not_confirmed, outgoing
 from .._tls import TLS, client_tls, tls_failure
 from .._url import check_url, mask_url
 from . import _frames as frames
@@ -40,6 +40,46 @@ SKIP_LIMIT = 10_000
 """Messages one get() call may settle itself (dead-letter) before it returns None."""
 SKIP_SECONDS = 30.0
 """Seconds one get() call may spend settling such messages before it returns None."""
+CLOSE_TIMEOUT = 10.0
+"""Seconds close() waits for the broker's close-ok before it drops the connection."""
+
+
+class _Deadline(Exception):
+    """A wait on the blocking connection ran past its time (raised from pika's I/O loop)."""
+
+
+@contextmanager
+def _within(conn: Any, seconds: float) -> Iterator[None]:
+    """Raise _Deadline out of whatever waits on pika blocking connection `conn` (a publish's
+    confirm, a close-ok) once `seconds` have passed: a broker that blocked publishers (a
+    memory or disk alarm) stops reading the connection, and pika would wait for ever."""
+    ioloop = getattr(getattr(conn, "_impl", None), "ioloop", None)
+    if ioloop is None:  # the in-memory broker never blocks
+        yield
+        return
+
+    def expire() -> None:
+        raise _Deadline
+
+    handle = ioloop.call_later(max(seconds, 0.001), expire)
+    try:
+        yield
+    finally:
+        ioloop.remove_timeout(handle)
+
+
+def _drop(conn: Any) -> None:
+    """Drop a blocking connection without the closing handshake (the broker requeues what
+    was delivered on it and not acked)."""
+    impl = getattr(conn, "_impl", None)
+    if impl is None or getattr(impl, "_transport", None) is None:
+        return
+    try:
+        why = pika.exceptions.ConnectionClosedByClient(200, "dropped: the broker did not answer")
+        impl._terminate_stream(why)
+        conn.process_data_events(0)
+    except Exception:  # it is gone either way
+        log.debug("dropping the pull connection", exc_info=True)
 
 
 class PullConnection:
@@ -270,20 +310,38 @@ class PullConnection:
             ch = self.channel
             confirmed, returned = True, False
             try:
-                ch.basic_publish(
-                    msg.exchange,
-                    msg.routing_key,
-                    msg.body,
-                    WireProperties(msg.properties),
-                    mandatory=msg.mandatory,
-                )
+                with _within(self._conn, msg.timeout):
+                    ch.basic_publish(
+                        msg.exchange,
+                        msg.routing_key,
+                        msg.body,
+                        WireProperties(msg.properties),
+                        mandatory=msg.mandatory,
+                    )
             except pika.exceptions.UnroutableError:
                 returned = True
             except pika.exceptions.NackError:
                 confirmed = False
+            except _Deadline:
+                # The channel has a publish in flight whose answer may never come: the
+                # connection is dropped (deliveries fetched on it go back to their
+                # queues), the next call connects again.
+                self._abandon()
+                raise not_confirmed(
+                    msg,
+                    f"no confirm within {msg.timeout:g} s (is the broker blocking publishers? "
+                    "a memory or disk alarm); the connection was dropped",
+                ) from None
         error = failure(msg, confirmed=confirmed, returned=returned)
         if error is not None:
             raise error
+
+    def _abandon(self) -> None:
+        conn, self._conn, self._ch = self._conn, None, None
+        for core in self._cores.values():
+            if core.open:
+                core.channel_closed()
+        _drop(conn)
 
     def declare_queue(self, name: str, arguments: Mapping[str, Any] | None = None) -> None:
         with self._lock:
@@ -305,14 +363,24 @@ class PullConnection:
                 if core.open:
                     core.channel_closed()
             ch, conn, self._ch, self._conn = self._ch, self._conn, None, None
+            if conn is None:
+                return
             try:
-                if ch is not None and ch.is_open:
-                    ch.close()
-            except pika.exceptions.AMQPError as exc:
-                log.warning("closing the pull channel: %r", exc)
-            try:
-                if conn is not None and conn.is_open:
-                    conn.close()
+                with _within(conn, CLOSE_TIMEOUT):
+                    try:
+                        if ch is not None and ch.is_open:
+                            ch.close()
+                    except pika.exceptions.AMQPError as exc:
+                        log.warning("closing the pull channel: %r", exc)
+                    if conn.is_open:
+                        conn.close()
+            except _Deadline:
+                log.warning(
+                    "closing the pull connection: no answer within %g s (is the broker "
+                    "blocking publishers?); dropped it",
+                    CLOSE_TIMEOUT,
+                )
+                _drop(conn)
             except pika.exceptions.AMQPError as exc:
                 log.warning("closing the pull connection: %r", exc)
 

@@ -16,25 +16,28 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._core.brokers import traits_of
+from .._core.consume import check_channels
+from .._core.errors import TopologyConflict
 from .._core.events import Observer
 from .._core.exchanges import plan
 from .._core.outcome import EXIT_SIGNALS
+from .._core.stop_budget import CONFIRM_WAIT, StopBudget
 from .._delivery import Delivery
-from .._io import ConnectFailed
+from .._io import ConnectFailed, FatalConnectError
 from .._logs import log_dropped_arguments, log_stop
 from .._observers import observing
 from .._publish import Outgoing, not_confirmed
 from .._settings import Settings
 from .._spec import Instrument, ListenerSpec
 from . import flowing
-from ._pika import declare_queues, parameters
+from ._pika import blocking_connection, declare_queues, drop, parameters
 from .consumer import Consumer
 from .engine import Engine
 from .publisher import Publisher, Ticket
 
 log = logging.getLogger("ackkit")
-CONFIRM_TIMEOUT = 5.0
-"""Seconds a stopping app waits for the broker to confirm the copies it published."""
+CONFIRM_TIMEOUT = CONFIRM_WAIT
+"""Most seconds a stopping app waits for the broker to confirm the copies it published."""
 
 
 class Runtime(Engine):
@@ -58,7 +61,7 @@ class Runtime(Engine):
         self.publisher = Publisher(self)
         self.stop_event = threading.Event()
         self.ready = threading.Event()
-        self._ready_count = 0
+        self._ready: set[str] = set()  # listeners that consume (or stand by) on this connection
         self._done = threading.Event()
         self._stop_lock = threading.Lock()
 
@@ -122,6 +125,7 @@ class Runtime(Engine):
         if self.stopping and self._done.is_set():
             return
         timeout = self.settings.shutdown_timeout if timeout is None else timeout
+        budget = StopBudget(timeout)  # every wait below comes out of it
         self.request_stop()
         conn = self.connection
         live = conn is not None and conn.is_open
@@ -135,19 +139,22 @@ class Runtime(Engine):
         self.stop_event.set()  # cuts in-process retry waits short
         if live:
             for c in self.consumers:
-                c.cancelled.wait(5.0)
-        self._join_workers(timeout)  # workers hand what is left in their inbox to the core
+                c.cancelled.wait(budget.cancel())
+        # workers hand what is left in their inbox to the core
+        self._join_workers(budget.handlers(), timeout)
         if live:
             settled = threading.Event()
-            self.call_soon(lambda: self._settle(settled, time.monotonic() + CONFIRM_TIMEOUT))
-            settled.wait(CONFIRM_TIMEOUT + 5.0)
+            wait = budget.confirms()
+            close = budget.close
+            self.call_soon(lambda: self._settle(settled, time.monotonic() + wait, close))
+            settled.wait(wait + close + 1.0)
         self._done.set()
         if self._thread is not None:
-            self._thread.join(10.0)
+            self._thread.join(budget.close + 1.0)
         if self.events is not None:
             self.events.close()  # every event emitted so far heard by the observers
 
-    def _join_workers(self, timeout: float) -> None:
+    def _join_workers(self, timeout: float, told: float | None = None) -> None:
         for c in self.consumers:
             for _ in c.workers:
                 c.inbox.put(None)
@@ -164,7 +171,7 @@ class Runtime(Engine):
                     "requeued by the broker when the channel closes",
                     c.spec.name,
                     min(alive, c.in_handler),
-                    timeout,
+                    timeout if told is None else told,
                 )
 
     # -- I/O thread: the engine's hooks ---------------------------------------------
@@ -174,31 +181,68 @@ class Runtime(Engine):
         return parameters(s.url, heartbeat=s.heartbeat, name=s.connection_name, tls=s.tls)
 
     def declare(self, conn: Any) -> None:
+        negotiated = getattr(getattr(conn._impl, "params", None), "channel_max", 0) or 0
+        too_few = check_channels(len(self.consumers), negotiated, self.settings.safe_url)
+        if too_few is not None:
+            raise FatalConnectError(too_few)  # from start(): no retry makes channels
         broker = traits_of(conn._impl.server_properties)
         for c in self.consumers:
             with c.lock:
                 c.core.use_broker(broker)  # before anything of this connection is decided
             c.core.check_broker()  # TopologyConflict: fatal, from start()
-        own = [q for c in self.consumers for q in c.core.topology()]
+        self._declare_for(conn, self.consumers)
+
+    def _declare_for(self, conn: Any, consumers: Sequence[Consumer]) -> None:
+        own = [q for c in consumers for q in c.core.topology()]
         user = []
-        for c in self.consumers:
+        for c in consumers:
             if c.spec.declare:
                 args, dropped = c.core.queue_arguments(c.spec.queue_arguments)
                 log_dropped_arguments(log, c.spec.queue, dropped)
                 user.append((c.spec.queue, args))
-        existing = [c.spec.queue for c in self.consumers if not c.spec.declare]
+        existing = [c.spec.queue for c in consumers if not c.spec.declare]
+        exchanges = self.exchanges
+        if len(consumers) < len(self.consumers):
+            exchanges = plan((c.spec.queue, c.spec.binds) for c in consumers)
         # TopologyConflict: fatal, from start()
-        declare_queues(conn, own, user, existing, self.exchanges)
+        declare_queues(conn, own, user, existing, exchanges)
+
+    def redeclare(self, c: Consumer) -> None:
+        """I/O thread: listener `c`'s queue was deleted and the core asks for it again:
+        its queue, dead-letter and delay queues and bindings are declared on a short
+        blocking connection (a thread of its own: the I/O loop goes on), then `c`
+        consumes on a new channel. A refused declare stops the app."""
+        conn = self.connection
+
+        def work() -> None:
+            try:
+                blocking = blocking_connection(self.parameters())
+                try:
+                    self._declare_for(blocking, [c])
+                finally:
+                    if blocking.is_open:
+                        blocking.close()
+            except TopologyConflict as exc:
+                self.fail(exc, f"{c.spec.name}: declaring its deleted queue again failed")
+                return
+            except Exception as exc:  # the next consume is refused again: the core counts
+                log.warning(
+                    "%s: declaring queue %r again failed: %s", c.spec.name, c.spec.queue, exc
+                )
+            self.call_soon(lambda: c._reopen(conn))
+
+        threading.Thread(target=work, name=f"ackkit-declare-{c.spec.name}", daemon=True).start()
 
     def opened(self, conn: Any) -> None:
-        self._ready_count = 0
+        self._ready.clear()
         self.publisher.open(conn)
         for c in self.consumers:
             c.open(conn)
 
     def consumer_ready(self, c: Consumer) -> None:
-        self._ready_count += 1
-        if self._ready_count >= len(self.consumers):
+        """`c` consumes (the broker answered its basic.consume), stands by, or is paused."""
+        self._ready.add(c.spec.name)
+        if len(self._ready) >= len(self.consumers):
             self.ready.set()
 
     def channels_lost(self, reason: BaseException) -> None:
@@ -230,7 +274,7 @@ class Runtime(Engine):
             else:
                 c.cancelled.set()
 
-    def _settle(self, settled: threading.Event, deadline: float) -> None:
+    def _settle(self, settled: threading.Event, deadline: float, close: float) -> None:
         """I/O thread, last step: deliveries still queued (workers gone) go back to the
         core, pending acks out, until every core is quiescent (copies confirmed) or the
         deadline; then the connection closes."""
@@ -251,8 +295,10 @@ class Runtime(Engine):
         conn = self.connection
         quiet = all(c.core.quiescent for c in self.consumers)
         if not quiet and time.monotonic() < deadline and conn.is_open:
-            conn.ioloop.call_later(0.02, lambda: self._settle(settled, deadline))
+            conn.ioloop.call_later(0.02, lambda: self._settle(settled, deadline, close))
             return
         if conn.is_open:
             conn.close()
+            # a broker that blocks the connection (an alarm) may never answer close-ok
+            conn.ioloop.call_later(close, lambda: drop(conn))
         settled.set()

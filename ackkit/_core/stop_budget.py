@@ -1,0 +1,59 @@
+"""How long each step of a graceful stop may wait: one budget, `shutdown_timeout` (no I/O).
+
+A stop cancels the consumers, lets running handlers finish, waits for the
+broker to confirm the copies published for them (dead letters, retries), then
+closes the connection. A broker that blocks publishers (a memory or disk alarm)
+answers none of these: each step waiting its own fixed time made `stop()` take
+shutdown_timeout + 5 + 5 + 10 s. Every step now takes its wait out of the one
+deadline, with a small floor so the acks of finished work still get a chance,
+and the connection close gets `CLOSE_GRACE` before it is dropped: `stop()`
+returns within `shutdown_timeout + MAX_OVERRUN` seconds. An original whose copy
+was not confirmed in time is not acked: the broker redelivers it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+CANCEL_WAIT = 5.0
+"""Most seconds a stop waits for the broker to confirm a consumer's cancel."""
+CONFIRM_WAIT = 5.0
+"""Most seconds a stop waits for the copies' publisher confirms (after the handlers)."""
+CLOSE_GRACE = 2.0
+"""Seconds the connection close may wait for the broker's close-ok before it is dropped."""
+CANCEL_FLOOR = 0.2
+CONFIRM_FLOOR = 0.5
+MAX_OVERRUN = CANCEL_FLOOR + CONFIRM_FLOOR + CLOSE_GRACE
+"""Most seconds a stop may take beyond `shutdown_timeout`."""
+
+
+class StopBudget:
+    """The waits of one graceful stop, out of one deadline."""
+
+    __slots__ = ("_clock", "deadline")
+
+    def __init__(self, timeout: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self.deadline = clock() + max(timeout, 0.0)
+
+    def left(self) -> float:
+        """Seconds to the deadline (0 once it has passed)."""
+        return max(self.deadline - self._clock(), 0.0)
+
+    def cancel(self) -> float:
+        """How long to wait for the consumers' cancel-ok."""
+        return min(CANCEL_WAIT, max(self.left(), CANCEL_FLOOR))
+
+    def handlers(self) -> float:
+        """How long running handlers may still take."""
+        return self.left()
+
+    def confirms(self) -> float:
+        """How long to wait for the copies' confirms and the last acks."""
+        return min(CONFIRM_WAIT, max(self.left(), CONFIRM_FLOOR))
+
+    @property
+    def close(self) -> float:
+        """How long the connection close may wait for close-ok."""
+        return CLOSE_GRACE

@@ -1,0 +1,197 @@
+"""Memory and disk alarms (the broker blocks publishers) on the test kit's own node.
+
+While an alarm is on, RabbitMQ stops reading from a connection as soon as it
+publishes: a copy (dead letter, retry) or an app message gets no confirm. What
+must hold: nothing is acked before its copy is confirmed (the broker keeps every
+original), stop() still ends in bounded time, pull mode's publish timeouts hold
+and raise PublishNotConfirmed, and close() does not hang. Asserted from the
+broker: queue counts and the dead-letter queue's contents.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import ackkit
+from ackkit import AsyncPullConnection, Delivery, PublishNotConfirmed, PullConnection
+from ackkit._core.stop_budget import MAX_OVERRUN
+from tests.contract.conftest import IO, Broker, Runtime, eventually
+
+pytestmark = pytest.mark.integration
+
+Alarm = Callable[[], AbstractContextManager[None]]
+
+ALARMS = {
+    # (raise it, clear it): rabbitmqctl arguments
+    "memory": (
+        ("set_vm_memory_high_watermark", "0.0000001"),
+        ("set_vm_memory_high_watermark", "0.4"),
+    ),
+    "disk": (("set_disk_free_limit", "100000GB"), ("set_disk_free_limit", "50MB")),
+}
+
+
+def _alarms_on(broker: Broker) -> str:
+    return broker.handle.ctl("eval", "rabbit_alarm:get_alarms().").strip()
+
+
+@pytest.fixture(params=sorted(ALARMS))
+def alarm(request: pytest.FixtureRequest, broker: Broker) -> Iterator[Alarm]:
+    """A context manager that raises the alarm on the kit's own node, and clears it."""
+    if not getattr(broker.handle, "own", False):
+        pytest.skip("raising an alarm needs the test kit's own node")
+    on, off = ALARMS[request.param]
+
+    @contextmanager
+    def raised() -> Iterator[None]:
+        broker.handle.ctl(*on)
+        try:
+            eventually(lambda: _alarms_on(broker) != "[]", timeout=30, what="the alarm")
+            yield
+        finally:
+            broker.handle.ctl(*off)
+            eventually(lambda: _alarms_on(broker) == "[]", timeout=30, what="no alarm")
+
+    yield raised
+    broker.handle.ctl(*off)
+
+
+def bodies(n: int, start: int = 0) -> list[str | bytes]:
+    return [json.dumps({"id": i}) for i in range(start, start + n)]
+
+
+def test_pull_publish_timeout_holds_and_close_is_bounded(
+    runtime: Runtime, broker: Broker, queue_factory: Any, alarm: Alarm
+) -> None:
+    q = queue_factory(declare=True)
+    url = broker.handle.url
+    with alarm():
+        t = time.monotonic()
+        if runtime.kind == "sync":
+            conn = PullConnection(url)
+            with pytest.raises(PublishNotConfirmed, match="no confirm within 3 s"):
+                conn.publish(q, {"id": 1}, timeout=3)
+            took = time.monotonic() - t
+            t = time.monotonic()
+            conn.close()
+        else:
+            lt = runtime.lt  # type: ignore[attr-defined]
+            aconn = AsyncPullConnection(url)
+            lt.run(aconn.open())
+            with pytest.raises(PublishNotConfirmed, match="no confirm within 3 s"):
+                lt.run(aconn.publish(q, {"id": 1}, timeout=3))
+            took = time.monotonic() - t
+            t = time.monotonic()
+            lt.run(aconn.close())
+        closed = time.monotonic() - t
+        assert 2.5 < took < 6, took
+        assert closed < 11, closed
+    # The publish may or may not have been stored (PublishNotConfirmed says so): at most one.
+    time.sleep(1)
+    assert broker.counts(q).total <= 1
+
+
+def test_no_original_is_acked_before_its_copy_is_confirmed_and_stop_is_bounded(
+    runtime: Runtime, broker: Broker, queue_factory: Any, alarm: Alarm
+) -> None:
+    q = queue_factory(declare=True)
+    ran: list[int] = []
+
+    async def fail(p: dict[str, int], d: Delivery, io: IO) -> None:
+        ran.append(p["id"])
+        raise ValueError("boom")  # max_attempts=1: a dead-letter copy, then the ack
+
+    broker.publish(q, bodies(10))
+    app = runtime.app(shutdown_timeout=5)
+    runtime.listen(app, q, fail, dict, prefetch=10)
+    with alarm():
+        with runtime.running(app):
+            broker.wait_for(q, consumers=1, timeout=30)
+            eventually(lambda: len(ran) >= 1, timeout=30)
+            time.sleep(3)
+            c = broker.counts(q)
+            assert c.total == 10, c  # every original is still the broker's
+            assert broker.counts(f"{q}.dlq").total == 0
+            t = time.monotonic()
+            # runtime.running's exit stops the app, alarm still on
+        took = time.monotonic() - t
+        print(f"stop under the alarm took {took:.2f} s ({runtime.kind})")
+        assert broker.counts(q).total + broker.counts(f"{q}.dlq").total >= 10
+    # Once the alarm is over, a healthy app dead-letters all of them: nothing lost.
+    again = runtime.app(shutdown_timeout=5)
+    runtime.listen(again, q, fail, dict, prefetch=10)
+    with runtime.running(again):
+        broker.wait_for(q, ready=0, unacked=0, timeout=30)
+    ids = {json.loads(m.body)["id"] for m in broker.take_all(f"{q}.dlq")}
+    assert ids == set(range(10))
+    assert took < 5 + MAX_OVERRUN + 0.5, took  # shutdown_timeout + the stop budget's overrun
+
+
+SERVICE = """
+import os
+from ackkit import App, AsyncApp, Delivery
+
+KIND, URL, QUEUE = os.environ["T_KIND"], os.environ["T_URL"], os.environ["T_QUEUE"]
+app = (App if KIND == "sync" else AsyncApp)(URL, shutdown_timeout=5)
+
+if KIND == "sync":
+    @app.listener(QUEUE, prefetch=10)
+    def fail(d: Delivery) -> None:
+        raise ValueError("boom")
+else:
+    @app.listener(QUEUE, prefetch=10)
+    async def fail(d: Delivery) -> None:
+        raise ValueError("boom")
+"""
+
+
+def test_sigterm_under_an_alarm_stops_in_bounded_time_and_acks_nothing_uncopied(
+    runtime: Runtime, broker: Broker, queue_factory: Any, alarm: Alarm, tmp_path: Path
+) -> None:
+    """`ackkit run` under SIGTERM while the broker blocks the app's dead-letter copies."""
+    q = queue_factory(declare=True)
+    broker.publish(q, bodies(10))
+    (tmp_path / "svc.py").write_text(SERVICE)
+    env = {
+        **os.environ,
+        "T_KIND": runtime.kind,
+        "T_URL": broker.handle.url,
+        "T_QUEUE": q,
+        "PYTHONPATH": str(Path(ackkit.__file__).parent.parent),
+    }
+    with alarm():
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ackkit.cli", "run", "svc:app"],
+            cwd=tmp_path,
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            broker.wait_for(q, consumers=1, timeout=60)
+            eventually(lambda: broker.counts(q).unacked > 0, timeout=30)
+            time.sleep(2)
+            assert broker.counts(q).total == 10  # every original is still the broker's
+            t = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            _out, err = proc.communicate(timeout=60)
+            took = time.monotonic() - t
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        print(f"SIGTERM under the alarm: exited after {took:.2f} s ({runtime.kind})")
+        assert took < 5 + MAX_OVERRUN + 1.5, (took, err[-2000:])  # + interpreter exit
+        assert broker.counts(q).total == 10
+        assert broker.counts(f"{q}.dlq").total == 0
