@@ -8,7 +8,7 @@ broker URL the docs show, ``amqp://guest:guest@127.0.0.1:5672/%2f``, and the nam
 ``url`` / ``URL`` mean that broker. ``app.run()`` (which would block until a signal)
 starts the app and stops it again. A block that defines ``test_*`` functions has them
 called, with the test kit's fixtures by name (``memory_broker``, ``amqp_broker``,
-``queue_factory``, ``tmp_path``). Console blocks run ``ackkit`` in this process against
+``queue_factory``, ``tmp_path``, ``monkeypatch``). Console blocks run ``ackkit`` in this process against
 the page's broker (``AMQP_URL``), after the page's earlier blocks. Markers (an HTML
 comment before a block) are in ``_blocks.py``; blocks marked ``real-broker`` run in
 tests/docs/test_examples_real.py.
@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import inspect
 import itertools
+import linecache
 import re
 import shlex
 import sys
@@ -87,18 +88,25 @@ class Page:
     def source(self, code: str) -> str:
         return code.replace(DOC_URL, self.broker.url)
 
+    def run(self, code: str, where: str) -> None:
+        src = self.source(code)
+        linecache.cache[where] = (len(src), None, src.splitlines(True), where)  # tracebacks
+        exec(compile(src, where, "exec"), self.ns)
+
     def setup(self, block: Block) -> None:
         for setup in block.setup:
-            exec(compile(self.source(setup), f"{block.where} (setup)", "exec"), self.ns)
+            self.run(setup, f"{block.where} (setup)")
 
     def execute(self, block: Block) -> None:
-        exec(compile(self.source(block.code), block.where, "exec"), self.ns)
+        self.run(block.code, block.where)
         for name, fn in list(self.ns.items()):
             if name.startswith("test_") and callable(fn) and name not in self.ran:
                 self.ran.add(name)
                 self.call_test(fn)
 
-    def fixture(self, name: str, memory: InMemoryBroker | None) -> Any:
+    def fixture(self, name: str, memory: InMemoryBroker | None, mp: pytest.MonkeyPatch) -> Any:
+        if name == "monkeypatch":
+            return mp
         if name in ("memory_broker", "amqp_broker"):
             return memory
         if name == "tmp_path":
@@ -111,10 +119,11 @@ class Page:
     def call_test(self, fn: Callable[..., Any]) -> None:
         memory = InMemoryBroker()
         self.memory.append(memory)
-        args = [self.fixture(p, memory) for p in inspect.signature(fn).parameters]
-        result = fn(*args)
-        if inspect.iscoroutine(result):
-            asyncio.run(result)
+        with pytest.MonkeyPatch.context() as mp:
+            args = [self.fixture(p, memory, mp) for p in inspect.signature(fn).parameters]
+            result = fn(*args)
+            if inspect.iscoroutine(result):
+                asyncio.run(result)
 
     def console(self, block: Block) -> None:
         from typer.testing import CliRunner
