@@ -136,9 +136,12 @@ class Page:
             if argv[0] != "ackkit":
                 pytest.fail(f"{block.where}: only `ackkit` commands can be checked: {argv}")
             res = CliRunner().invoke(
-                build_cli(), argv[1:], env={"AMQP_URL": self.broker.url, "COLUMNS": "80"}
+                build_cli(),
+                argv[1:],
+                env={"AMQP_URL": self.broker.url, "COLUMNS": "80"},
+                prog_name="ackkit",
             )
-            got = res.output.rstrip("\n").split("\n") if res.output else []
+            got = [line.rstrip() for line in res.output.rstrip("\n").split("\n")]
             assert matches(expected, got), (
                 f"{block.where}: the docs show\n" + "\n".join(expected)
                 + f"\nfor {shlex.join(argv)}, ackkit printed\n" + "\n".join(got)
@@ -164,12 +167,11 @@ def shows_output(block: Block) -> bool:
 
 def matches(expected: list[str], got: list[str]) -> bool:
     """Line by line; a line ``...`` stands for any lines, ``…`` inside a line for any text."""
-    pattern = "\n".join(
+    pattern = "".join(
         r"(?:.*\n)*?" if line.strip() == "..." else re.escape(line).replace("…", ".*") + r"\n"
         for line in expected
     )
-    return re.fullmatch(pattern.replace(r"(?:.*\n)*?\n", r"(?:.*\n)*?"),
-                        "\n".join(got) + "\n") is not None
+    return re.fullmatch(pattern, "".join(line + "\n" for line in got)) is not None
 
 
 @pytest.mark.timeout(120)
