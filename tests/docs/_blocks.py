@@ -63,8 +63,11 @@ def blocks(path: Path) -> list[Block]:
         while True:
             mk = _MARK.search(tail)
             st = _SETUP.search(tail)
-            last = max((x for x in (mk, st) if x is not None and x.end() == len(tail)),
-                       key=lambda x: x.end(), default=None)
+            last = max(
+                (x for x in (mk, st) if x is not None and x.end() == len(tail)),
+                key=lambda x: x.end(),
+                default=None,
+            )
             if last is None:
                 break
             if last is st:

@@ -8,10 +8,10 @@ broker URL the docs show, ``amqp://guest:guest@127.0.0.1:5672/%2f``, and the nam
 ``url`` / ``URL`` mean that broker. ``app.run()`` (which would block until a signal)
 starts the app and stops it again. A block that defines ``test_*`` functions has them
 called, with the test kit's fixtures by name (``memory_broker``, ``amqp_broker``,
-``queue_factory``, ``tmp_path``, ``monkeypatch``). Console blocks run ``ackkit`` in this process against
-the page's broker (``AMQP_URL``), after the page's earlier blocks. Markers (an HTML
-comment before a block) are in ``_blocks.py``; blocks marked ``real-broker`` run in
-tests/docs/test_examples_real.py.
+``queue_factory``, ``tmp_path``, ``monkeypatch``). Console blocks run ``ackkit`` in
+this process against the page's broker (``AMQP_URL``), after the page's earlier
+blocks. Markers (an HTML comment before a block) are in ``_blocks.py``; blocks marked
+``real-broker`` run in tests/docs/test_examples_real.py.
 """
 
 from __future__ import annotations
@@ -143,8 +143,10 @@ class Page:
             )
             got = [line.rstrip() for line in res.output.rstrip("\n").split("\n")]
             assert matches(expected, got), (
-                f"{block.where}: the docs show\n" + "\n".join(expected)
-                + f"\nfor {shlex.join(argv)}, ackkit printed\n" + "\n".join(got)
+                f"{block.where}: the docs show\n"
+                + "\n".join(expected)
+                + f"\nfor {shlex.join(argv)}, ackkit printed\n"
+                + "\n".join(got)
             )
 
 
@@ -175,9 +177,7 @@ def matches(expected: list[str], got: list[str]) -> bool:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(
-    "path", runnable_pages(), ids=lambda p: str(p.relative_to(ROOT))
-)
+@pytest.mark.parametrize("path", runnable_pages(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_examples_on_the_page_run(path: Path, tmp_path: Path) -> None:
     with InMemoryBroker(ttl_scale=0) as broker, run_returns():
         page = Page(path, broker, tmp_path)
@@ -204,7 +204,8 @@ def test_console_blocks_with_output_run_ackkit_or_are_marked() -> None:
         b.where
         for p in pages()
         for b in blocks(p)
-        if shows_output(b) and b.marker is None
+        if shows_output(b)
+        and b.marker is None
         and any(argv[0] != "ackkit" for argv, shown in parse_console(b.code) if shown)
     ]
     assert not bad, f"console blocks whose output cannot be checked, unmarked: {bad}"

@@ -16,15 +16,17 @@ pytestmark = pytest.mark.integration
 REAL = [b for p in pages() for b in blocks(p) if b.marker == "real-broker"]
 # the README's test is written for either broker: it runs on the real one too
 REAL += [
-    b for b in blocks(ROOT / "README.md")
+    b
+    for b in blocks(ROOT / "README.md")
     if b.lang == "python" and b.marker is None and "(amqp_broker" in b.code
 ]
 DOC_URL = "amqp://guest:guest@127.0.0.1:5672/%2f"
 
 
 @pytest.mark.parametrize("block", REAL, ids=lambda b: b.where)
-def test_real_broker_example_runs(block: Block, rabbitmq: Any, queue_factory: Any,
-                                  tmp_path: Any) -> None:
+def test_real_broker_example_runs(
+    block: Block, rabbitmq: Any, queue_factory: Any, tmp_path: Any
+) -> None:
     fixtures = {
         "rabbitmq": rabbitmq,
         "amqp_broker": rabbitmq,
