@@ -117,7 +117,9 @@ class Page:
         raise LookupError(f"the docs test provides no fixture {name!r}")
 
     def call_test(self, fn: Callable[..., Any]) -> None:
-        memory = InMemoryBroker()
+        # the test's own @pytest.mark.ttl_scale(f), as the kit's fixtures honour it
+        scale = [m.args[0] for m in getattr(fn, "pytestmark", []) if m.name == "ttl_scale"]
+        memory = InMemoryBroker(ttl_scale=scale[0] if scale else 1.0)
         self.memory.append(memory)
         with pytest.MonkeyPatch.context() as mp:
             args = [self.fixture(p, memory, mp) for p in inspect.signature(fn).parameters]
