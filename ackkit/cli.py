@@ -222,7 +222,8 @@ def build_cli() -> typer.Typer:
         ),
         url: str = url_opt,
     ) -> None:
-        """Queue counts (name, ready, unacked, total, consumers) like rabbitmqctl list_queues."""
+        """Queue counts (name, ready, unacked, total, consumers) like rabbitmqctl list_queues.
+        Exits 1 when a queue named on the command line does not exist."""
         if source not in SOURCES:
             raise fail(f"--source must be one of {', '.join(SOURCES)}", url, 2)
         try:
@@ -247,6 +248,8 @@ def build_cli() -> typer.Typer:
             # A source that did not answer before another did is not news on every call.
             if verbose or not note.startswith(tuple(f"{s}:" for s in SOURCES)):
                 err().print(_safe(note, url), markup=False)
+        if listing.missing:  # asked for by name and not there: a script must notice
+            raise typer.Exit(1)
 
     @cli.command("run")
     def run(
