@@ -30,6 +30,7 @@ from ._cli_run import (
     run_app,
     run_workers,
     set_startup_timeout,
+    stopped_line,
 )
 from ._url import mask_text, mask_url
 
@@ -316,6 +317,8 @@ def build_cli() -> typer.Typer:
             pass
         except Exception as exc:
             raise fail(f"{type(exc).__name__}: {exc}", str(getattr(app, "url", ""))) from None
+        if hasattr(app, "stats"):
+            err().print(stopped_line(target, app.stats()), markup=False)
 
     @cli.command("docs")
     def docs(
