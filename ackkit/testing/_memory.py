@@ -51,7 +51,7 @@ class InMemoryBroker(BrokerHandle):
     until :meth:`advance` moves it. ``rabbitmq`` picks the RabbitMQ version whose
     rules it follows and announces: "3.13" (the default), "4.0" or "4.3" (see
     ``_mem_rules``); an app on it picks its broker traits from that version. What it
-    does not model: see the README ("Testing your service").
+    does not model: see docs/guide/testing.md ("What the in-memory broker does not model").
     """
 
     kind = "memory"

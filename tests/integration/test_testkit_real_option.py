@@ -33,5 +33,5 @@ def test_the_testing_guide_real_broker_example_runs_as_written(
 
     (code,) = section_code("A real RabbitMQ for your tests")  # docs/guide/testing.md
     scope: dict[str, Any] = {}
-    exec(compile(code, "README", "exec"), scope)
+    exec(compile(code, "docs/guide/testing.md", "exec"), scope)
     scope["test_orders_are_acked"](rabbitmq, fresh_queue)
