@@ -350,7 +350,7 @@ def replay_headers(headers: Mapping[str, Any] | None, now: str) -> dict[str, Any
         if isinstance(k, str) and k.startswith(H.PREFIX) and k not in _REPLAY_KEEPS:
             continue
         out[k] = v
-    out[H.REPLAYED] = (_int(h.get(H.REPLAYED)) or 0) + 1
+    out[H.REPLAYED] = H.next_count(_int(h.get(H.REPLAYED)))
     out[H.REPLAYED_AT] = now
     return out
 

@@ -10,15 +10,77 @@ under the same name, so it is never registered twice.
 from __future__ import annotations
 
 import importlib
+import os
+import random
+from pathlib import Path
 
+import hypothesis.core
 import pytest
 from hypothesis import HealthCheck, settings
+from hypothesis.database import (
+    DirectoryBasedExampleDatabase,
+    MultiplexedDatabase,
+    ReadOnlyDatabase,
+)
 
+# Property tests: `make test` is reproducible, `make fuzz` explores.
+#
+# - make test: every property test runs with one fixed seed (ACKKIT_HYPOTHESIS_SEED,
+#   default below), printed in the session header, so a newcomer's first run draws the
+#   same examples as CI's. Examples kept in tests/hypothesis-db (found by fuzz runs,
+#   committed) are replayed first.
+# - make fuzz (ACKKIT_FUZZ=<factor>): a fresh random seed (printed; rerun it with
+#   ACKKIT_HYPOTHESIS_SEED=<seed>), every test's example count times <factor>, and each
+#   failing example is saved to tests/hypothesis-db: commit it with the fix (and an
+#   @example in the test) and it becomes a regression test of make test.
+#
 # Property tests check what comes out, not how fast: on a 2-core machine running three
 # broker legs side by side an example may take longer than hypothesis's 200 ms default
 # (a DeadlineExceeded there says nothing about the code under test).
-settings.register_profile("ackkit", deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile("ackkit")
+FIXED_SEED = 20261126
+REGRESSIONS = Path(__file__).parent / "hypothesis-db"
+FUZZ = int(os.environ.get("ACKKIT_FUZZ") or 0)
+_seed_env = os.environ.get("ACKKIT_HYPOTHESIS_SEED")
+SEED = int(_seed_env) if _seed_env else (random.SystemRandom().randrange(2**32) if FUZZ else FIXED_SEED)
+
+_local = DirectoryBasedExampleDatabase(".hypothesis/examples")
+_kept = DirectoryBasedExampleDatabase(str(REGRESSIONS))
+settings.register_profile(
+    "ackkit",
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    database=MultiplexedDatabase(_local, ReadOnlyDatabase(_kept)),
+)
+settings.register_profile(
+    "ackkit-fuzz",
+    parent=settings.get_profile("ackkit"),
+    max_examples=100 * max(FUZZ, 1),
+    database=MultiplexedDatabase(_local, _kept),
+)
+settings.load_profile("ackkit-fuzz" if FUZZ else "ackkit")
+hypothesis.core.global_force_seed = SEED  # a --hypothesis-seed given to pytest wins
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    mode = f"fuzz x{FUZZ}, fresh seed" if FUZZ else "fixed seed"
+    return (
+        f"ackkit property tests: seed {SEED} ({mode}); "
+        f"rerun with ACKKIT_HYPOTHESIS_SEED={SEED}{f' ACKKIT_FUZZ={FUZZ}' if FUZZ else ''}"
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """In fuzz mode, tests that set their own max_examples get FUZZ times as many too."""
+    if not FUZZ:
+        return
+    for item in items:
+        fn = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
+        own = getattr(fn, "_hypothesis_internal_use_settings", None)
+        if own is None or not getattr(fn, "is_hypothesis_test", False):
+            continue
+        fn._hypothesis_internal_use_settings = settings(  # type: ignore[union-attr]
+            own, max_examples=own.max_examples * FUZZ, database=settings.default.database
+        )
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -96,3 +96,19 @@ def attempt_of(
             if c is not None and c >= 0:
                 extra = max(c, extra)  # a redelivery counts at least once, whatever it says
     return base + max(extra - returned, 0)
+
+
+COUNTER_MAX = 2**63 - 1
+"""The largest count a header can carry (AMQP's signed 64-bit integer). A counter
+ackkit increments stops there instead of growing past what the wire can encode."""
+
+
+def next_count(count: int | None) -> int:
+    """`count` plus one, saturating at COUNTER_MAX; None or a negative count starts at 1.
+
+    Every counter ackkit carries forward from a header a producer could have written
+    (ackkit-replayed) goes through here: a hostile 2**63-1 must not make the copy
+    unencodable (and so the message unreplayable)."""
+    if count is None or count < 0:
+        return 1
+    return min(count, COUNTER_MAX - 1) + 1

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ._env import ENV_URL
 from ._errors import BrokerError, BrokerNotOwned, QueueNotFound
 from ._helpers import KitHelpers
+from ._policies import PolicyControl
 from ._queries import (
     QueueCounts,
     _counts_all_expr,
@@ -50,7 +51,7 @@ def _pika() -> Any:
     return pika
 
 
-class BrokerHandle(KitHelpers):
+class BrokerHandle(KitHelpers, PolicyControl):
     """A provisioned broker. Use :func:`provision_broker` to get one.
 
     Attributes: ``url`` (amqp URL), ``own`` (True when the kit started the node,

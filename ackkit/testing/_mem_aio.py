@@ -66,7 +66,7 @@ class AioChannel:
         self.closing.add_done_callback(_retrieve)
         self._closed = False
         self._consumers: dict[str, Any] = {}
-        self.on_consumer_cancel_callbacks: set[Any] = set()  # never called: no broker cancel
+        self.on_consumer_cancel_callbacks: set[Any] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._ctags = itertools.count(1)
 
@@ -99,6 +99,24 @@ class AioChannel:
         task = self.loop.create_task(cb(dm))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def cancelled(self, consumer_tag: str) -> None:
+        with contextlib.suppress(RuntimeError):  # its loop is closed: nobody to tell
+            self.loop.call_soon_threadsafe(self._on_cancel, consumer_tag)
+
+    def _on_cancel(self, consumer_tag: str) -> None:
+        """basic.cancel from the broker, as aiormq hands it on: the consumer is
+        forgotten and every cancel callback gets the frame (a coroutine one as a task)."""
+        if self._closed:
+            return
+        self._consumers.pop(consumer_tag, None)
+        frame = spec.Basic.Cancel(consumer_tag=consumer_tag, nowait=True)
+        for cb in list(self.on_consumer_cancel_callbacks):
+            result = cb(frame)
+            if asyncio.iscoroutine(result):
+                task = self.loop.create_task(result)
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
 
     def closed(self, code: int, text: str) -> None:
         self._closed = True
@@ -138,12 +156,13 @@ class AioChannel:
         consumer_callback: Any,
         *,
         no_ack: bool = False,
+        exclusive: bool = False,
         consumer_tag: str | None = None,
         **_: Any,
     ) -> spec.Basic.ConsumeOk:
         tag = consumer_tag or f"ctag{self.number}.{next(self._ctags)}"
         self._consumers[tag] = consumer_callback
-        self._op(lambda: self._model.consume(self.state, queue, no_ack, tag))
+        self._op(lambda: self._model.consume(self.state, queue, no_ack, tag, exclusive))
         return spec.Basic.ConsumeOk(consumer_tag=tag)
 
     async def basic_cancel(self, consumer_tag: str, **_: Any) -> spec.Basic.CancelOk:

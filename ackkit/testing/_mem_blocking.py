@@ -44,6 +44,9 @@ class BlockingChannel:
     def deliver(self, consumer_tag: str, tag: int, msg: Message, redelivered: bool) -> None:
         pass  # basic_get only
 
+    def cancelled(self, consumer_tag: str) -> None:
+        pass  # basic_get only: it has no consumers
+
     def closed(self, code: int, text: str) -> None:
         self._reason = closed_error(code, text)
 

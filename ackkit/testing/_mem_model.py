@@ -23,11 +23,11 @@ it and must only hand work to their own loop.
 from __future__ import annotations
 
 import bisect
-import time
-from typing import Any
 
 from .._core import wire
+from ._mem_deaths import Deaths
 from ._mem_state import (
+    ACCESS_REFUSED,
     PRECONDITION_FAILED,
     Channel,
     ChannelError,
@@ -40,13 +40,12 @@ from ._mem_state import (
     expiration,
     python_headers,
 )
-from ._mem_topology import Topology
 
 USER = "guest"
 """The user every connection to an in-memory broker is authenticated as."""
 
 
-class Model(Topology):
+class Model(Deaths):
     """The state of one in-memory broker: its topology, channels and deliveries."""
 
     def publish(self, msg: Message, *, mandatory: bool = False) -> tuple[bool, bool]:
@@ -72,19 +71,22 @@ class Model(Topology):
             return (mandatory and not queues), refused
 
     def _enqueue(self, q: Queue, msg: Message) -> bool:
-        limit = q.arg("x-max-length")
-        if isinstance(limit, int) and len(q.ready) + q.unacked >= limit:
-            if q.arg("x-overflow") in ("reject-publish", "reject-publish-dlx"):
-                return False
-            while q.ready and len(q.ready) + q.unacked >= limit:
-                _, head = q.ready.pop(0)
-                self._dead_letter(q, head, "maxlen")
+        """Into `q` (False: a full reject-publish queue refused it). Delivered at once
+        when a consumer can take it, even with a TTL of 0 (which expires it at once
+        otherwise); a drop-head queue then drops from the head down to its limits."""
+        self._expire(q)
+        if self._refuses(q, msg):
+            return False
         msg.seq = next(self._seq)
         now = self.clock.now()
         ttls = [t for t in (q.arg("x-message-ttl"), expiration(msg)) if t is not None]
         msg.expires_at = now + min(ttls) / 1000.0 * self.clock.scale if ttls else None
+        if ttls and min(ttls) == 0 and not q.ready and self._next_consumer(q) is not None:
+            msg.expires_at = None  # a consumer takes it now: RabbitMQ delivers it
         q.ready.append((msg.seq, msg))
         self._dispatch(q)
+        self._drop_head(q)
+        self._over_limit(q)
         return True
 
     # -- channels and consumers -------------------------------------------------------
@@ -112,6 +114,7 @@ class Model(Topology):
                 self._requeue(u, counts=True)  # a lost consumer counts on every version
                 touched.append(u.queue)
             for q in {id(q): q for q in touched}.values():
+                self._drop_head(q)  # requeued over its limit: as RabbitMQ, before delivering
                 self._dispatch(q)
             ch.sink.closed(code, text)
             self.changed.notify_all()
@@ -126,14 +129,29 @@ class Model(Topology):
             ch.prefetch = prefetch
             return True
 
-    def consume(self, ch: Channel, queue: str, no_ack: bool, tag: str | None = None) -> str:
+    def consume(
+        self,
+        ch: Channel,
+        queue: str,
+        no_ack: bool,
+        tag: str | None = None,
+        exclusive: bool = False,
+    ) -> str:
+        """basic.consume; refused (403, the channel closes) while the queue has an
+        exclusive consumer, and an exclusive one while it has any consumer."""
         with self.lock:
             try:
                 q = self._queue(queue)
             except ChannelError as exc:
                 raise self.fail_channel(ch, exc.code, exc.text) from None
+            if q.consumers and (exclusive or any(c.exclusive for c in q.consumers)):
+                raise self.fail_channel(
+                    ch,
+                    ACCESS_REFUSED,
+                    f"ACCESS_REFUSED - queue '{q.name}' in vhost '/' in exclusive use",
+                )
             tag = tag or f"amq.ctag-{next(self._ctag)}"
-            c = Consumer(tag, q, ch, no_ack)
+            c = Consumer(tag, q, ch, no_ack, exclusive=exclusive)
             ch.consumers[tag] = c
             q.consumers.append(c)
             self._dispatch(q)
@@ -176,6 +194,7 @@ class Model(Topology):
             _, msg = q.ready.pop(0)
             if not q.quorum:
                 return msg
+            self._relax(q)
             limit = self.rules.delivery_limit(q.arg("x-delivery-limit"))
             if limit is not None and msg.counted > limit:
                 self._dead_letter(q, msg, "delivery_limit")
@@ -199,18 +218,24 @@ class Model(Topology):
             props["headers"] = headers
             msg.props = wire.encode_properties(props)
 
+    def _next_consumer(self, q: Queue) -> int | None:
+        """The index (round-robin) of the next consumer of `q` with room, or None."""
+        n = len(q.consumers)
+        for i in range(n):
+            c = q.consumers[(q.turn + i) % n]
+            if c.no_ack or not c.channel.prefetch or c.unacked < c.channel.prefetch:
+                return (q.turn + i) % n
+        return None
+
     def _dispatch(self, q: Queue) -> None:
         self._expire(q)
         while q.ready and q.consumers and q.name in self.queues:
-            n = len(q.consumers)
-            for i in range(n):
-                c = q.consumers[(q.turn + i) % n]
-                ch = c.channel
-                if c.no_ack or not ch.prefetch or c.unacked < ch.prefetch:
-                    q.turn = (q.turn + i + 1) % max(n, 1)
-                    break
-            else:
+            i = self._next_consumer(q)
+            if i is None:
                 return
+            c = q.consumers[i]
+            ch = c.channel
+            q.turn = (i + 1) % len(q.consumers)
             msg = self._take(q)
             if msg is None:
                 return
@@ -256,6 +281,7 @@ class Model(Topology):
             else:
                 self._dead_letter(u.queue, u.msg, "rejected")
         for q in touched.values():
+            self._drop_head(q)  # requeued over its limit: as RabbitMQ, before delivering
             self._dispatch(q)
         self.changed.notify_all()
 
@@ -292,80 +318,6 @@ class Model(Topology):
     def tx_rollback(self, ch: Channel) -> None:
         with self.lock:
             ch.tx_ops.clear()
-
-    # -- dead letters and expiry --------------------------------------------------------
-
-    def _dead_letter(self, q: Queue, msg: Message, reason: str) -> None:
-        dlx = q.arg("x-dead-letter-exchange")
-        if dlx is None or dlx not in self.exchanges:
-            return
-        rk = q.arg("x-dead-letter-routing-key")
-        props = msg.properties()
-        headers: dict[str, Any] = dict(props.get("headers") or {})
-        if msg.deaths is None:  # before 4.0: whatever x-death the message carries
-            deaths = list(python_headers(msg).get("x-death") or [])
-        else:  # 4.0+: only what this broker dead-lettered
-            deaths = [dict(d) for d in msg.deaths]
-            if not deaths:  # the publisher's death headers start nothing
-                for k in [k for k in headers if k.startswith(("x-first-death", "x-last-death"))]:
-                    del headers[k]
-        now = int(time.time())
-        entry = None
-        for d in deaths:
-            if isinstance(d, dict) and d.get("queue") == q.name and d.get("reason") == reason:
-                entry = d
-        if entry is not None:
-            deaths.remove(entry)
-            entry["count"] = int(entry.get("count", 1)) + 1
-            entry["time"] = now
-        else:
-            entry = {
-                "count": 1,
-                "reason": reason,
-                "queue": q.name,
-                "time": now,
-                "exchange": msg.exchange,
-                "routing-keys": [msg.routing_key],
-            }
-            if props.get("expiration") is not None:
-                entry["original-expiration"] = props["expiration"]
-        headers["x-death"] = [entry, *deaths]
-        headers.setdefault("x-first-death-reason", reason)
-        headers.setdefault("x-first-death-queue", q.name)
-        headers.setdefault("x-first-death-exchange", msg.exchange)
-        headers["x-last-death-reason"] = reason
-        headers["x-last-death-queue"] = q.name
-        headers["x-last-death-exchange"] = msg.exchange
-        headers.pop("x-delivery-count", None)
-        headers.pop("x-acquired-count", None)
-        props["headers"] = headers
-        props.pop("expiration", None)
-        copy = Message(msg.body, wire.encode_properties(props), dlx, rk or msg.routing_key)
-        if msg.deaths is not None:
-            copy.deaths = [dict(d) for d in headers["x-death"]]
-        for target in self.route(dlx, copy.routing_key, headers):
-            self._enqueue(target, copy_message(copy))
-
-    def _expire(self, q: Queue) -> None:
-        now = self.clock.now()
-        while q.ready:
-            _, head = q.ready[0]
-            if head.expires_at is None or head.expires_at > now:
-                return
-            q.ready.pop(0)
-            self._dead_letter(q, head, "expired")
-            self.changed.notify_all()
-
-    def expire_due(self) -> float | None:
-        """Expire what is due in every queue; the clock time of the next expiry, or None."""
-        with self.lock:
-            nxt: float | None = None
-            for q in list(self.queues.values()):
-                self._dispatch(q)
-                if q.ready and q.ready[0][1].expires_at is not None:
-                    at = q.ready[0][1].expires_at
-                    nxt = at if nxt is None else min(nxt, at)
-            return nxt
 
     # -- reading --------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ class SelectChannel:
         self.channel_number = conn.next_channel()
         self._on_close: list[Callback] = []
         self._on_return: list[Callback] = []
-        self._on_cancel: list[Callback] = []  # the in-memory broker never cancels a consumer
+        self._on_cancel: list[Callback] = []
         self._consumers: dict[str, Callback] = {}
         self._on_confirm: Callback | None = None
         self._seq = 0
@@ -61,6 +61,18 @@ class SelectChannel:
             consumer_tag, tag, redelivered, msg.exchange, msg.routing_key
         )
         self._loop.add_callback_threadsafe(lambda: fn(self, method, decode_props(msg), msg.body))
+
+    def cancelled(self, consumer_tag: str) -> None:
+        """basic.cancel from the broker: pika forgets the consumer, then calls back with
+        the method frame."""
+        frame = pika.frame.Method(self.channel_number, pika.spec.Basic.Cancel(consumer_tag))
+
+        def notify() -> None:
+            self._consumers.pop(consumer_tag, None)
+            for cb in list(self._on_cancel):
+                cb(frame)
+
+        self._loop.add_callback_threadsafe(notify)
 
     def closed(self, code: int, text: str) -> None:
         reason = closed_error(code, text)
@@ -116,14 +128,15 @@ class SelectChannel:
         queue: str,
         on_message_callback: Callback,
         auto_ack: bool = False,
+        exclusive: bool = False,
         consumer_tag: str | None = None,
+        arguments: dict[str, Any] | None = None,
         callback: Callback | None = None,
-        **_: Any,
     ) -> str:
         self._check()
         tag = consumer_tag or f"ctag{self.channel_number}.{id(self):x}.{len(self._consumers)}"
         self._consumers[tag] = on_message_callback
-        ok = self._run(lambda: self._model.consume(self.state, queue, auto_ack, tag))
+        ok = self._run(lambda: self._model.consume(self.state, queue, auto_ack, tag, exclusive))
         if ok is not None:
             self._then(callback, pika.spec.Basic.ConsumeOk(tag))
         return tag

@@ -12,7 +12,9 @@ failing test, not be mirrored by the stand-in.
   publisher's `x-delivery-count` is overwritten (0) on a first delivery.
 - 4.0 and 4.3: a quorum queue without `x-delivery-limit` has the limit 20; a
   publisher's `x-death` is ignored (dead-lettering counts only what the broker itself
-  dead-lettered).
+  dead-lettered); a quorum queue's `x-max-length-bytes` counts the encoded properties
+  as well as the body (3.x and classic queues: the body only; seen on 3.10.8 and
+  4.3.6, 4.0 assumed to be 4.3).
 - 4.3: only `basic.reject` and a lost consumer count in `x-delivery-count` (and
   toward the delivery limit), `basic.nack` does not; the header is written once the
   count is above 0 (a publisher's value passes until then); `x-acquired-count` counts
@@ -52,6 +54,9 @@ class Rules:
     """A non-durable, non-exclusive queue is refused (4.3)."""
     refuses_global_qos: bool = False
     """basic.qos global=true is refused (4.3)."""
+    quorum_size_counts_properties: bool = False
+    """A quorum queue's x-max-length-bytes counts each message's encoded properties as
+    well as its body (4.x; seen on 4.3.6: 2 bytes of property flags more per message)."""
 
     def delivery_limit(self, declared: object) -> int | None:
         """The delivery limit of a quorum queue that declared `declared` (or nothing)."""
@@ -93,9 +98,15 @@ class Rules:
 
 
 V3_13 = Rules("3.13.7")
-V4_0 = Rules("4.0.5", default_delivery_limit=20, honours_client_x_death=False)
+V4_0 = Rules(
+    "4.0.5",
+    default_delivery_limit=20,
+    honours_client_x_death=False,
+    quorum_size_counts_properties=True,
+)
 V4_3 = Rules(
     "4.3.6",
+    quorum_size_counts_properties=True,
     nack_counts=False,
     acquired_count=True,
     overwrite_first_delivery_count=False,

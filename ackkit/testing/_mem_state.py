@@ -33,6 +33,10 @@ class Sink(Protocol):
 
     def closed(self, code: int, text: str) -> None: ...
 
+    def cancelled(self, consumer_tag: str) -> None:
+        """The broker cancelled this channel's consumer (basic.cancel: its queue was
+        deleted); the channel stays open."""
+
 
 class Clock:
     """Real time, scaled: `scale` 0 makes every TTL expire at once."""
@@ -88,6 +92,7 @@ class Consumer:
     channel: Channel
     no_ack: bool
     unacked: int = 0
+    exclusive: bool = False
 
 
 @dataclass
@@ -99,13 +104,40 @@ class Queue:
     unacked: int = 0
     consumers: list[Consumer] = field(default_factory=list)
     turn: int = 0
+    blocked: bool = False
+    """A quorum reject-publish queue over its limit refuses publishes (rabbit_fifo)."""
+    policy: dict[str, Any] = field(default_factory=dict)
+    """The definition of the policy that applies to it (``set_policy``), e.g. max-length."""
+    policy_name: str | None = None
 
     def arg(self, name: str) -> Any:
-        return self.arguments.get(name)
+        """The argument `name` in effect: its own, or its policy's ("x-" dropped); with
+        both, the lower of two limits or TTLs, else its own (RabbitMQ's resolution)."""
+        own = self.arguments.get(name)
+        if not self.policy or not name.startswith("x-"):
+            return own
+        ruled = self.policy.get(name[2:])
+        if ruled is None:
+            return own
+        if own is None:
+            return ruled
+        if name in LOWER_WINS and _is_int(own) and _is_int(ruled):
+            return min(own, ruled)
+        return own
 
     @property
     def quorum(self) -> bool:
-        return bool(self.arg("x-queue-type") == "quorum")
+        return bool(self.arguments.get("x-queue-type") == "quorum")
+
+
+LOWER_WINS = frozenset(
+    {"x-max-length", "x-max-length-bytes", "x-message-ttl", "x-expires", "x-delivery-limit"}
+)
+"""Where a queue's argument and its policy both set a value, the lower one applies."""
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 @dataclass
@@ -162,11 +194,63 @@ def _words(pat: list[str], words: list[str]) -> bool:
     return (head == "*" or head == words[0]) and _words(rest, words[1:])
 
 
-def same_args(a: dict[str, Any], b: dict[str, Any]) -> bool:
+CLASSIC_ARGUMENTS = frozenset(
+    {
+        "x-expires",
+        "x-message-ttl",
+        "x-dead-letter-exchange",
+        "x-dead-letter-routing-key",
+        "x-max-length",
+        "x-max-length-bytes",
+        "x-max-priority",
+        "x-overflow",
+        "x-queue-mode",
+        "x-queue-version",
+        "x-single-active-consumer",
+        "x-queue-type",
+        "x-queue-master-locator",
+    }
+)
+"""The arguments a re-declare of a classic queue must repeat (RabbitMQ's
+`rabbit_classic_queue:capabilities()` queue_arguments); any other may differ."""
+
+QUORUM_ARGUMENTS = frozenset(
+    {
+        "x-dead-letter-exchange",
+        "x-dead-letter-routing-key",
+        "x-dead-letter-strategy",
+        "x-expires",
+        "x-max-length",
+        "x-max-length-bytes",
+        "x-max-in-memory-length",
+        "x-max-in-memory-bytes",
+        "x-overflow",
+        "x-single-active-consumer",
+        "x-queue-type",
+        "x-quorum-initial-group-size",
+        "x-delivery-limit",
+        "x-message-ttl",
+        "x-queue-leader-locator",
+    }
+)
+"""The same for a quorum queue (`rabbit_quorum_queue:capabilities()`)."""
+
+
+def inequivalent_arg(current: dict[str, Any], received: dict[str, Any]) -> str | None:
+    """The first argument a re-declare with `received` may not change on a queue declared
+    with `current`, or None. As RabbitMQ's `assert_args_equivalence`: only the arguments
+    its queue type knows are compared (changed, added or left out); a custom `x-...`
+    argument may differ. x-queue-type "classic" equals no x-queue-type."""
+
     def norm(d: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in d.items() if not (k == "x-queue-type" and v == "classic")}
 
-    return norm(a) == norm(b)
+    a, b = norm(current), norm(received)
+    known = QUORUM_ARGUMENTS if a.get("x-queue-type") == "quorum" else CLASSIC_ARGUMENTS
+    for key in sorted(known):
+        if a.get(key) != b.get(key) or (key in a) != (key in b):
+            return key
+    return None
 
 
 def copy_message(msg: Message) -> Message:

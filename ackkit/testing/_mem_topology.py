@@ -10,7 +10,9 @@ headers exchanges.
 from __future__ import annotations
 
 import itertools
+import re
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 from ._mem_rules import Rules, rules_for
@@ -23,9 +25,18 @@ from ._mem_state import (
     Clock,
     Exchange,
     Queue,
-    same_args,
+    inequivalent_arg,
     topic_matches,
 )
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    pattern: re.Pattern[str]
+    definition: dict[str, Any]
+    apply_to: str
+    priority: int
 
 
 class Topology:
@@ -41,6 +52,7 @@ class Topology:
         for kind in ("direct", "fanout", "topic", "headers"):
             self.exchanges[f"amq.{kind}"] = Exchange(f"amq.{kind}", kind)
         self.channels: set[int] = set()
+        self.policies: dict[str, Policy] = {}
         self._seq = itertools.count(1)
         self._ctag = itertools.count(1)
         self.changed = threading.Condition(self.lock)
@@ -69,24 +81,60 @@ class Topology:
                 if not name:
                     name = f"amq.gen-{next(self._seq)}"
                 q = self.queues[name] = Queue(name, args, durable)
+                self._apply_policy(q)
                 return q
-            if not same_args(q.arguments, args):
-                diff = sorted(set(q.arguments.items()) ^ set(args.items()), key=str)
+            key = inequivalent_arg(q.arguments, args)
+            if key is not None:
                 raise ChannelError(
                     PRECONDITION_FAILED,
-                    f"PRECONDITION_FAILED - inequivalent arg for queue '{name}' in vhost '/': "
-                    f"{diff[0][0]!r} received {args.get(diff[0][0])!r} but current is "
-                    f"{q.arguments.get(diff[0][0])!r}",
+                    f"PRECONDITION_FAILED - inequivalent arg '{key}' for queue '{name}' in "
+                    f"vhost '/': received {_shown(args, key)} but current is "
+                    f"{_shown(q.arguments, key)}",
                 )
             return q
+
+    # -- policies -------------------------------------------------------------------
+
+    def set_policy(
+        self, name: str, pattern: str, definition: dict[str, Any], apply_to: str, priority: int
+    ) -> None:
+        with self.lock:
+            self.policies[name] = Policy(name, re.compile(pattern), definition, apply_to, priority)
+            for q in self.queues.values():
+                self._apply_policy(q)
+            self.changed.notify_all()
+
+    def clear_policy(self, name: str) -> None:
+        with self.lock:
+            if self.policies.pop(name, None) is None:
+                raise ChannelError(NOT_FOUND, f"NOT_FOUND - no policy '{name}' in vhost '/'")
+            for q in self.queues.values():
+                self._apply_policy(q)
+            self.changed.notify_all()
+
+    def _apply_policy(self, q: Queue) -> None:
+        """The policy of `q`: of those whose pattern matches its name (and that apply to
+        its type), the one with the highest priority."""
+        best: Policy | None = None
+        for p in self.policies.values():
+            if not p.pattern.search(q.name):
+                continue
+            if p.apply_to == ("classic_queues" if q.quorum else "quorum_queues"):
+                continue
+            if best is None or p.priority > best.priority:
+                best = p
+        q.policy = dict(best.definition) if best else {}
+        q.policy_name = best.name if best else None
 
     def queue_delete(self, name: str) -> int:
         with self.lock:
             q = self.queues.pop(name, None)
             if q is None:
                 return 0
-            for c in list(q.consumers):
+            for c in list(q.consumers):  # each gets basic.cancel (consumer_cancel_notify)
                 c.channel.consumers.pop(c.tag, None)
+                c.channel.sink.cancelled(c.tag)
+            q.consumers.clear()
             for ex in self.exchanges.values():
                 ex.bindings = [b for b in ex.bindings if b.queue != name]
             self.changed.notify_all()
@@ -97,6 +145,7 @@ class Topology:
             q = self._queue(name)
             n = len(q.ready)
             q.ready.clear()
+            q.blocked = False
             self.changed.notify_all()
             return n
 
@@ -188,3 +237,7 @@ class Topology:
             if hit and b.queue not in names:
                 names.append(b.queue)
         return [self.queues[n] for n in names if n in self.queues]
+
+
+def _shown(args: dict[str, Any], key: str) -> str:
+    return f"the value '{args[key]}'" if key in args else "none"

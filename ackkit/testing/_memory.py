@@ -22,6 +22,7 @@ import itertools
 import os
 import threading
 import time
+from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
@@ -30,7 +31,8 @@ from ._errors import BrokerError, QueueNotFound
 from ._handle import BrokerHandle
 from ._mem_model import Model
 from ._mem_rules import DEFAULT, rules_for
-from ._mem_state import Clock, ManualClock
+from ._mem_state import ChannelError, Clock, ManualClock
+from ._policies import check_policy
 from ._queries import QueueCounts
 
 __all__ = ["InMemoryBroker"]
@@ -249,6 +251,39 @@ class InMemoryBroker(BrokerHandle):
     def exchange_names(self) -> list[str]:
         with self.model.lock:
             return sorted(self.model.exchanges)
+
+    # -- policies ----------------------------------------------------------------------
+
+    def set_policy(
+        self,
+        name: str,
+        pattern: str,
+        definition: Mapping[str, Any],
+        *,
+        apply_to: str = "queues",
+        priority: int = 0,
+        wait_for: str | None = None,
+        timeout: float = 10.0,
+    ) -> None:
+        """As on a real node: the queues whose names match ``pattern`` follow the policy
+        (max-length, max-length-bytes, overflow, message-ttl, dead-letter-exchange,
+        dead-letter-routing-key, delivery-limit) combined with their own arguments as
+        RabbitMQ combines them. It applies at once (``wait_for`` has nothing to wait for)."""
+        check_policy(name, pattern, definition, apply_to)
+        self.model.set_policy(name, pattern, dict(definition), apply_to, priority)
+
+    def clear_policy(
+        self, name: str, *, wait_for: str | None = None, timeout: float = 10.0
+    ) -> None:
+        try:
+            self.model.clear_policy(name)
+        except ChannelError as exc:
+            raise BrokerError(f"{exc.text} (in-memory broker {self.name})") from None
+
+    def policy_of(self, queue: str) -> str | None:
+        with self.model.lock:
+            q = self.model.queues.get(queue)
+            return None if q is None else q.policy_name
 
     def ctl(self, *args: str, timeout: float = 60.0) -> str:
         raise BrokerError(f"{self!r} has no node to run rabbitmqctl against")
