@@ -5,8 +5,9 @@ and compared with what the command really prints.
 How a page runs (like a notebook): its blocks run in order in one namespace, on one
 in-memory broker (``InMemoryBroker(ttl_scale=0)``: retry delays do not wait). The
 broker URL the docs show, ``amqp://guest:guest@127.0.0.1:5672/%2f``, and the names
-``url`` / ``URL`` mean that broker. ``app.run()`` (which would block until a signal)
-starts the app and stops it again. A block that defines ``test_*`` functions has them
+``url`` / ``URL`` mean that broker (``DOCS`` is the docs directory, for hidden
+setups). ``app.run()`` (which would block until a signal) starts the app and stops it
+again. A block that defines ``test_*`` functions has them
 called, with the test kit's fixtures by name (``memory_broker``, ``amqp_broker``,
 ``queue_factory``, ``tmp_path``, ``monkeypatch``). Console blocks run ``ackkit`` in
 this process against the page's broker (``AMQP_URL``), after the page's earlier
@@ -34,7 +35,7 @@ import pytest
 from ackkit import App
 from ackkit.testing import InMemoryBroker
 
-from ._blocks import ROOT, Block, blocks, pages
+from ._blocks import DOCS, ROOT, Block, blocks, pages
 
 DOC_URL = "amqp://guest:guest@127.0.0.1:5672/%2f"
 _ids = itertools.count()
@@ -76,7 +77,7 @@ class Page:
         self.module = types.ModuleType(name)  # importable: pydantic and pickle-free lookups
         sys.modules[name] = self.module
         self.ns = self.module.__dict__
-        self.ns.update(url=broker.url, URL=broker.url, broker=broker)
+        self.ns.update(url=broker.url, URL=broker.url, broker=broker, DOCS=DOCS)
         self.ran: set[str] = set()
         self.memory: list[InMemoryBroker] = []
 
