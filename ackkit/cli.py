@@ -75,7 +75,7 @@ def build_cli() -> typer.Typer:
     from rich.markup import escape
 
     from . import __version__
-    from ._cli_output import Column, json_text, resolve, table, tsv
+    from ._cli_output import Column, dead_letter_table, json_text, resolve, table, tsv
     from ._dead_letters import ReplayFilter
     from ._dlq import DeadLetterQueue, safe_error
     from ._queues import SOURCES, QueueSourceError, list_queues
@@ -156,16 +156,8 @@ def build_cli() -> typer.Typer:
         if fmt is OutputFormat.TSV:
             emit(tsv([*keys, "dead_lettered_at", "notes"], rows), url)
             return
-        cols = [
-            Column("message_id", 12),
-            Column("attempts", 3, numeric=True),
-            Column("error type", 10),
-            Column("reason", 12),
-            Column("original queue", 8),
-            Column("dead-lettered at", 10),
-            Column("notes", 5),
-        ]
-        emit(f"{queue}: {count} message(s)\n" + table(cols, rows, width()), url)
+        cols, cells = dead_letter_table(rows)
+        emit(f"{queue}: {count} message(s)\n" + table(cols, cells, width()), url)
         if len(letters) < count:
             emit(f"({count - len(letters)} more; --limit 0 shows all)\n", url)
 
