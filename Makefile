@@ -23,7 +23,7 @@ LEG43_SKIP := --ignore=tests/spark/test_spark_crash.py
 leg_env = $(if $(filter 3.10,$(1)),,env -u AMQP_URL) ACKKIT_TEST_RABBITMQ=$(1)
 RESULTS_SUFFIX := $(if $(filter 3.10,$(RABBITMQ)),,-$(RABBITMQ))
 
-.PHONY: demo test test-matrix test-docker unit fuzz check bench bench-quick chaos clean
+.PHONY: demo docs docs-serve test test-matrix test-docker unit fuzz check bench bench-quick chaos clean
 
 $(STAMP): pyproject.toml .ci/bootstrap
 	bash .ci/bootstrap
@@ -31,6 +31,15 @@ $(STAMP): pyproject.toml .ci/bootstrap
 
 demo: $(STAMP)
 	$(PY) -m examples.demo
+
+# The documentation site (docs/, mkdocs.yml) into site/: strict, so a broken link or
+# reference fails; no network needed. `make test` runs this build and every example in
+# the docs (tests/docs).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	.venv/bin/mkdocs serve
 
 test: $(STAMP)
 	PYTEST=$(PYTEST) BROKER_SUITES="$(BROKER_SUITES)" LEG43_SKIP="$(LEG43_SKIP)" bash .ci/test-legs

@@ -112,6 +112,40 @@ def table(columns: Sequence[Column], rows: Iterable[Sequence[object]], width: in
     return "\n".join(lines) + "\n"
 
 
+DEAD_LETTER_COLUMNS = (
+    Column("message_id", 12),
+    Column("attempts", 3, numeric=True),
+    Column("error type", 10),
+    Column("reason", 20),
+    Column("queue", 5),
+    Column("dead-lettered", 8),
+    Column("notes", 5),
+)
+"""`ackkit dlq inspect`'s table: message id, attempts, error type, reason, original
+queue, when (MM-DD HH:MM:SS, UTC), notes."""
+
+
+def dead_letter_table(rows: Sequence[Sequence[object]]) -> tuple[list[Column], list[list[object]]]:
+    """The columns and cells of `dlq inspect`'s table, made to read at 80 columns: the
+    time without year and fraction, and a message-id or notes column that is empty in
+    every row left out (TSV and JSON keep every field whole)."""
+    cells = [[*r[:5], _short_time(r[5]), *r[6:]] for r in rows]
+    keep = [
+        i
+        for i, c in enumerate(DEAD_LETTER_COLUMNS)
+        if c.name not in ("message_id", "notes") or any(r[i] is not None for r in cells)
+    ]
+    return [DEAD_LETTER_COLUMNS[i] for i in keep], [[r[i] for i in keep] for r in cells]
+
+
+def _short_time(value: object) -> object:
+    """'2026-11-26T06:49:03.123+00:00' -> '11-26 06:49:03' (other values unchanged)."""
+    text = str(value) if value is not None else ""
+    if len(text) >= 19 and text[4] == "-" and text[10] in "T " and text[13] == ":":
+        return f"{text[5:10]} {text[11:19]}"
+    return value
+
+
 def _one_line(text: str) -> str:
     return "".join(ch if ch.isprintable() else " " for ch in text)
 

@@ -69,6 +69,23 @@ def run_app(app: Any) -> None:
         app.run()
 
 
+STOPPED_COUNTS = (
+    ("received", "received"),
+    ("acked", "acked"),
+    ("retrying", "retried"),
+    ("dead_lettered", "dead-lettered"),
+    ("requeued", "requeued"),
+    ("returned", "returned"),
+)
+
+
+def stopped_line(target: str, stats: dict[str, dict[str, int]]) -> str:
+    """The last line of `ackkit run`: what the app's listeners did, summed."""
+    total = {key: sum(s.get(key, 0) for s in stats.values()) for key, _ in STOPPED_COUNTS}
+    counts = ", ".join(f"{total[key]} {word}" for key, word in STOPPED_COUNTS)
+    return f"ackkit: stopped {target}: {counts}"
+
+
 def run_workers(
     target: str,
     workers: int,

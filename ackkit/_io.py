@@ -40,7 +40,7 @@ def reconnect_logger(safe_url: str) -> Callable[[Any], None]:
 
     def before_sleep(rs: Any) -> None:
         log.warning(
-            "ackkit: connecting to %s failed (attempt %d): %s; retrying",
+            "connecting to %s failed (attempt %d): %s; retrying",
             safe_url,
             rs.attempt_number,
             mask_text(str(rs.outcome.exception()) if rs.outcome else ""),

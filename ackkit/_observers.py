@@ -68,7 +68,7 @@ class ObserverThread:
         self._events.put(None)
         th.join(timeout)
         if th.is_alive():
-            log.warning("ackkit: event observers still busy after %.0f s; not waited for", timeout)
+            log.warning("event observers still busy after %.0f s; not waited for", timeout)
         self._thread = None
 
     def _run(self) -> None:

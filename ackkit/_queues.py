@@ -59,6 +59,8 @@ class QueueListing:
     source: str
     rows: list[QueueRow]
     notes: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    """Queues asked for by name that do not exist (`ackkit queues` exits 1)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -127,12 +129,17 @@ def list_queues(
                         "AMQP cannot list queues: name the queues to count "
                         "(ready and consumers only; AMQP does not count unacked messages)"
                     )
-                return QueueListing("amqp", _amqp(url, names), notes)
+                rows = _amqp(url, names)
+                missing = [r.name for r in rows if r.ready is None]
+                if missing:
+                    notes.append(f"not found: {', '.join(missing)}")
+                return QueueListing("amqp", rows, notes, missing)
         except QueueSourceError as exc:
             if source != "auto":
                 raise
             notes.append(f"{src}: {_mask(str(exc), t)}")
             continue
+        missing = []
         if names:
             wanted = set(names)
             missing = [n for n in names if n not in {r.name for r in rows}]
@@ -140,7 +147,7 @@ def list_queues(
             rows += [QueueRow(n, None, None, None, None) for n in missing]
             if missing:
                 notes.append(f"not found: {', '.join(missing)}")
-        return QueueListing(src, sorted(rows, key=lambda r: r.name), notes)
+        return QueueListing(src, sorted(rows, key=lambda r: r.name), notes, missing)
     raise QueueSourceError("no source answered: " + "; ".join(notes))
 
 
@@ -254,10 +261,10 @@ def _amqp(url: str, names: Sequence[str]) -> list[QueueRow]:
     import pika
     import pika.exceptions
 
-    from ._sync._pika import parameters, passive_declare
+    from ._sync._pika import blocking_connection, parameters, passive_declare
 
     rows: list[QueueRow] = []
-    conn = pika.BlockingConnection(parameters(url, name="ackkit-queues"))
+    conn = blocking_connection(parameters(url, name="ackkit-queues"))  # memory:// too
     try:
         for name in names:
             ch = conn.channel()

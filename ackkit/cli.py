@@ -30,6 +30,7 @@ from ._cli_run import (
     run_app,
     run_workers,
     set_startup_timeout,
+    stopped_line,
 )
 from ._url import mask_text, mask_url
 
@@ -74,7 +75,7 @@ def build_cli() -> typer.Typer:
     from rich.markup import escape
 
     from . import __version__
-    from ._cli_output import Column, json_text, resolve, table, tsv
+    from ._cli_output import Column, dead_letter_table, json_text, resolve, table, tsv
     from ._dead_letters import ReplayFilter
     from ._dlq import DeadLetterQueue, safe_error
     from ._queues import SOURCES, QueueSourceError, list_queues
@@ -155,16 +156,8 @@ def build_cli() -> typer.Typer:
         if fmt is OutputFormat.TSV:
             emit(tsv([*keys, "dead_lettered_at", "notes"], rows), url)
             return
-        cols = [
-            Column("message_id", 12),
-            Column("attempts", 3, numeric=True),
-            Column("error type", 10),
-            Column("reason", 12),
-            Column("original queue", 8),
-            Column("dead-lettered at", 10),
-            Column("notes", 5),
-        ]
-        emit(f"{queue}: {count} message(s)\n" + table(cols, rows, width()), url)
+        cols, cells = dead_letter_table(rows)
+        emit(f"{queue}: {count} message(s)\n" + table(cols, cells, width()), url)
         if len(letters) < count:
             emit(f"({count - len(letters)} more; --limit 0 shows all)\n", url)
 
@@ -222,7 +215,8 @@ def build_cli() -> typer.Typer:
         ),
         url: str = url_opt,
     ) -> None:
-        """Queue counts (name, ready, unacked, total, consumers) like rabbitmqctl list_queues."""
+        """Queue counts (name, ready, unacked, total, consumers) like rabbitmqctl list_queues.
+        Exits 1 when a queue named on the command line does not exist."""
         if source not in SOURCES:
             raise fail(f"--source must be one of {', '.join(SOURCES)}", url, 2)
         try:
@@ -247,6 +241,8 @@ def build_cli() -> typer.Typer:
             # A source that did not answer before another did is not news on every call.
             if verbose or not note.startswith(tuple(f"{s}:" for s in SOURCES)):
                 err().print(_safe(note, url), markup=False)
+        if listing.missing:  # asked for by name and not there: a script must notice
+            raise typer.Exit(1)
 
     @cli.command("run")
     def run(
@@ -313,6 +309,8 @@ def build_cli() -> typer.Typer:
             pass
         except Exception as exc:
             raise fail(f"{type(exc).__name__}: {exc}", str(getattr(app, "url", ""))) from None
+        if hasattr(app, "stats"):
+            err().print(stopped_line(target, app.stats()), markup=False)
 
     @cli.command("docs")
     def docs(

@@ -1,1 +1,1 @@
-"""Runnable Spark pipelines built on ackkit.spark (see spark/README.md)."""
+"""Runnable Spark pipelines built on ackkit.spark (see docs/guide/spark.md)."""

@@ -41,7 +41,11 @@ FIXED_SEED = 20261126
 REGRESSIONS = Path(__file__).parent / "hypothesis-db"
 FUZZ = int(os.environ.get("ACKKIT_FUZZ") or 0)
 _seed_env = os.environ.get("ACKKIT_HYPOTHESIS_SEED")
-SEED = int(_seed_env) if _seed_env else (random.SystemRandom().randrange(2**32) if FUZZ else FIXED_SEED)
+SEED = (
+    int(_seed_env)
+    if _seed_env
+    else (random.SystemRandom().randrange(2**32) if FUZZ else FIXED_SEED)
+)
 
 _local = DirectoryBasedExampleDatabase(".hypothesis/examples")
 _kept = DirectoryBasedExampleDatabase(str(REGRESSIONS))

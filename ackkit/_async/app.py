@@ -89,7 +89,7 @@ class AsyncApp(AppBase):
         except BaseException:
             self._runtime = None
             raise
-        log.info("ackkit: %d async listener(s) consuming from %s", len(self.specs), self.safe_url)
+        log.info("%d async listener(s) consuming from %s", len(self.specs), self.safe_url)
 
     async def stop(self, timeout: float | None = None) -> None:
         """Graceful shutdown: cancel, finish in-flight handlers, requeue the rest, flush acks."""
@@ -135,7 +135,7 @@ class AsyncApp(AppBase):
             await self.stop()
 
     def _on_signal(self, sig: signal.Signals) -> None:
-        log.info("ackkit: signal %d, shutting down gracefully", sig)
+        log.info("signal %d, shutting down gracefully", sig)
         self.request_stop()
 
     @contextlib.asynccontextmanager

@@ -203,7 +203,7 @@ class AsyncRuntime:
         if not self.stopping:
             reason = "" if amqp.closing.cancelled() else repr(amqp.closing.exception())
             log.warning(
-                "ackkit: connection to %s lost (%s); reconnecting",
+                "connection to %s lost (%s); reconnecting",
                 s.safe_url,
                 mask_text(reason),
             )

@@ -1,7 +1,7 @@
 """What a copy of a delivery carries: retry, dead-letter and restamp copies alike.
 
 One function, `copy_properties`, decides the basic properties of every copy
-ackkit publishes, for every runtime. The rules (README, "What a copy carries"):
+ackkit publishes, for every runtime. The rules (docs/guide/failures.md, "What a copy carries"):
 
 kept
     the original's body, every property and every header not named below,

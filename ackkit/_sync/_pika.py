@@ -23,6 +23,27 @@ from ._frames import SafeSelectConnection
 
 NO_EXCHANGES = Plan()
 
+# pika logs every failed connection attempt at ERROR on these loggers, with a traceback
+# (about ten lines an attempt; a refused login three more); ackkit logs the cause itself,
+# in one line, and retries or fails. Their lines are kept when pika's logger is at DEBUG
+# (`ackkit run --log-level DEBUG`, or your own logging config).
+CONNECT_CHATTER = (
+    "pika.connection",
+    "pika.adapters.utils.connection_workflow",
+    "pika.adapters.utils.io_services_utils",
+    "pika.adapters.blocking_connection",
+)
+
+
+def _connect_chatter(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.CRITICAL or logging.getLogger("pika").isEnabledFor(
+        logging.DEBUG
+    )
+
+
+for _name in CONNECT_CHATTER:
+    logging.getLogger(_name).addFilter(_connect_chatter)
+
 PROPERTY_FIELDS = tuple(n for n in wire.PROPERTY_NAMES if n != "cluster_id")
 """The basic properties pika reads and writes (cluster_id is deprecated and left out)."""
 

@@ -65,7 +65,7 @@ class App(AppBase):
         except BaseException:
             self._runtime = None
             raise
-        log.info("ackkit: %d listener(s) consuming from %s", len(self.specs), self.safe_url)
+        log.info("%d listener(s) consuming from %s", len(self.specs), self.safe_url)
 
     def stop(self, timeout: float | None = None) -> None:
         """Graceful shutdown: cancel, finish in-flight handlers, requeue the rest, flush acks."""
@@ -97,7 +97,7 @@ class App(AppBase):
             self.stop()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        log.info("ackkit: signal %d, shutting down gracefully", signum)
+        log.info("signal %d, shutting down gracefully", signum)
         threading.Thread(target=self.stop, name="ackkit-stop", daemon=True).start()
 
     @contextlib.contextmanager

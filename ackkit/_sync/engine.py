@@ -71,7 +71,7 @@ class Engine:
         try:
             conn.ioloop.add_callback_threadsafe(fn)
         except Exception:  # its loop is closed: the broker requeues what was unsettled
-            log.debug("ackkit: I/O loop closed; dropped a callback", exc_info=True)
+            log.debug("I/O loop closed; dropped a callback", exc_info=True)
             return False
         return True
 
@@ -122,7 +122,7 @@ class Engine:
             raise ConnectFailed(self._close_reason)
         if not self.stopping:
             log.warning(
-                "ackkit: connection to %s lost (%s); reconnecting",
+                "connection to %s lost (%s); reconnecting",
                 self.safe_url,
                 self._close_reason,
             )

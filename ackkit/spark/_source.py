@@ -184,7 +184,7 @@ class _Runner:
         plan = self.consumer.take(start, seal)
         if not sealed:
             return iter([]), _offset(q, start)
-        # Where a batch's time went in this process (see spark/README.md, Throughput).
+        # Where a batch's time went in this process (see docs/measured/spark.md).
         self.timings.append(
             {
                 "start": start,

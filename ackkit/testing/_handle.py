@@ -14,7 +14,7 @@ import time
 import urllib.parse
 from collections.abc import Iterator, Sequence
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._env import ENV_URL
 from ._errors import BrokerError, BrokerNotOwned, QueueNotFound
@@ -38,7 +38,11 @@ __all__ = ["BrokerHandle"]
 
 log = logging.getLogger("ackkit.testing")
 
+if TYPE_CHECKING:
+    from .._spec import AppBase
+
 _H = TypeVar("_H", bound="BrokerHandle")
+_A = TypeVar("_A", bound="AppBase")
 
 
 def _pika() -> Any:
@@ -90,6 +94,27 @@ class BrokerHandle(KitHelpers, PolicyControl):
         )
 
     __str__ = __repr__
+
+    # -- apps -------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def attach(self, app: _A) -> Iterator[_A]:
+        """Point `app` (an App or AsyncApp built with any URL, e.g. your production
+        settings') at this broker for the with-block, and give its URL back after it;
+        start it inside. The same on the in-memory broker and a real one::
+
+            with amqp_broker.attach(app), app.running(): ...
+            with amqp_broker.attach(app):
+                async with app.running(): ...
+        """
+        if getattr(app, "is_running", False):
+            raise RuntimeError("attach() an app before starting it")
+        url = app.url
+        app.url = self.url
+        try:
+            yield app
+        finally:
+            app.url = url
 
     # -- lifetime ---------------------------------------------------------------
 

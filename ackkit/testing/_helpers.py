@@ -20,7 +20,14 @@ from .._dead_letters import DeadLetter, describe
 from ._errors import BrokerError
 from ._queries import QueueCounts
 
-__all__ = ["KitHelpers", "NotRouted", "QueuedMessage", "wait_until", "wait_until_async"]
+__all__ = [
+    "KitHelpers",
+    "MessageProperties",
+    "NotRouted",
+    "QueuedMessage",
+    "wait_until",
+    "wait_until_async",
+]
 
 M = TypeVar("M")
 
@@ -44,13 +51,32 @@ class NotRouted(BrokerError):
     """A test published a message no queue took (no such queue, or no binding matched)."""
 
 
+class MessageProperties(dict[str, Any]):
+    """A message's AMQP properties that were set, as a dict, and read like a handler's
+    ``delivery.properties``: ``m.properties.reply_to`` (None when not set), so an
+    assertion reads the same on both. ``.headers`` are the message's headers."""
+
+    def __init__(self, fields: dict[str, Any], headers: dict[str, Any] | None = None) -> None:
+        super().__init__(fields)
+        self._headers = headers or {}
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "headers":
+            return self._headers
+        if name in _PROPERTY_NAMES:
+            return self.get(name)
+        raise AttributeError(f"no AMQP property {name!r}; they are {', '.join(_PROPERTY_NAMES)}")
+
+
 @dataclass(frozen=True)
 class QueuedMessage:
     """A message read from a queue: body, headers and the other properties."""
 
     body: bytes
     headers: dict[str, Any]
-    properties: dict[str, Any]
+    properties: MessageProperties
+    """The properties that were set: a dict, also read as attributes like a handler's
+    ``delivery.properties`` (``m.properties.correlation_id``)."""
     exchange: str = ""
     routing_key: str = ""
     redelivered: bool = False
@@ -200,7 +226,9 @@ class KitHelpers:
                     QueuedMessage(
                         bytes(body),
                         headers,
-                        {k: v for k, v in fields.items() if v is not None},
+                        MessageProperties(
+                            {k: v for k, v in fields.items() if v is not None}, headers
+                        ),
                         method.exchange or "",
                         method.routing_key or "",
                         bool(method.redelivered),

@@ -18,17 +18,15 @@ connection), `purge`, `delete`, plus the helpers of `_helpers`.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from types import SimpleNamespace
-from typing import Any, TypeVar
+from typing import Any
 
 from .. import _inmemory
-from .._spec import AppBase
 from ._errors import BrokerError, QueueNotFound
 from ._handle import BrokerHandle
 from ._mem_model import Model
@@ -38,8 +36,6 @@ from ._policies import check_policy
 from ._queries import QueueCounts
 
 __all__ = ["InMemoryBroker"]
-
-A = TypeVar("A", bound=AppBase)
 
 VERSION = rules_for(DEFAULT).version
 """The RabbitMQ version whose rules an in-memory broker follows (and announces) unless
@@ -57,7 +53,7 @@ class InMemoryBroker(BrokerHandle):
     until :meth:`advance` moves it. ``rabbitmq`` picks the RabbitMQ version whose
     rules it follows and announces: "3.13" (the default), "4.0" or "4.3" (see
     ``_mem_rules``); an app on it picks its broker traits from that version. What it
-    does not model: see the README ("Testing your service").
+    does not model: see docs/guide/testing.md ("What the in-memory broker does not model").
     """
 
     kind = "memory"
@@ -138,26 +134,6 @@ class InMemoryBroker(BrokerHandle):
         for c in doomed:
             c.force_close(reason)
         return len(doomed)
-
-    # -- apps -------------------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def attach(self, app: A) -> Iterator[A]:
-        """Point `app` (an App or AsyncApp built with any URL, e.g. your production
-        settings') at this broker for the with-block; start it inside::
-
-            with broker.attach(app), app.running(): ...
-            with broker.attach(app):
-                async with app.running(): ...
-        """
-        if getattr(app, "is_running", False):
-            raise RuntimeError("attach() an app before starting it")
-        url = app.url
-        app.url = self.url
-        try:
-            yield app
-        finally:
-            app.url = url
 
     # -- time ---------------------------------------------------------------------------
 

@@ -80,6 +80,8 @@ MARKERS = {
     "spark": "needs a local Spark (pyspark + Java)",
     "bench": "benchmarks, never part of the normal test run",
     "rabbitmq": "rabbitmq(*series, min=, max=): run only on brokers of these RabbitMQ versions",
+    "ttl_scale": "ttl_scale(factor): the in-memory broker multiplies message TTLs (retry delays) "
+    "by factor; 0 hands retries back at once",
 }
 
 
@@ -114,6 +116,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help=f"the amqp_broker fixture gives the real RabbitMQ (as {ENV_REAL}=1 does) "
         "instead of an in-memory broker",
+    )
+    group.addoption(
+        "--ttl-scale",
+        type=float,
+        default=None,
+        metavar="FACTOR",
+        help="the in-memory brokers (memory_broker, amqp_broker) multiply message TTLs, "
+        "retry delays included, by FACTOR (0: at once); a test's ttl_scale marker wins",
     )
 
 
@@ -174,10 +184,28 @@ def _memory_rabbitmq() -> str | None:
 
 
 @pytest.fixture
-def memory_broker() -> Iterator[InMemoryBroker]:
+def memory_broker(request: pytest.FixtureRequest) -> Iterator[InMemoryBroker]:
     """A fresh in-memory broker for this test (``App(memory_broker.url)``), closed after it."""
-    with InMemoryBroker(rabbitmq=_memory_rabbitmq()) as broker:
+    with InMemoryBroker(rabbitmq=_memory_rabbitmq(), ttl_scale=_ttl_scale(request)) as broker:
         yield broker
+
+
+def _ttl_scale(request: pytest.FixtureRequest) -> float:
+    """The test's ``@pytest.mark.ttl_scale(factor)`` (the closest one: test, class,
+    module), else ``--ttl-scale``, else 1 (retry delays wait for real). A real broker's
+    delays are always real: this reaches the in-memory brokers only."""
+    marker = request.node.get_closest_marker("ttl_scale")
+    if marker is not None:
+        if len(marker.args) != 1 or marker.kwargs:
+            raise pytest.UsageError("use @pytest.mark.ttl_scale(factor), e.g. ttl_scale(0)")
+        value = marker.args[0]
+    else:
+        value = request.config.getoption("--ttl-scale", default=None)
+    if value is None:
+        return 1.0
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise pytest.UsageError(f"ttl_scale must be a number >= 0, got {value!r}")
+    return float(value)
 
 
 def _real_broker_wanted(config: pytest.Config) -> bool:
@@ -193,7 +221,7 @@ def amqp_broker(request: pytest.FixtureRequest) -> Iterator[BrokerHandle]:
     if _real_broker_wanted(request.config):
         yield request.getfixturevalue("rabbitmq")
         return
-    with InMemoryBroker(rabbitmq=_memory_rabbitmq()) as broker:
+    with InMemoryBroker(rabbitmq=_memory_rabbitmq(), ttl_scale=_ttl_scale(request)) as broker:
         yield broker
 
 

@@ -325,8 +325,8 @@ def test_quorum_delayed_retry_on_43_and_refused_before(
 def test_a_requeue_loop_ends_at_the_4x_default_delivery_limit(
     runtime: Runtime, broker: Broker, queue_factory: Any, traits: BrokerTraits
 ) -> None:
-    """What the README warns about: on RabbitMQ 4.x a quorum queue without its own
-    x-delivery-limit drops a message after 20 returns that count (no DLX here), so a
+    """What docs/guide/rabbitmq-versions.md warns of: on RabbitMQ 4.x a quorum queue
+    without its own x-delivery-limit drops a message after 20 returns that count (no DLX here), so a
     handler that always raises RequeueMessage sees it 21 times, then never again."""
     if traits.default_delivery_limit is None:
         pytest.skip(f"RabbitMQ {traits.series}: no default delivery-limit")

@@ -1,7 +1,8 @@
 """Ordering on both runtimes: what one consumer keeps, and what a retry strategy changes.
 
 Each test publishes numbered messages and records the order handlers saw them in.
-The README's ordering table states these results.
+The ordering table of docs/guide/flow-control.md ("What keeps message order") states
+these results.
 """
 
 from __future__ import annotations

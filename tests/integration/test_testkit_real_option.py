@@ -26,12 +26,12 @@ def test_real_broker_option_gives_amqp_broker_the_real_rabbitmq(
     assert "BROKER-KIND memory" not in out and "BROKER-KIND" in out
 
 
-def test_the_readme_real_broker_example_runs_as_written(
+def test_the_testing_guide_real_broker_example_runs_as_written(
     rabbitmq: BrokerHandle, fresh_queue: str
 ) -> None:
     from tests.unit.test_readme_testing import section_code
 
-    (code,) = section_code("A real RabbitMQ for your tests")
+    (code,) = section_code("A real RabbitMQ for your tests")  # docs/guide/testing.md
     scope: dict[str, Any] = {}
-    exec(compile(code, "README", "exec"), scope)
+    exec(compile(code, "docs/guide/testing.md", "exec"), scope)
     scope["test_orders_are_acked"](rabbitmq, fresh_queue)

@@ -1,5 +1,6 @@
-"""README "Testing your service": its in-memory examples run as written, and what the
-section says the in-memory broker does (beyond tests/unit/test_memory_broker.py)."""
+"""docs/guide/testing.md ("Testing your service"): its in-memory examples run as written,
+and what the page says the in-memory broker does (beyond tests/unit/test_memory_broker.py).
+(tests/docs runs every example of every page; these check the page's claims.)"""
 
 from __future__ import annotations
 
@@ -14,20 +15,20 @@ import pytest
 from ackkit import App, AsyncApp
 from ackkit.testing import BrokerError, InMemoryBroker
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "guide" / "testing.md"
 
 
 def section_code(heading: str) -> list[str]:
-    text = README.read_text()
-    start = text.index(f"### {heading}\n")
-    end = text.index("\n### ", start + 1)
+    text = PAGE.read_text()
+    start = text.index(f"## {heading}\n")
+    end = text.index("\n## ", start + 1)
     return re.findall(r"```python\n(.*?)```", text[start:end], flags=re.S)
 
 
 def test_the_sync_example_runs_as_written() -> None:
     (code, _async_code) = section_code("Fast tests without a broker")
     scope: dict[str, Any] = {}
-    exec(compile(code, "README", "exec"), scope)
+    exec(compile(code, "docs/guide/testing.md", "exec"), scope)
     with InMemoryBroker() as broker:
         scope["test_an_order_is_handled"](broker)
 
@@ -35,7 +36,7 @@ def test_the_sync_example_runs_as_written() -> None:
 def test_the_async_example_runs_as_written() -> None:
     (_code, async_code) = section_code("Fast tests without a broker")
     scope: dict[str, Any] = {}
-    exec(compile(async_code, "README", "exec"), scope)
+    exec(compile(async_code, "docs/guide/testing.md", "exec"), scope)
     seen: list[Any] = []
     with InMemoryBroker() as broker:
         app = AsyncApp(broker.url, shutdown_timeout=2)
