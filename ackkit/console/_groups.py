@@ -2,8 +2,10 @@
 
 A group is the listener (or the queue the message died in) + the error type +
 the error message with what varies between occurrences folded away: quoted
-values, UUIDs, long hex ids and numbers. "order 1234 not found ('abc')" and
-"order 99 not found ('x')" fall into one group. No I/O here.
+values (to '…'), UUIDs, long hex ids and numbers (all three to #: one hole of a
+message may hold a number in one occurrence and a hex id in the next).
+"order 1234 not found ('abc')" and "order 99 not found ('x')" fall into one
+group, "order # not found ('…')". No I/O here.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ MESSAGE_MAX = 200
 
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
 _UUID = re.compile(r"\b[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}\b")
-_HEX = re.compile(r"\b(?=[0-9a-fA-F]*[0-9])(?:0x)?[0-9a-fA-F]{8,}\b")
+_HEX = re.compile(r"[-+]?\b(?:0x)?(?=[0-9a-fA-F]*[a-fA-F])(?=[0-9a-fA-F]*\d)[0-9a-fA-F]{8,}\b")
+"""Hex ids with a letter and a digit (all-digit ones are numbers, folded the same)."""
 _NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
 _SPACE = re.compile(r"\s+")
 
@@ -35,9 +38,9 @@ def normalise(message: str) -> str:
     Idempotent; the result has no decimal digits and at most MESSAGE_MAX characters.
     """
     out = _QUOTED.sub(_quoted, message)
-    out = _UUID.sub("<uuid>", out)
-    out = _HEX.sub("<id>", out)
-    out = _NUMBER.sub("<n>", out)
+    out = _UUID.sub("#", out)
+    out = _HEX.sub("#", out)
+    out = _NUMBER.sub("#", out)
     out = _SPACE.sub(" ", out).strip()
     if len(out) > MESSAGE_MAX:
         out = out[: MESSAGE_MAX - 1] + "…"
