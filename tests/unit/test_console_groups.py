@@ -8,8 +8,8 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ackkit._dead_letters import describe
 from ackkit._core import headers as H
+from ackkit._dead_letters import describe
 from ackkit.console._groups import MESSAGE_MAX, group_key, normalise
 from ackkit.console._store import Store
 

@@ -206,7 +206,7 @@ def test_loopback_console_refuses_other_host_names(holder: FakeHolder) -> None:
 
 
 def test_export_is_json_lines_of_the_group(holder: FakeHolder) -> None:
-    (b,) = holder.add(1, "BinErr", "x", body=b"\xff")
+    holder.add(1, "BinErr", "x", body=b"\xff")
     c = client(holder)
     gid = holder.store.groups()[0].id
     lines = [json.loads(x) for x in c.get(f"/export?group={gid}").text.splitlines()]
