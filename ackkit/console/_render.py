@@ -126,26 +126,47 @@ class Bar:
     label: str
 
 
-def chart(minutes: Mapping[int, int], bars: int = 40, height: float = 60.0) -> list[Bar]:
-    """Failures over time as at most `bars` bars (from the first failure held to the last),
-    each bar one or more whole minutes."""
-    if not minutes:
-        return []
-    lo, hi = min(minutes), max(minutes)
-    span = hi - lo + 1
-    width = -(-span // bars)  # minutes per bar
-    counts = [0] * (-(-span // width))
-    for minute, n in minutes.items():
-        counts[(minute - lo) // width] += n
+_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200)
+_DAY = 86400
+
+
+def _step(lo: int, hi: int, bars: int) -> int:
+    """Seconds per bar: the smallest round step whose bars (aligned to the step) show
+    the seconds lo to hi in at most `bars` bars."""
+    s = 0
+    for s in (*_STEPS, *(_DAY * d for d in range(1, 10**6))):
+        if hi // s - lo // s < bars:
+            return s
+    return s  # pragma: no cover - a million days
+
+
+def _duration(seconds: int) -> str:
+    for unit, name in ((_DAY, "day"), (3600, "hour"), (60, "minute"), (1, "second")):
+        if seconds % unit == 0:
+            n = seconds // unit
+            return f"{n} {name}{'s' if n != 1 else ''}"
+    return f"{seconds} seconds"  # pragma: no cover - 1 divides everything
+
+
+def chart(
+    seconds: Mapping[int, int], bars: int = 48, height: float = 60.0
+) -> tuple[str, list[Bar]]:
+    """Failures over time, from the first failure held to the last: (what one bar
+    covers, the bars). O(distinct seconds), not O(dead letters)."""
+    if not seconds:
+        return "", []
+    lo, hi = min(seconds), max(seconds)
+    step = _step(lo, hi, bars)
+    lo -= lo % step
+    counts = [0] * ((hi - lo) // step + 1)
+    for second, n in seconds.items():
+        counts[(second - lo) // step] += n
     top = max(counts)
     out = []
     for i, n in enumerate(counts):
-        start = (lo + i * width) * 60
-        label = f"{when(start)}: {n} failure{'s' if n != 1 else ''}"
-        if width > 1:
-            label += f" in {width} minutes"
+        label = f"{when(lo + i * step)}: {n} failure{'s' if n != 1 else ''}"
         out.append(Bar(i * 6.0, round(height * n / top, 1) if top else 0, n, label))
-    return out
+    return _duration(step), out
 
 
 def export_line(entry: Any) -> str:

@@ -76,8 +76,8 @@ class DlqView:
     groups: int
     oldest: float | None
     newest: float | None
-    minutes: dict[int, int]
-    """Failures per minute (epoch minute -> count) of the dead letters held."""
+    seconds: dict[int, int]
+    """Failures per second (epoch second -> count) of the dead letters held."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +104,7 @@ def failure_time(dl: DeadLetter, received: float) -> float:
 
 
 class Store:
-    """Entries by id, grouped; claims; per-DLQ counts per minute; replay history; audit."""
+    """Entries by id, grouped; claims; per-DLQ counts per second; replay history; audit."""
 
     AUDIT_MAX = 10_000
 
@@ -113,7 +113,7 @@ class Store:
         self.dlqs: list[str] = list(dlqs)
         self._entries: dict[int, Entry] = {}
         self._groups: dict[str, Group] = {}
-        self._minutes: dict[str, Counter[int]] = {q: Counter() for q in self.dlqs}
+        self._seconds: dict[str, Counter[int]] = {q: Counter() for q in self.dlqs}
         self._held: Counter[str] = Counter()
         self._next = 1
         self._replayed_groups: set[str] = set()
@@ -154,7 +154,7 @@ class Store:
             g.members[e.id] = None
             if dl.replayed:
                 g.came_back += 1
-            self._minutes[dlq][int(at // 60)] += 1
+            self._seconds[dlq][int(at)] += 1
             self._held[dlq] += 1
             return e
 
@@ -176,11 +176,11 @@ class Store:
                     del self._groups[gid]
                 else:
                     g.stale = True
-                m = self._minutes[e.dlq]
-                minute = int(e.at // 60)
-                m[minute] -= 1
-                if m[minute] <= 0:
-                    del m[minute]
+                m = self._seconds[e.dlq]
+                second = int(e.at)
+                m[second] -= 1
+                if m[second] <= 0:
+                    del m[second]
                 self._held[e.dlq] -= 1
         return n
 
@@ -304,7 +304,7 @@ class Store:
                         len(gs),
                         min((g.first for g in gs), default=None),
                         max((g.last for g in gs), default=None),
-                        dict(self._minutes[q]),
+                        dict(self._seconds[q]),
                     )
                 )
         return out

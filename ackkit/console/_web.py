@@ -67,10 +67,11 @@ def create_app(holder: Any, access: Access | None = None, *, title: str = "") ->
 
     async def overview(request: Request) -> Response:
         dlqs = store.overview()
-        cards = [
-            {"d": d, "ready": holder.ready_counts.get(d.name), "bars": R.chart(d.minutes)}
-            for d in dlqs
-        ]
+        cards = []
+        for d in dlqs:
+            step, bars = R.chart(d.seconds)
+            ready = holder.ready_counts.get(d.name)
+            cards.append({"d": d, "ready": ready, "bars": bars, "step": step})
         top = store.groups()[:10]
         return page(request, "overview.html", cards=cards, groups=top, errors=store.errors[-5:])
 

@@ -121,3 +121,21 @@ def test_store_groups_counts_first_last_and_came_back() -> None:
     assert [e.id for e in first] == ids[:3] and [e.id for e in second] == ids[3:]
     store.release(first)
     assert [e.id for e in store.claim(ids)] == ids[:3]
+
+
+@settings(max_examples=100)
+@given(
+    st.dictionaries(
+        st.integers(min_value=1_700_000_000, max_value=1_800_000_000),
+        st.integers(min_value=1, max_value=1000),
+        min_size=1,
+        max_size=50,
+    )
+)
+def test_chart_keeps_every_failure_in_at_most_48_bars(seconds: dict[int, int]) -> None:
+    from ackkit.console._render import chart
+
+    step, bars = chart(seconds)
+    assert sum(b.count for b in bars) == sum(seconds.values())
+    assert 1 <= len(bars) <= 48 and step
+    assert max(b.height for b in bars) == 60.0
