@@ -268,6 +268,10 @@ class Holder:
             redelivered=method.redelivered,
             unreadable=frames.unreadable(method, props),
         )
+        if getattr(props, "wire_headers", None) is not None:
+            # the raw header bytes a faithful copy would reuse: a replay writes new
+            # headers anyway (replay_delivery), so they would only cost memory here
+            props.wire_headers = None
         self.store.add(q, k, gen, method, dl, props, body, group_key(q, dl))
 
     def _check_slots(self) -> None:

@@ -133,11 +133,13 @@ _DAY = 86400
 def _step(lo: int, hi: int, bars: int) -> int:
     """Seconds per bar: the smallest round step whose bars (aligned to the step) show
     the seconds lo to hi in at most `bars` bars."""
-    s = 0
-    for s in (*_STEPS, *(_DAY * d for d in range(1, 10**6))):
+    for s in _STEPS:
         if hi // s - lo // s < bars:
             return s
-    return s  # pragma: no cover - a million days
+    days = 1
+    while hi // (_DAY * days) - lo // (_DAY * days) >= bars:
+        days += 1
+    return _DAY * days
 
 
 def _duration(seconds: int) -> str:

@@ -144,6 +144,8 @@ class Store:
             self._entries[e.id] = e
             gid = key.id
             g = self._groups.get(gid)
+            if g is not None:
+                e.key = g.key  # one key object per group, not per dead letter
             if g is None:
                 g = self._groups[gid] = Group(key, first=at, last=at)
             elif g.members:
