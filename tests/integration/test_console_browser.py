@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from _console_support import KINDS, failing_service, publish_kinds, served
-from _retry_support import REPO, wait_until
+from _retry_support import wait_until
 
 from ackkit import App
 from ackkit.console import Holder, Store
@@ -30,7 +30,6 @@ pytestmark = [
     ),
 ]
 TOTAL = sum(KINDS.values())
-IMAGES = REPO / "docs" / "images"
 
 
 @pytest.fixture
@@ -67,8 +66,6 @@ def test_three_groups_seen_and_one_replayed_from_the_browser(
                 card = page.locator(f".dlq[data-dlq='{dlq}'] .count")
                 assert card.inner_text() == str(TOTAL)
                 assert page.locator("svg.chart rect").count() >= 1
-                if os.environ.get("ACKKIT_CONSOLE_SCREENSHOTS"):
-                    page.screenshot(path=str(IMAGES / "console-overview.png"), full_page=True)
 
                 page.click("text=Failure groups")
                 rows = page.locator("tr.group-row")
@@ -87,8 +84,6 @@ def test_three_groups_seen_and_one_replayed_from_the_browser(
                 fixed.add("price")  # the fix is deployed
                 price.locator("a").click()
                 assert page.locator(".group-count").inner_text() == "5"
-                if os.environ.get("ACKKIT_CONSOLE_SCREENSHOTS"):
-                    page.screenshot(path=str(IMAGES / "console-group.png"), full_page=True)
                 page.click("#replay-group")
                 assert "Yes, replay 5 dead letters" in page.inner_text("#confirm")
                 page.click("#confirm")
@@ -103,9 +98,7 @@ def test_three_groups_seen_and_one_replayed_from_the_browser(
                 page.goto(f"{base}/groups")
                 assert page.locator("tr.group-row").count() == 2  # the other two are left
                 page.click("text=Audit log")
-                assert "replay" in page.inner_text("table") and "5 of 5" in page.inner_text(
-                    "table"
-                )
+                assert "replay" in page.inner_text("table") and "5 of 5" in page.inner_text("table")
         finally:
             holder.stop()
     # the console gone, the other dead letters are back in the queue, nothing lost
