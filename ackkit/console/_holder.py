@@ -201,13 +201,12 @@ class Holder:
     # -- the holder's thread --------------------------------------------------------------
 
     def _run(self) -> None:
-        first = True
         while not self._stop.is_set():
             try:
                 self._session()
             except BaseException as exc:
                 text = mask_text(f"{type(exc).__name__}: {exc}")
-                if first:
+                if not self._ready.is_set():  # could not start: start() raises it
                     self.failure = exc
                     self._ready.set()
                     return
@@ -219,7 +218,6 @@ class Holder:
                     for k, s in enumerate(slots):
                         self.store.drop_channel(q, k, s.generation)
                 self._fail_pending()
-            first = False
             self._stop.wait(2.0)
 
     def _session(self) -> None:

@@ -135,3 +135,43 @@ def test_a_missing_dlq_is_a_clear_error(rabbitmq: Any, fresh_queue: str) -> None
     holder = Holder(rabbitmq.url, [f"{fresh_queue}.dlq"], Store([f"{fresh_queue}.dlq"]))
     with pytest.raises(LookupError, match="no queue"):
         holder.start()
+
+
+def test_a_closed_holding_channel_is_held_again(rabbitmq: Any, dead_letters: str) -> None:
+    """A channel the broker closes (as a consumer timeout does on 3.x): what it held went
+    back to the queue; the console forgets it, consumes again and can still replay."""
+    dlq = f"{dead_letters}.dlq"
+    holder = start(rabbitmq, dlq, max_held=TOTAL)  # one channel
+    try:
+        before = {e.id for g in holder.store.groups() for e in holder.store.group(g.id)[1]}
+        # an ack of a tag the channel never delivered: the broker closes the channel
+        holder.submit(lambda: holder._slots[dlq][0].ch.basic_ack(10**6)).result(10)
+        assert wait_until(lambda: any("closed" in e for e in holder.store.errors), timeout=10)
+        assert wait_until(lambda: holder.store.held(dlq) == TOTAL, timeout=15)
+        after = {e.id for g in holder.store.groups() for e in holder.store.group(g.id)[1]}
+        assert not before & after  # all new entries: the old channel's tags are never used
+        rabbitmq.wait_for(dlq, ready=0, unacked=TOTAL)
+        (gid,) = [g.id for g in holder.store.groups() if g.key.error_type == "TimeoutError"]
+        res = holder.delete(holder.store.group_ids(gid), "ann").result(30)
+        assert res.done == 3
+        rabbitmq.wait_for(dlq, ready=0, unacked=TOTAL - 3)
+    finally:
+        holder.stop()
+    rabbitmq.wait_for(dlq, ready=TOTAL - 3, unacked=0)
+
+
+def test_a_lost_connection_loses_nothing_and_the_console_holds_again(
+    rabbitmq: Any, dead_letters: str
+) -> None:
+    if not rabbitmq.own:
+        pytest.skip("closes every connection of the node: needs the kit's own node")
+    dlq = f"{dead_letters}.dlq"
+    holder = start(rabbitmq, dlq)
+    try:
+        rabbitmq.close_connections("the console's crash, as far as the broker can tell")
+        assert wait_until(lambda: any("connection lost" in e for e in holder.store.errors), 10)
+        assert wait_until(lambda: holder.store.held(dlq) == TOTAL, timeout=20)
+        rabbitmq.wait_for(dlq, ready=0, unacked=TOTAL)
+    finally:
+        holder.stop()
+    rabbitmq.wait_for(dlq, ready=TOTAL, unacked=0)
