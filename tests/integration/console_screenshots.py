@@ -78,7 +78,7 @@ def main() -> None:
                 page.screenshot(path=str(IMAGES / "console-overview.png"), full_page=True)
                 page.goto(base + "/groups")
                 page.locator("tr.group-row", has_text="ValueError").locator("a").click()
-                page.screenshot(path=str(IMAGES / "console-group.png"), full_page=True)
+                page.screenshot(path=str(IMAGES / "console-group.png"))
                 b.close()
         finally:
             holder.stop()
