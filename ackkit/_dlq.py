@@ -184,49 +184,41 @@ class DeadLetterQueue:
     def _replay_one(
         self, ch: Any, method: Any, props: Any, body: bytes, flt: ReplayFilter, to: str | None
     ) -> tuple[str, DeadLetter, str | None, str]:
-        return replay_delivery(ch, method, props, body, flt, to)
+        """Replay one dead letter: (outcome, what it says, target, why it failed).
 
-
-def replay_delivery(
-    ch: Any, method: Any, props: Any, body: bytes, flt: ReplayFilter, to: str | None
-) -> tuple[str, DeadLetter, str | None, str]:
-    """Replay one dead letter held unacked on `ch` (a channel in confirm mode):
-    (outcome, what it says, target, why it failed).
-
-    Outcomes: replayed (confirmed, then acked), skipped, no_target, failed.
-    Anything but "replayed" leaves the copy unacked (it stays in the DLQ);
-    nothing one message carries stops the replay of the others. `props` is changed
-    (the replay's headers): pass a copy to keep the original.
-    """
-    dl = describe(
-        getattr(props, "headers", None),
-        message_id=getattr(props, "message_id", None),
-        body_size=len(body),
-        redelivered=method.redelivered,
-        unreadable=frames.unreadable(method, props),
-    )
-    if not flt.matches(dl):
-        return "skipped", dl, None, ""
-    target = replay_target(dl, to)
-    if target is None:
-        return "no_target", dl, None, ""
-    try:
-        props.headers = replay_headers(props.headers, _now())
-        props.wire_headers = None  # the replay's headers, not the bytes received
-        copy = copy_properties(props, {}, purpose="restamp")
-        ch.basic_publish("", target, body, copy, mandatory=True)
-    except pika.exceptions.UnroutableError:
-        return "failed", dl, target, "UnroutableError (no such queue?)"
-    except pika.exceptions.NackError:
-        return "failed", dl, target, "NackError (the broker refused the copy)"
-    except (pika.exceptions.AMQPConnectionError, pika.exceptions.StreamLostError):
-        raise  # the connection is gone: nothing more can be replayed
-    except Exception as exc:
-        # Headers pika cannot encode again, a channel the broker closed, ...
-        return "failed", dl, target, mask_text(f"{type(exc).__name__}: {exc}")[:300]
-    # Confirmed: only now the dead-letter copy may go.
-    ch.basic_ack(method.delivery_tag)
-    return "replayed", dl, target, ""
+        Outcomes: replayed (confirmed, then acked), skipped, no_target, failed.
+        Anything but "replayed" leaves the copy unacked (it stays in the DLQ);
+        nothing one message carries stops the replay of the others.
+        """
+        dl = describe(
+            getattr(props, "headers", None),
+            message_id=getattr(props, "message_id", None),
+            body_size=len(body),
+            redelivered=method.redelivered,
+            unreadable=frames.unreadable(method, props),
+        )
+        if not flt.matches(dl):
+            return "skipped", dl, None, ""
+        target = replay_target(dl, to)
+        if target is None:
+            return "no_target", dl, None, ""
+        try:
+            props.headers = replay_headers(props.headers, _now())
+            props.wire_headers = None  # the replay's headers, not the bytes received
+            copy = copy_properties(props, {}, purpose="restamp")
+            ch.basic_publish("", target, body, copy, mandatory=True)
+        except pika.exceptions.UnroutableError:
+            return "failed", dl, target, "UnroutableError (no such queue?)"
+        except pika.exceptions.NackError:
+            return "failed", dl, target, "NackError (the broker refused the copy)"
+        except (pika.exceptions.AMQPConnectionError, pika.exceptions.StreamLostError):
+            raise  # the connection is gone: nothing more can be replayed
+        except Exception as exc:
+            # Headers pika cannot encode again, a channel the broker closed, ...
+            return "failed", dl, target, mask_text(f"{type(exc).__name__}: {exc}")[:300]
+        # Confirmed: only now the dead-letter copy may go.
+        ch.basic_ack(method.delivery_tag)
+        return "replayed", dl, target, ""
 
 
 def _limit(limit: object) -> None:

@@ -9,7 +9,7 @@ and leaves the counts right. Actions settle one held delivery each:
 
 - replay: publish a copy (publisher confirm, mandatory) to the source queue or
   another queue, and ack the dead letter only once the broker confirmed the copy
-  (the DLQ tool's rule, `ackkit._dlq.replay_delivery`);
+  (the DLQ tool's rule, as `ackkit dlq replay` does it, a window of copies at a time);
 - delete: ack.
 
 The hold is bounded: at most `max_held` per DLQ, on channels whose prefetch is
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import datetime as _dt
 import logging
 import queue
 import threading
@@ -34,11 +35,11 @@ from typing import Any, TypeVar
 import pika.exceptions
 
 from .._core import checks as C
-from .._dead_letters import ReplayFilter, describe
-from .._dlq import replay_delivery
+from .._dead_letters import describe, replay_headers, replay_target
 from .._sync import _frames as frames
-from .._sync._pika import blocking_connection, parameters
+from .._sync._pika import blocking_connection, copy_properties, parameters
 from .._url import check_url, mask_text
+from ._confirms import WINDOW, ConfirmedPublisher, Copy
 from ._groups import group_key
 from ._store import Entry, Store
 
@@ -47,6 +48,10 @@ log = logging.getLogger("ackkit.console")
 SLOT_MAX = 50_000
 """Prefetch of one holding channel (basic.qos takes at most 65,535)."""
 T = TypeVar("T")
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
 @dataclass
@@ -110,6 +115,7 @@ class Holder:
         self.ready_counts: dict[str, int | None] = dict.fromkeys(self.dlqs)
         """Messages ready (not held by anyone) in each DLQ, from the broker."""
         self._conn: Any = None
+        self._publisher: ConfirmedPublisher | None = None
         self._slots: dict[str, list[_Slot]] = {}
         self._work: queue.Queue[tuple[Callable[[], Any], Future[Any]]] = queue.Queue()
         self._stop = threading.Event()
@@ -163,40 +169,76 @@ class Holder:
 
     def _settle(self, entries: list[Entry], res: ActionResult, to: str | None, who: str) -> Any:
         try:
-            for e in entries:
-                slot = self._slots[e.dlq][e.slot]
-                if slot.generation != e.generation or not slot.ch.is_open:
-                    res.gone += 1
-                    continue
+            for start in range(0, len(entries), WINDOW):
+                batch = [e for e in entries[start : start + WINDOW] if self._holds(e, res)]
                 if res.action == "delete":
-                    slot.ch.basic_ack(e.method.delivery_tag)
-                    outcome, target, why = "deleted", None, ""
+                    for e in batch:
+                        self._slots[e.dlq][e.slot].ch.basic_ack(e.method.delivery_tag)
+                        self._done(e, res, None, who)
                 else:
-                    props = copy.copy(e.props)  # the held one keeps its headers for the pages
-                    outcome, _dl, target, why = replay_delivery(
-                        slot.ch, e.method, props, e.body, ReplayFilter(), to
-                    )
-                if outcome in ("replayed", "deleted"):
-                    self.store.remove([e.id])
-                    res.done += 1
-                    if target is not None:
-                        res.targets[target] = res.targets.get(target, 0) + 1
-                    when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-                    where = f" to {target}" if target else ""
-                    self.store.note(e.dl.message_id, f"{when} UTC {outcome}{where} by {who}")
-                    continue
-                self.store.release([e])
-                if outcome == "no_target":
-                    res.no_target += 1
-                else:
-                    res.failed += 1
-                    res.errors.append(f"{e.dl.message_id or '?'} -> {target}: {why}")
+                    self._replay_window(batch, res, to, who)
         except BaseException:
             self.store.release(entries)  # the connection is gone: its holds with it
             raise
         if res.action == "replay" and res.done:
             self.store.mark_replayed({e.key.id for e in entries})
         return res
+
+    def _holds(self, e: Entry, res: ActionResult) -> bool:
+        """Whether the channel that delivered `e` is still the one holding it."""
+        slot = self._slots[e.dlq][e.slot]
+        if slot.generation == e.generation and slot.ch.is_open:
+            return True
+        res.gone += 1
+        return False
+
+    def _replay_window(
+        self, batch: list[Entry], res: ActionResult, to: str | None, who: str
+    ) -> None:
+        """Copies published together and confirmed; each dead letter acked once its copy
+        is confirmed and was not returned (the DLQ tool's rule, a window at a time)."""
+        now = _now()
+        sent: list[tuple[Entry, Copy]] = []
+        for e in batch:
+            target = replay_target(e.dl, to)
+            if target is None:
+                res.no_target += 1
+                self.store.release([e])
+                continue
+            try:
+                props = copy.copy(e.props)  # the held one keeps its headers for the pages
+                props.headers = replay_headers(props.headers, now)
+                props.wire_headers = None
+                wire = copy_properties(props, {}, purpose="restamp")
+            except Exception as exc:  # headers that cannot be encoded again, ...
+                self._failed(e, res, target, mask_text(f"{type(exc).__name__}: {exc}")[:300])
+                continue
+            sent.append((e, Copy(target, e.body, wire, getattr(props, "message_id", None))))
+        if self._publisher is None:
+            self._publisher = ConfirmedPublisher(self._conn)
+        outcomes = self._publisher.publish([c for _, c in sent])
+        for (e, c), why in zip(sent, outcomes, strict=True):
+            if why is not None:
+                self._failed(e, res, c.target, why)
+            elif self._holds(e, res):  # confirmed: only now the dead letter may go
+                self._slots[e.dlq][e.slot].ch.basic_ack(e.method.delivery_tag)
+                self._done(e, res, c.target, who)
+            else:  # its channel closed meanwhile: the broker requeued it, the copy is out
+                line = f"{_now()} replayed to {c.target}; the dead letter went back first"
+                self.store.note(e.dl.message_id, line)
+
+    def _done(self, e: Entry, res: ActionResult, target: str | None, who: str) -> None:
+        self.store.remove([e.id])
+        res.done += 1
+        if target is not None:
+            res.targets[target] = res.targets.get(target, 0) + 1
+        what = f"replayed to {target}" if target else "deleted"
+        self.store.note(e.dl.message_id, f"{_now()} {what} by {who}")
+
+    def _failed(self, e: Entry, res: ActionResult, target: str, why: str) -> None:
+        self.store.release([e])
+        res.failed += 1
+        res.errors.append(f"{e.dl.message_id or '?'} -> {target}: {why}")
 
     # -- the holder's thread --------------------------------------------------------------
 
@@ -249,7 +291,6 @@ class Holder:
 
     def _open(self, q: str, k: int, gen: int) -> _Slot:
         ch = self._conn.channel()
-        ch.confirm_delivery()
         ch.basic_qos(prefetch_count=min(SLOT_MAX, self.max_held - k * SLOT_MAX))
         slot = _Slot(ch, gen)
         ch.add_on_cancel_callback(lambda _frame: setattr(slot, "cancelled", True))
@@ -268,7 +309,7 @@ class Holder:
         )
         if getattr(props, "wire_headers", None) is not None:
             # the raw header bytes a faithful copy would reuse: a replay writes new
-            # headers anyway (replay_delivery), so they would only cost memory here
+            # headers anyway (replay_headers), so they would only cost memory here
             props.wire_headers = None
         self.store.add(q, k, gen, method, dl, props, body, group_key(q, dl))
 
@@ -322,6 +363,7 @@ class Holder:
                 fut.set_exception(ConnectionError("the console lost its broker connection"))
 
     def _close(self) -> None:
+        self._publisher = None
         if self._conn is not None and self._conn.is_open:
             with contextlib.suppress(Exception):
                 self._conn.close()
