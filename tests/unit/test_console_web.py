@@ -33,7 +33,9 @@ class FakeHolder:
         self.ready_counts: dict[str, int | None] = {DLQ: 0}
         self.settled: list[tuple[str, list[int], str | None, str]] = []
 
-    def add(self, n: int, error: str, message: str, body: bytes = b'{"a": 1}') -> list[int]:
+    def add(
+        self, n: int, error: str, message: str, body: bytes = b'{"a": 1}', replayed: int = 0
+    ) -> list[int]:
         ids = []
         for i in range(n):
             h = {
@@ -47,6 +49,8 @@ class FakeHolder:
                 H.DEAD_LETTERED_AT: "2026-11-26T06:00:00+00:00",
                 "x-link": URL,
             }
+            if replayed:
+                h[H.REPLAYED] = replayed
             props = pika.BasicProperties(headers=h, message_id=f"{error}-{i}")
             dl = describe(h, message_id=props.message_id, body_size=len(body))
             e = self.store.add(DLQ, 0, 1, None, dl, props, body, group_key(DLQ, dl))
@@ -224,3 +228,12 @@ def test_cli_refuses_a_public_host_without_auth(capsys: pytest.CaptureFixture[st
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert "without authentication" in err and "s3cret-pw" not in err
+
+
+def test_a_group_that_came_back_after_a_replay_is_marked(holder: FakeHolder) -> None:
+    c = client(holder)
+    assert "came back after replay" not in c.get("/groups").text
+    (i,) = holder.add(1, "KeyError", "'sku-9'", replayed=2)  # replayed twice, failed again
+    row = next(r for r in c.get("/groups").text.split("<tr") if "KeyError" in r)
+    assert "came back after replay" in row
+    assert "replayed 2 times before it failed again" in c.get(f"/letter/{i}").text
