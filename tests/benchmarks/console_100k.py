@@ -87,6 +87,12 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -121,7 +127,11 @@ def main() -> None:
                 if proc.poll() is not None:
                     raise SystemExit("the console exited")
                 time.sleep(0.2)
-            print(f"console up and all {n} held and indexed after {time.monotonic() - t0:.1f} s")
+            print(
+                f"console up and all {n} held and indexed after {time.monotonic() - t0:.1f} s "
+                f"({cpu_seconds(proc.pid):.1f} s of CPU; load average {os.getloadavg()[0]:.1f} "
+                f"on {os.cpu_count()} cores)"
+            )
             for path in ("/", "/groups"):
                 times = [get(base + path)[0] for _ in range(5)]
                 print(f"GET {path}: median {statistics.median(times) * 1000:.0f} ms (of 5)")
