@@ -161,10 +161,12 @@ def main() -> None:
         finally:
             proc.send_signal(signal.SIGINT)
             proc.wait(60)
-        c = broker.wait_for(q, unacked=0, timeout=60)
+        t0 = time.monotonic()
+        c = broker.wait_for(q, unacked=0, consumers=0, timeout=600, interval=1.0)
         p = broker.counts("orders.parking")
         print(
-            f"after the console stopped: {q} ready {c.ready} unacked {c.unacked}; parking {p.ready}"
+            f"{time.monotonic() - t0:.0f} s after the console stopped: {q} ready {c.ready} "
+            f"unacked {c.unacked}; parking {p.ready}"
         )
 
 
