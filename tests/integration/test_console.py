@@ -175,3 +175,40 @@ def test_a_lost_connection_loses_nothing_and_the_console_holds_again(
     finally:
         holder.stop()
     rabbitmq.wait_for(dlq, ready=TOTAL, unacked=0)
+
+
+def test_the_console_command_serves_and_lets_go_on_sigint(rabbitmq: Any, dead_letters: str) -> None:
+    """`ackkit console` itself: serves the overview with the password masked, and on
+    SIGINT exits and the broker has every dead letter back."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    from _console_support import free_port
+    from _retry_support import REPO
+
+    dlq, port = f"{dead_letters}.dlq", free_port()
+    cmd = [sys.executable, "-m", "ackkit.cli", "console", "--url", rabbitmq.url]
+    cmd += ["--dlq", dlq, "--port", str(port)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+
+        def overview() -> str | None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as r:
+                    return str(r.read().decode())
+            except OSError:
+                return None
+
+        page = wait_until(lambda: (p := overview()) and f'class="count">{TOTAL}<' in p and p, 30)
+        assert page, "the console did not show the dead letters"
+        assert "guest:***@" in page
+        rabbitmq.wait_for(dlq, ready=0, unacked=TOTAL)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    rabbitmq.wait_for(dlq, ready=TOTAL, unacked=0, consumers=0)

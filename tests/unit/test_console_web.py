@@ -237,3 +237,41 @@ def test_a_group_that_came_back_after_a_replay_is_marked(holder: FakeHolder) -> 
     row = next(r for r in c.get("/groups").text.split("<tr") if "KeyError" in r)
     assert "came back after replay" in row
     assert "replayed 2 times before it failed again" in c.get(f"/letter/{i}").text
+
+
+def test_options_from_an_app_name_its_dead_letter_queues(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ackkit.console._serve import from_options
+
+    (tmp_path / "console_demo_app.py").write_text(
+        "from ackkit import App, Delivery\n"
+        f"app = App({URL!r})\n"
+        "@app.listener('orders')\n"
+        "def orders(d: Delivery) -> None: ...\n"
+        "@app.listener('billing')\n"
+        "def billing(d: Delivery) -> None: ...\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    url, dlqs, access = from_options(
+        url=None, dlqs=[], app_target="console_demo_app:app", host="127.0.0.1",
+        token=None, basic_auth=None, read_only=True,
+    )  # fmt: skip
+    assert (url, dlqs, access.read_only) == (URL, ["orders.dlq", "billing.dlq"], True)
+    with pytest.raises(ValueError, match="--dlq NAME"):
+        from_options(**{**_OPTS, "dlqs": []})
+    with pytest.raises(ValueError, match="USER:PASSWORD"):
+        from_options(**{**_OPTS, "host": "0.0.0.0", "basic_auth": "alice"})
+    with pytest.raises(ValueError, match="at least 8"):
+        from_options(**{**_OPTS, "host": "0.0.0.0", "basic_auth": "alice:short"})
+
+
+_OPTS: dict[str, Any] = {
+    "url": URL,
+    "dlqs": ["orders.dlq"],
+    "app_target": None,
+    "host": "127.0.0.1",
+    "token": None,
+    "basic_auth": None,
+    "read_only": False,
+}
