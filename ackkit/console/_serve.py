@@ -6,7 +6,6 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from .._url import mask_url
 from ._holder import Holder
 from ._security import Access
 from ._store import Store
@@ -42,13 +41,16 @@ def serve(
         from ._web import create_app
     except ImportError as exc:
         raise ImportError(f"{INSTALL_HINT} ({exc})") from None
+    if not logging.getLogger("ackkit.console").handlers:  # the audit lines go to stderr
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
+        logging.getLogger("ackkit.console").addHandler(handler)
+        logging.getLogger("ackkit.console").setLevel(logging.INFO)
     store = Store(dlqs)
     holder = Holder(url, dlqs, store, max_held=max_held)
     holder.start()
     try:
         app = create_app(holder, access, title=title)
-        where = f"http://{access.host}:{port}/"
-        log.warning("ackkit console on %s for %s (%s)", where, ", ".join(dlqs), mask_url(url))
         uvicorn.run(app, host=access.host, port=port, log_level="warning")
     finally:
         holder.stop()

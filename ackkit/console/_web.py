@@ -161,7 +161,8 @@ def create_app(holder: Any, access: Access | None = None, *, title: str = "") ->
         form = await request.form()
         if not access.check_csrf(_str(form.get("csrf"))):
             raise HttpError(403, "missing or wrong CSRF token: reload the page and try again")
-        out: dict[str, Any] = {k: form.get(k) for k in ("action", "scope", "group", "to")}
+        keys = ("action", "scope", "group", "to", "upto")
+        out: dict[str, Any] = {k: form.get(k) for k in keys}
         out["ids"] = form.getlist("ids")
         return out
 
@@ -245,6 +246,9 @@ def _scope(store: Any, form: dict[str, Any]) -> tuple[str, list[int], str, str]:
     if scope == "group":
         gid = _str(form.get("group")) or ""
         ids = store.group_ids(gid)
+        if form.get("upto"):  # what the confirmation showed: not what arrived since
+            upto = _int(form["upto"])
+            ids = [i for i in ids if i <= upto]
         try:
             view, _ = store.group(gid, 0, 0)
         except KeyError:
