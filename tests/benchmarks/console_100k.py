@@ -158,6 +158,11 @@ def main() -> None:
                 + (result.group(1) if result else "?")
             )
             print(f"console RSS after: {rss_mb(proc.pid):.0f} MB")
+            _, page = get(base + "/")
+            for err in re.findall(r'<div class="error">([^<]*)<', page):
+                print(f"console error: {err}")
+            held = re.search(r'class="count">(\d+)<', page)
+            print(f"held after the replay: {held.group(1) if held else '?'}")
         finally:
             proc.send_signal(signal.SIGINT)
             proc.wait(60)
