@@ -53,6 +53,8 @@ def serve(
         app = create_app(holder, access, title=title)
         uvicorn.run(app, host=access.host, port=port, log_level="warning")
     finally:
+        held = sum(store.held(q) for q in dlqs)
+        log.warning("ackkit console: stopping; the broker takes back %d dead letters", held)
         holder.stop()
 
 
