@@ -165,7 +165,7 @@ def main() -> None:
             print(f"held after the replay: {held.group(1) if held else '?'}")
         finally:
             proc.send_signal(signal.SIGINT)
-            proc.wait(60)
+            proc.wait(900)  # it waits for the broker to take back what it held
         t0 = time.monotonic()
         c = broker.wait_for(q, unacked=0, consumers=0, timeout=600, interval=1.0)
         p = broker.counts("orders.parking")
