@@ -181,10 +181,11 @@ def test_wheel_installs_and_runs_in_a_fresh_venv(
         names = set(z.namelist())
         meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert "ackkit/py.typed" in names
+    assert "ackkit/console/templates/base.html" in names  # the console's pages (package data)
     assert "ackkit/metrics.py" in names and "ackkit/testing/plugin.py" in names
     assert not any(n.startswith(("tests/", "examples/")) for n in names)
     assert "License-Expression: MIT" in meta
-    for extra in ("async", "metrics", "tracing", "cli", "spark"):
+    for extra in ("async", "metrics", "tracing", "cli", "spark", "console"):
         assert f"Provides-Extra: {extra}" in meta
 
     house = tmp_path / "wheelhouse"

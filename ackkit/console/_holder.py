@@ -1,0 +1,387 @@
+"""The console's hold on the dead-letter queues: consume unacked, index, settle on request.
+
+AMQP 0-9-1 cannot browse a queue, so the console takes the dead letters as a
+consumer with manual acknowledgement and keeps them unacked while it runs
+(`Store` indexes them). The broker still counts every one of them (as
+unacknowledged), and gives them all back to the queue, in order, when the
+console's connection closes: a stop, a crash or a lost connection loses nothing
+and leaves the counts right. Actions settle one held delivery each:
+
+- replay: publish a copy (publisher confirm, mandatory) to the source queue or
+  another queue, and ack the dead letter only once the broker confirmed the copy
+  (the DLQ tool's rule, as `ackkit dlq replay` does it, a window of copies at a time);
+- delete: ack.
+
+The hold is bounded: at most `max_held` per DLQ, on channels whose prefetch is
+at most SLOT_MAX each (prefetch is a 16-bit count). Everything pika does runs
+on the holder's own thread; the web pages submit work and wait for a Future.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import datetime as _dt
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, TypeVar
+
+import pika.exceptions
+
+from .._core import checks as C
+from .._dead_letters import describe, replay_headers, replay_target
+from .._sync import _frames as frames
+from .._sync._pika import blocking_connection, copy_properties, parameters
+from .._url import check_url, mask_text
+from ._confirms import WINDOW, ConfirmedPublisher, Copy
+from ._groups import group_key
+from ._store import Entry, Store
+
+log = logging.getLogger("ackkit.console")
+
+SLOT_MAX = 50_000
+"""Prefetch of one holding channel (basic.qos takes at most 65,535)."""
+T = TypeVar("T")
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+@dataclass
+class ActionResult:
+    """What one replay or delete did."""
+
+    action: str
+    requested: int = 0
+    done: int = 0
+    taken: int = 0
+    """Asked for, but already claimed by another action (or settled meanwhile)."""
+    failed: int = 0
+    no_target: int = 0
+    gone: int = 0
+    """Its channel had closed (the broker requeued it; it comes back to the console)."""
+    targets: dict[str, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        where = ", ".join(f"{n} to {t}" for t, n in self.targets.items())
+        out = f"{self.action}: {self.done} of {self.requested}"
+        if where:
+            out += f" ({where})"
+        for n, what in (
+            (self.taken, "already taken by another action"),
+            (self.failed, "failed, left in the DLQ"),
+            (self.no_target, "without a source queue, left in the DLQ"),
+            (self.gone, "returned to the queue by the broker"),
+        ):
+            if n:
+                out += f"; {n} {what}"
+        return out
+
+
+@dataclass
+class _Slot:
+    ch: Any
+    generation: int
+    prefetch: int
+    cancelled: bool = False
+
+
+class Holder:
+    """Holds the dead letters of `dlqs` unacked and settles them on request."""
+
+    def __init__(
+        self,
+        url: str,
+        dlqs: Iterable[str],
+        store: Store,
+        *,
+        max_held: int = 100_000,
+        name: str = "ackkit-console",
+    ) -> None:
+        self.url = check_url(url)
+        self.dlqs = [C.queue_name("dlq", q, declared=False) for q in dlqs]
+        if not self.dlqs:
+            raise ValueError("the console needs at least one dead-letter queue")
+        self.max_held = C.integer("max_held", max_held, 1)
+        self.store = store
+        self.name = name
+        self.ready_counts: dict[str, int | None] = dict.fromkeys(self.dlqs)
+        """Messages ready (not held by anyone) in each DLQ, from the broker."""
+        self._conn: Any = None
+        self._publisher: ConfirmedPublisher | None = None
+        self._slots: dict[str, list[_Slot]] = {}
+        self._work: queue.Queue[tuple[Callable[[], Any], Future[Any]]] = queue.Queue()
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.failure: BaseException | None = None
+
+    # -- life -----------------------------------------------------------------------------
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Connect, check the DLQs exist, start holding; raises what went wrong."""
+        self._thread = threading.Thread(target=self._run, name="ackkit-console-holder", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            self.stop()
+            raise TimeoutError(f"the console could not connect within {timeout:g} s")
+        if self.failure is not None:
+            self.stop()
+            raise self.failure
+
+    def stop(self, timeout: float = 600.0) -> None:
+        """Close the connection: the broker returns every held dead letter to its queue.
+
+        Waits for the broker to answer the close (it requeues what was held first: with
+        100,000 held on a busy node that takes a minute or more). A process that exits
+        before would reset the connection, and acks the broker had not read yet would be
+        dropped with it (their dead letters would come back beside their replayed copies)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def submit(self, fn: Callable[[], T]) -> Future[T]:
+        """Run `fn` on the holder's thread (where pika lives)."""
+        fut: Future[T] = Future()
+        if self._stop.is_set():
+            fut.set_exception(RuntimeError("the console is stopping"))
+        else:
+            self._work.put((fn, fut))
+        return fut
+
+    # -- actions (called from any thread; the work runs on the holder's) ------------------
+
+    def replay(self, ids: Iterable[int], to: str | None = None, who: str = "?") -> Future[Any]:
+        if to is not None:
+            C.queue_name("to", to, declared=False)
+        wanted = list(ids)
+        entries = self.store.claim(wanted)
+        res = ActionResult("replay", len(wanted), taken=len(wanted) - len(entries))
+        return self.submit(partial(self._settle, entries, res, to, who))
+
+    def delete(self, ids: Iterable[int], who: str = "?") -> Future[Any]:
+        wanted = list(ids)
+        entries = self.store.claim(wanted)
+        res = ActionResult("delete", len(wanted), taken=len(wanted) - len(entries))
+        return self.submit(partial(self._settle, entries, res, None, who))
+
+    def _settle(self, entries: list[Entry], res: ActionResult, to: str | None, who: str) -> Any:
+        try:
+            for start in range(0, len(entries), WINDOW):
+                batch = [e for e in entries[start : start + WINDOW] if self._holds(e, res)]
+                if res.action == "delete":
+                    for e in batch:
+                        self._slots[e.dlq][e.slot].ch.basic_ack(e.method.delivery_tag)
+                        self._done(e, res, None, who)
+                else:
+                    self._replay_window(batch, res, to, who)
+            self._sync({(e.dlq, e.slot) for e in entries})
+        except BaseException:
+            self.store.release(entries)  # the connection is gone: its holds with it
+            raise
+        if res.action == "replay" and res.done:
+            self.store.mark_replayed({e.key.id for e in entries})
+        return res
+
+    def _sync(self, slots: set[tuple[str, int]]) -> None:
+        """A round trip on each holding channel that acked: the broker answers only after
+        it took in every ack sent before, so a crash of the console after the action
+        returns cannot lose them (and bring back dead letters that were replayed)."""
+        for q, k in slots:
+            slot = self._slots[q][k]
+            if slot.ch.is_open:
+                slot.ch.basic_qos(prefetch_count=slot.prefetch)
+
+    def _holds(self, e: Entry, res: ActionResult) -> bool:
+        """Whether the channel that delivered `e` is still the one holding it."""
+        slot = self._slots[e.dlq][e.slot]
+        if slot.generation == e.generation and slot.ch.is_open:
+            return True
+        res.gone += 1
+        return False
+
+    def _replay_window(
+        self, batch: list[Entry], res: ActionResult, to: str | None, who: str
+    ) -> None:
+        """Copies published together and confirmed; each dead letter acked once its copy
+        is confirmed and was not returned (the DLQ tool's rule, a window at a time)."""
+        now = _now()
+        sent: list[tuple[Entry, Copy]] = []
+        for e in batch:
+            target = replay_target(e.dl, to)
+            if target is None:
+                res.no_target += 1
+                self.store.release([e])
+                continue
+            try:
+                props = copy.copy(e.props)  # the held one keeps its headers for the pages
+                props.headers = replay_headers(props.headers, now)
+                props.wire_headers = None
+                wire = copy_properties(props, {}, purpose="restamp")
+            except Exception as exc:  # headers that cannot be encoded again, ...
+                self._failed(e, res, target, mask_text(f"{type(exc).__name__}: {exc}")[:300])
+                continue
+            sent.append((e, Copy(target, e.body, wire, getattr(props, "message_id", None))))
+        if self._publisher is None:
+            self._publisher = ConfirmedPublisher(self._conn)
+        outcomes = self._publisher.publish([c for _, c in sent])
+        for (e, c), why in zip(sent, outcomes, strict=True):
+            if why is not None:
+                self._failed(e, res, c.target, why)
+            elif self._holds(e, res):  # confirmed: only now the dead letter may go
+                self._slots[e.dlq][e.slot].ch.basic_ack(e.method.delivery_tag)
+                self._done(e, res, c.target, who)
+            else:  # its channel closed meanwhile: the broker requeued it, the copy is out
+                line = f"{_now()} replayed to {c.target}; the dead letter went back first"
+                self.store.note(e.dl.message_id, line)
+
+    def _done(self, e: Entry, res: ActionResult, target: str | None, who: str) -> None:
+        self.store.remove([e.id])
+        res.done += 1
+        if target is not None:
+            res.targets[target] = res.targets.get(target, 0) + 1
+        what = f"replayed to {target}" if target else "deleted"
+        self.store.note(e.dl.message_id, f"{_now()} {what} by {who}")
+
+    def _failed(self, e: Entry, res: ActionResult, target: str, why: str) -> None:
+        self.store.release([e])
+        res.failed += 1
+        res.errors.append(f"{e.dl.message_id or '?'} -> {target}: {why}")
+
+    # -- the holder's thread --------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._session()
+            except BaseException as exc:
+                text = mask_text(f"{type(exc).__name__}: {exc}")
+                if not self._ready.is_set():  # could not start: start() raises it
+                    self.failure = exc
+                    self._ready.set()
+                    return
+                log.warning("ackkit console: connection lost (%s); reconnecting", text)
+                self.store.error(f"connection lost: {text}")
+            finally:
+                self._close()
+                for q, slots in self._slots.items():
+                    for k, s in enumerate(slots):
+                        self.store.drop_channel(q, k, s.generation)
+                self._fail_pending()
+            self._stop.wait(2.0)
+
+    def _session(self) -> None:
+        self._conn = blocking_connection(parameters(self.url, name=self.name))
+        probe = self._conn.channel()
+        for q in self.dlqs:
+            try:
+                probe.queue_declare(q, passive=True)
+            except pika.exceptions.ChannelClosedByBroker:
+                raise LookupError(f"no queue {q!r} on the broker") from None
+        probe.close()
+        gens = {q: [s.generation for s in self._slots.get(q, ())] for q in self.dlqs}
+        self._slots = {}
+        for q in self.dlqs:
+            n = -(-self.max_held // SLOT_MAX)
+            self._slots[q] = []
+            for k in range(n):
+                gen = gens[q][k] + 1 if k < len(gens[q]) else 1
+                self._slots[q].append(self._open(q, k, gen))
+        self._ready.set()
+        counted = 0.0
+        while not self._stop.is_set():
+            self._conn.process_data_events(time_limit=0.05)
+            self._do_work()
+            self._check_slots()
+            if time.monotonic() - counted > 2.0:
+                self._count()
+                counted = time.monotonic()
+
+    def _open(self, q: str, k: int, gen: int) -> _Slot:
+        ch = self._conn.channel()
+        prefetch = min(SLOT_MAX, self.max_held - k * SLOT_MAX)
+        ch.basic_qos(prefetch_count=prefetch)
+        slot = _Slot(ch, gen, prefetch)
+        ch.add_on_cancel_callback(lambda _frame: setattr(slot, "cancelled", True))
+        ch.basic_consume(q, partial(self._on_message, q, k, gen), auto_ack=False)
+        return slot
+
+    def _on_message(
+        self, q: str, k: int, gen: int, _ch: Any, method: Any, props: Any, body: bytes
+    ) -> None:
+        dl = describe(
+            getattr(props, "headers", None),
+            message_id=getattr(props, "message_id", None),
+            body_size=len(body),
+            redelivered=method.redelivered,
+            unreadable=frames.unreadable(method, props),
+        )
+        if getattr(props, "wire_headers", None) is not None:
+            # the raw header bytes a faithful copy would reuse: a replay writes new
+            # headers anyway (replay_headers), so they would only cost memory here
+            props.wire_headers = None
+        self.store.add(q, k, gen, method, dl, props, body, group_key(q, dl))
+
+    def _check_slots(self) -> None:
+        """A holding channel the broker closed or cancelled (e.g. a consumer timeout):
+        what it held went back to the queue; forget it and hold again."""
+        for q, slots in self._slots.items():
+            for k, s in enumerate(slots):
+                if s.ch.is_open and not s.cancelled:
+                    continue
+                self.store.error(f"{q}: holding channel {k} closed or cancelled; holding again")
+                if s.ch.is_open:
+                    with contextlib.suppress(pika.exceptions.AMQPError):
+                        s.ch.close()
+                self.store.drop_channel(q, k, s.generation)
+                slots[k] = self._open(q, k, s.generation + 1)
+
+    def _count(self) -> None:
+        ch = self._conn.channel()
+        try:
+            for q in self.dlqs:
+                ok = ch.queue_declare(q, passive=True)
+                self.ready_counts[q] = int(ok.method.message_count)
+        finally:
+            if ch.is_open:
+                ch.close()
+
+    def _do_work(self) -> None:
+        while True:
+            try:
+                fn, fut = self._work.get_nowait()
+            except queue.Empty:
+                return
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn())
+            except (pika.exceptions.AMQPConnectionError, pika.exceptions.StreamLostError) as exc:
+                fut.set_exception(exc)
+                raise
+            except BaseException as exc:
+                fut.set_exception(exc)
+
+    def _fail_pending(self) -> None:
+        while True:
+            try:
+                _fn, fut = self._work.get_nowait()
+            except queue.Empty:
+                return
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(ConnectionError("the console lost its broker connection"))
+
+    def _close(self) -> None:
+        self._publisher = None
+        if self._conn is not None and self._conn.is_open:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+        self._conn = None
