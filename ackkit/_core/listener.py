@@ -193,6 +193,7 @@ class ListenerCore(Fates, Shutdown):
         routing_key: str = "",
         message_id: str | None = None,
         unreadable: str | None = None,
+        wire_headers: Mapping[str, Any] | None = None,
     ) -> Tracked:
         """Track a delivery. If `verdict` is set on the result, do not run the handler:
         carry out the verdict's actions instead. An empty verdict holds the delivery:
@@ -204,12 +205,20 @@ class ListenerCore(Fates, Shutdown):
         message_id, and ackkit's reason), or rejected without requeue when the
         listener has no dead-letter queue, so the queue's own dead-letter route takes
         it whole.
+
+        `wire_headers`: the same headers as they were on the wire ({name: wire.Field}),
+        when the runtime kept them: the attempt header is read from there, because a
+        client library may have changed its type (pika reads a double as an int).
         """
         # a redelivery of one we returned unstarted (paused, tripped) is not an attempt
         back = self.flow.forgive(message_id) if redelivered and self.flow.owed else 0
         try:
             attempt = H.attempt_of(
-                headers, redelivered, count_header=self._count_header, returned=back
+                headers,
+                redelivered,
+                count_header=self._count_header,
+                returned=back,
+                wire=wire_headers,
             )
             bad: str | None = None
         except H.BadAttemptHeader as exc:
