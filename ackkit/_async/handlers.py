@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from .._core.actions import Action
 from .._core.outcome import Outcome
 from .._invocation import Invocation
-from . import flowing
+from . import cancels, flowing
 
 if TYPE_CHECKING:
     from .._delivery import Delivery
@@ -80,7 +80,8 @@ async def attempt(c: AsyncConsumer, inv: Invocation) -> Outcome:
         else:
             result = await c.rt.loop.run_in_executor(c.pool, _call, b.fn, inv.args)
     except asyncio.CancelledError as e:
-        if _cancelled_from_outside():  # shutdown or a lost channel: released by handle()
+        if cancels.cancelled_from_outside(asyncio.current_task(), c.rt.stopping):
+            # shutdown or a lost channel: released by handle()
             if done is not None:
                 done(e)
             raise
@@ -106,14 +107,6 @@ async def attempt(c: AsyncConsumer, inv: Invocation) -> Outcome:
     if out.stop is not None:
         c.rt.fail(out.stop, f"{c.spec.name}: handler raised {type(out.stop).__name__}")
     return out
-
-
-def _cancelled_from_outside() -> bool:
-    """Whether the running task has been asked to cancel (by shutdown, a lost channel).
-    Python 3.10 cannot tell (no Task.cancelling): every CancelledError counts as one."""
-    task = asyncio.current_task()
-    cancelling = getattr(task, "cancelling", None)
-    return cancelling is None or cancelling() > 0
 
 
 def _call(fn: Any, args: Any) -> Any:

@@ -38,6 +38,7 @@ from .._publish import Outgoing, not_confirmed
 from .._settings import Settings
 from .._spec import Instrument, ListenerSpec
 from .._url import mask_text
+from . import cancels
 from ._amqp import CHANNEL_GONE, ChannelNumbers, declare_queues, open_connection
 from .consumer import CANCEL_TIMEOUT, AsyncConsumer
 from .publisher import AsyncPublisher
@@ -250,13 +251,13 @@ class AsyncRuntime:
             await self._finish_handlers(0)
         for task in (self._ticker, *self._background):
             if task is not None:
-                task.cancel()
+                cancels.cancel(task)
         conn = self.connection
         if conn is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(conn.close(), 10.0)
         if self._main is not None and not self._main.done():
-            self._main.cancel()
+            cancels.cancel(self._main)
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(self._main, 10.0)
         for c in self.consumers:
@@ -291,5 +292,5 @@ class AsyncRuntime:
                     timeout,
                 )
         for t in late:
-            t.cancel()
+            cancels.cancel(t)
         await asyncio.wait(late, timeout=CANCEL_TIMEOUT)
