@@ -60,7 +60,7 @@ async def handle(c: AsyncConsumer, ds: list[Delivery]) -> None:
             inv = inv.again(out.rerun)
             out = await attempt(c, inv)
     except asyncio.CancelledError:  # shutdown or a lost channel: requeue, not a failure
-        await release(c, inv.deliveries)
+        await release(c, inv.deliveries, started=True)
         raise
 
 
@@ -113,13 +113,13 @@ def _call(fn: Any, args: Any) -> Any:
     return fn(*args())
 
 
-async def release(c: AsyncConsumer, ds: list[Delivery]) -> None:
-    """Hand the core deliveries whose handler never ran to the end (cancelled, or
-    unstarted at shutdown); it returns them to their queue."""
+async def release(c: AsyncConsumer, ds: list[Delivery], *, started: bool = False) -> None:
+    """Hand the core deliveries whose handler never ran to the end (`started`: cancelled),
+    or never ran (unstarted at shutdown); it returns them to their queue."""
     core = c.core
     acts: list[Action] = []
     for d in ds:
-        acts.extend(core.release(d.tracked))
+        acts.extend(core.release(d.tracked, started=started))
     if acts:
         await c.execute(core.generation, acts)
 

@@ -10,14 +10,16 @@ more. Each runtime's stop is then a short sequence carrying that out.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .actions import Action, Nack
+from . import copy_headers as CH
+from .actions import Action, CopyPurpose, Nack
 from .events import Stage
 from .ledger import Ledger
 from .outcome import Outcome
-from .policy import AckMode
+from .policy import AckMode, ListenerPolicy
 from .republish import Confirms
 from .tracked import Tracked
 
@@ -25,6 +27,7 @@ from .tracked import Tracked
 class Shutdown:
     """Start and stop decisions of a `ListenerCore` (its state, declared for the mixin)."""
 
+    policy: ListenerPolicy
     mode: AckMode
     ledger: Ledger
     confirms: Confirms
@@ -70,13 +73,27 @@ class Shutdown:
                 acts.extend(a)
         return Outcome(acts, tuple(go))
 
-    def release(self, t: Tracked) -> list[Action]:
-        """Return a delivery whose handler never ran to the end (shutdown, cancellation)."""
+    def release(self, t: Tracked, *, started: bool = False) -> list[Action]:
+        """Return a delivery whose handler never ran (shutdown), or never ran to the end
+        (`started`: its task was cancelled at the shutdown timeout).
+
+        A started one goes back with basic.nack requeue: its run counts as an attempt.
+        An unstarted one costs no attempt: the broker counts every return (the
+        redelivered flag on classic queues, x-delivery-count on quorum queues before
+        4.3, x-acquired-count on 4.3), so a copy carrying the attempt it had (and its
+        crash count) goes back to its queue instead, and the original is acked once the
+        copy is confirmed: its next delivery runs as the attempt it would have run as
+        now. The copy joins the back of the queue.
+        """
         if t.settled or not self.ledger.current(t):
             return []
-        self.ledger.gone(t)
-        self._emit(Stage.RETURNED, t, "shutdown before start")
-        return [Nack(t.tag, requeue=True)]
+        if started or self.mode is AckMode.NONE:
+            self.ledger.gone(t)
+            self._emit(Stage.RETURNED, t, "handler cancelled at shutdown")
+            return [Nack(t.tag, requeue=True)]
+        self._emit(Stage.RETURNED, t, f"shutdown before start: attempt {t.attempt} kept on a copy")
+        hdrs = CH.restamp_headers(t, uuid.uuid4().hex)
+        return [self.confirms.issue(t, self.policy.queue, hdrs, CopyPurpose.RESTAMP)]
 
     def stop(self) -> list[Action]:
         """The app stops (call once its consumer is cancelled, or as the cancel goes
