@@ -271,7 +271,12 @@ class AsyncRuntime:
         while True:
             for c in self.consumers:
                 await c.drain()
-            if all(c.core.quiescent for c in self.consumers) or time.monotonic() > deadline:
+            # A confirmed copy's task still has the original's ack to send: not done yet
+            # (closing now would leave the original to be requeued next to its copy).
+            busy = self.publisher.pending
+            if (all(c.core.quiescent for c in self.consumers) and not busy) or (
+                time.monotonic() > deadline
+            ):
                 return
             await asyncio.sleep(0.02)
 

@@ -43,6 +43,13 @@ RESTAMP_ID = "ackkit-restamp-id"
 """Names one restamp copy: the consumer that published it holds the copy back, should it
 arrive before the original's ack is out (a kill in between would leave both)."""
 
+LOST = "ackkit-lost"
+"""How many handler runs of this message were lost (its consumer died or disconnected
+while the handler ran), counted on a copy made just before each run of a redelivery."""
+LOST_BOUND = 3
+"""A redelivery whose message already lost this many handler runs is dead-lettered
+(with max_attempts=1; more attempts bound it sooner): at most 1 + LOST_BOUND runs."""
+
 X_DELIVERY_COUNT = "x-delivery-count"
 X_ACQUIRED_COUNT = "x-acquired-count"
 MAX_ATTEMPT_HEADER = 1_000_000
@@ -131,6 +138,16 @@ def _field_value(f: Field) -> Any:
     if kind == "S" and len(raw) <= 85:
         return raw[5:].decode("utf-8", "replace")
     return _MISSING
+
+
+def lost_of(headers: Mapping[str, Any] | None, wire: Mapping[str, Any] | None = None) -> int:
+    """The ackkit-lost count of a delivery: an integer field from 0 up (saturating at
+    LOST_BOUND); anything else counts as 0 (the bound still holds after that many more)."""
+    if not headers:
+        return 0
+    raw = (wire if wire is not None else headers).get(LOST)
+    n = _field_value(raw) if isinstance(raw, Field) else raw
+    return min(n, LOST_BOUND) if type(n) is int and n > 0 else 0
 
 
 def _as_int(value: Any) -> int | None:

@@ -32,10 +32,15 @@ class Shutdown:
     ledger: Ledger
     confirms: Confirms
     stopping: bool
+    _waiting: list[Tracked]
 
     if TYPE_CHECKING:
 
         def _emit(self, stage: Stage, t: Tracked, reason: str, count: bool = True) -> None: ...
+
+        def _charge_lost(self, t: Tracked) -> Action: ...
+
+        def slot_free(self) -> bool: ...
 
     def startable(self, t: Tracked) -> bool:
         """May a handler start on `t` now (called just before)? Not when its channel closed
@@ -57,7 +62,14 @@ class Shutdown:
         nothing: the delivery goes back to its queue; a stale one is dropped."""
         if self.stopping:
             return self.release(t)
-        return None if self.startable(t) else []
+        if not self.startable(t):
+            return []
+        if t.lost is not None:  # a redelivery that may have been lost: run on a copy
+            if self.slot_free():
+                return [self._charge_lost(t)]
+            self._waiting.append(t)  # `tick` starts it once the last charged run is done
+            return []
+        return None
 
     def resume(self, rerun: Sequence[Tracked]) -> Outcome:
         """The wait before running a handler again for `rerun` (in-process retry) is over,
