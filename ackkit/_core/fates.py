@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from . import copy_headers as CH
-from . import headers as H
 from .actions import Action, CopyPurpose, Nack, Reinvoke, Reject, Republish, SettleKind
 from .errors import AlreadySettled, RetryLater, SettleNotAllowed
 from .events import HOT_STAGES, Counters, Event, Observer, Stage
@@ -28,8 +27,6 @@ from .topology import QueueSpec
 from .tracked import Tracked
 
 _BATCHED = (AckMode.AUTO, AckMode.DUPS_OK, AckMode.TRANSACTED)
-MAX_REQUEUED = 100_000
-"""Explicit requeues remembered per listener (see `Fates.owe_requeue`); oldest first out."""
 
 
 class Fates:
@@ -44,14 +41,12 @@ class Fates:
     _hot: bool
     _wallclock: Callable[[], float]
     _declared: set[str]
-    _requeued: dict[str, int]
-    charging: str | None
-    _charged_at: float
-    _clock: Callable[[], float]
 
     if TYPE_CHECKING:
 
         def extra_delay_queue(self, delay: float) -> QueueSpec | None: ...
+
+        def owe_requeue(self, t: Tracked) -> None: ...
 
     def finish(
         self, t: Tracked, exc: BaseException | None = None, traceback: str | None = None
@@ -155,48 +150,6 @@ class Fates:
             x.settled = False  # _dead_letter settles it
             acts.extend(self._dead_letter(x, f"{how} without requeue by handler", None, None))
         return acts
-
-    def owe_requeue(self, t: Tracked) -> None:
-        """`t` goes back to its queue by an explicit requeue (the handler's, or
-        RequeueMessage): its redelivery here is no lost run (see `ListenerCore._lost`).
-        Only this process knows: a redelivery to another consumer counts as one."""
-        if self.policy.retry.max_attempts > 1:
-            return  # attempts bound a redelivery there
-        key = t.message_id or f"\0{t.exchange}\0{t.routing_key}"
-        r = self._requeued
-        r[key] = r.pop(key, 0) + 1
-        if len(r) > MAX_REQUEUED:
-            del r[next(iter(r))]
-
-    def forgive_requeue(self, t: Tracked) -> bool:
-        """Is redelivered `t` one we requeued explicitly (see `owe_requeue`)?"""
-        r = self._requeued
-        if not r:
-            return False
-        key = t.message_id or f"\0{t.exchange}\0{t.routing_key}"
-        n = r.pop(key, 0)
-        if n > 1:
-            r[key] = n - 1
-        return n > 0
-
-    def _charge_lost(self, t: Tracked) -> Republish:
-        """Before a handler runs on a redelivery that may have been lost while its handler
-        ran (`t.lost`): a copy counting one more lost run goes back to the queue (then
-        the original is acked), and the handler runs on that copy. Should this run be
-        lost too, the copy comes back with the right count; prefetched deliveries that
-        never started are never charged.
-
-        One charged run at a time (`ListenerCore.slot_free`): another redelivery waits
-        until the charged copy came back and was settled. Charged together, the
-        redeliveries prefetched behind a message that kills the process would all be
-        charged, and lost with it, round after round; run uncharged meanwhile, that
-        message could run uncharged too."""
-        n = (t.lost or 0) + 1
-        self._emit(Stage.REQUEUED, t, f"redelivered: run on a copy counting lost run {n}")
-        self.charging, self._charged_at = uuid.uuid4().hex, self._clock()
-        hdrs = CH.restamp_headers(t, self.charging)
-        hdrs[H.LOST] = n
-        return self.confirms.issue(t, self.policy.queue, hdrs, CopyPurpose.RESTAMP)
 
     def _emit(self, stage: Stage, t: Tracked, reason: str, count: bool = True) -> None:
         if count:

@@ -27,7 +27,6 @@ from . import topology as _topology
 from .actions import (
     Action,
     Nack,
-    Start,
     TxSelect,
 )
 from .arrival import Arrival, arrival
@@ -38,6 +37,7 @@ from .fates import Fates
 from .flow import NO_FLOW
 from .gate import Flow
 from .ledger import Ledger
+from .lost import LostRuns
 from .outcome import Outcome
 from .policy import AckMode, ListenerPolicy
 from .republish import MAX_NACKS_IN_ROW, Confirms
@@ -45,13 +45,10 @@ from .shutdown import Shutdown
 from .topology import QueueSpec, missing_queue
 from .tracked import Tracked
 
-CHARGE_WAIT = 10.0
-"""Seconds a redelivery waits at most for the charged copy before it (see `slot_free`)."""
-
 __all__ = ["MAX_NACKS_IN_ROW", "ListenerCore", "QueueSpec", "Tracked", "missing_queue"]
 
 
-class ListenerCore(Fates, Shutdown):
+class ListenerCore(Fates, Shutdown, LostRuns):
     """Decisions for one listener on one channel at a time.
 
     A runtime calls: `channel_opened()` when its channel for this listener is
@@ -97,13 +94,7 @@ class ListenerCore(Fates, Shutdown):
             policy, self.ledger, self.counters, self._emit, hold=hold_early_copies
         )
         self._declared: set[str] = set()
-        self._requeued: dict[str, int] = {}
-        self._clock = clock
-        self.charging: str | None = None
-        """The restamp id of the copy a charged run waits for (see `Fates._charge_lost`)."""
-        self._charged: Tracked | None = None  # that copy, once it arrived
-        self._charged_at = 0.0
-        self._waiting: list[Tracked] = []  # redeliveries waiting for the charge slot
+        self.init_lost_runs(clock)
         self.broker = UNKNOWN
         self._count = CountSource.REDELIVERED
         self.use_broker(broker)
@@ -238,7 +229,7 @@ class ListenerCore(Fates, Shutdown):
             attempt, bad = 1, str(exc)
         t = Tracked(tag, self.generation, attempt, headers, exchange, routing_key, message_id)
         if self.charging is not None and headers and headers.get(H.RESTAMP_ID) == self.charging:
-            self.charging, self._charged = None, t  # back: the slot frees once it is settled
+            self.charged_copy_back(t)
         self.counters.counts[Stage.RECEIVED] += 1
         if self._hot:
             self._emit(Stage.RECEIVED, t, "", count=False)
@@ -258,7 +249,7 @@ class ListenerCore(Fates, Shutdown):
                 t.verdict = []  # nothing to send now: `republished` starts it
                 return t
             if redelivered and mx <= 1 and mode is not AckMode.NONE and not back:
-                lost = self._lost(t, headers, wire_headers)
+                lost = self.lost_run(t, headers, wire_headers)
                 if lost is not None:
                     return t
             if mx <= 1 or (not redelivered and attempt <= mx):
@@ -290,24 +281,6 @@ class ListenerCore(Fates, Shutdown):
             t.verdict = [self._restamp(t)]
         return t
 
-    def _lost(
-        self, t: Tracked, headers: Mapping[str, Any] | None, wire: Mapping[str, Any] | None
-    ) -> int | None:
-        """A redelivery with max_attempts=1 that this listener did not requeue itself: its
-        last delivery was lost (the consumer died or disconnected, maybe while the
-        handler ran). Past LOST_BOUND lost runs it is dead-lettered (`t.verdict`); else
-        `t.lost` makes `start` run its handler on a copy counting one more. None: an
-        explicit requeue of ours, redelivered as RabbitMQ does (loops if it must)."""
-        if self.forgive_requeue(t):
-            return None
-        lost = H.lost_of(headers, wire)
-        if lost >= H.LOST_BOUND:
-            why = f"consumer died or lost its connection {lost} times while handling it"
-            t.verdict = self._dead_letter(t, why, None, None)
-        else:
-            t.lost = lost
-        return lost
-
     def handled(
         self,
         batch: Sequence[Tracked],
@@ -335,19 +308,6 @@ class ListenerCore(Fates, Shutdown):
         """Shutdown: deliveries held unstarted by `receive` or `start` (return them)."""
         waiting, self._waiting = self._waiting, []
         return self.confirms.take_held() + waiting
-
-    def slot_free(self) -> bool:
-        """May a redelivery's run be charged now (see `Fates._charge_lost`)? Not while the
-        last charged copy is on its way back or running here, for at most CHARGE_WAIT
-        seconds (it may have gone to another consumer)."""
-        c = self._charged
-        if self.charging is None and (c is None or c.settled or not self.ledger.current(c)):
-            return True
-        return self._clock() - self._charged_at > CHARGE_WAIT
-
-    def _free_slot(self) -> None:
-        self.charging, self._charged = None, None
-        self._waiting.clear()  # their channel is gone: the broker requeued them
 
     def hold_back(self, t: Tracked, why: str) -> list[Action]:
         """Return a delivery unstarted because the listener stopped consuming (paused, a
@@ -404,11 +364,8 @@ class ListenerCore(Fates, Shutdown):
         """Call periodically (e.g. every 50 ms): sends acks held longer than the interval,
         and starts a redelivery that waited for the charge slot once it is free."""
         acts = self.ledger.tick()
-        while self._waiting and not self.stopping and self.slot_free():
-            t = self._waiting.pop(0)
-            if not t.settled and self.ledger.current(t):
-                acts.append(Start(t))
-                break
+        if self._waiting:
+            acts.extend(self.start_waiting())
         return acts
 
     def drain(self) -> list[Action]:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from . import copy_headers as CH
-from .actions import Action, CopyPurpose, Nack
+from .actions import Action, CopyPurpose, Nack, Republish
 from .events import Stage
 from .ledger import Ledger
 from .outcome import Outcome
@@ -38,7 +38,7 @@ class Shutdown:
 
         def _emit(self, stage: Stage, t: Tracked, reason: str, count: bool = True) -> None: ...
 
-        def _charge_lost(self, t: Tracked) -> Action: ...
+        def _charge_lost(self, t: Tracked) -> Republish: ...
 
         def slot_free(self) -> bool: ...
 
