@@ -260,6 +260,8 @@ def _describe(
             "last_failure": r.text(H.LAST_FAILURE, h.get(H.LAST_FAILURE)),
             "dead_lettered_at": r.when(H.DEAD_LETTERED_AT, h.get(H.DEAD_LETTERED_AT)),
         }
+        # garbage (or nothing) there: the broker's records may name the queue
+        fields["original_queue"] = _or_death_queue(fields["original_queue"], h)
         return DeadLetter(reason=reason, source="ackkit", **fields, **common, notes=tuple(r.notes))
     death = _last_death(r, h.get("x-death"))
     if death is not None:
@@ -274,10 +276,19 @@ def _describe(
             reason=r.text("x-death reason", death.get("reason")) or "dead-lettered by the broker",
             source="broker",
             attempts=(r.int(H.ATTEMPT, attempt) or None) if attempt is not None else None,
-            original_queue=r.name("x-death queue", death.get("queue")),
+            original_queue=_or_death_queue(r.name("x-death queue", death.get("queue")), h),
             original_exchange=r.name("x-death exchange", death.get("exchange")),
             original_routing_key=r.name("x-death routing-keys", key),
             dead_lettered_at=r.when("x-death time", death.get("time")),
+            **common,
+            notes=tuple(r.notes),
+        )
+    queue = _death_queue(h)
+    if queue is not None:  # no x-death table, but the broker's x-*-death-queue
+        return DeadLetter(
+            reason="dead-lettered by the broker",
+            source="broker",
+            original_queue=queue,
             **common,
             notes=tuple(r.notes),
         )
@@ -309,6 +320,30 @@ def _last_death(r: _Reader, deaths: Any) -> Mapping[str, Any] | None:
                 r.note("x-death", f"{i} leading entr{'y' if i == 1 else 'ies'} not a table")
             return d
     r.note("x-death", f"no table among its {len(deaths)} entries")
+    return None
+
+
+def _or_death_queue(queue: str | None, h: Mapping[str, Any]) -> str | None:
+    """`queue`, unless it names no queue and the broker's records name one."""
+    return queue or _death_queue(h) or queue
+
+
+def _death_queue(h: Mapping[str, Any]) -> str | None:
+    """The most recent queue the broker's records name validly, whatever garbage is
+    next to it: each x-death table's `queue` (most recent first), then
+    x-last-death-queue and x-first-death-queue. None when none is a usable name."""
+    quiet = _Reader()  # what could not be read is noted where it is read first
+    deaths = h.get("x-death")
+    if isinstance(deaths, (list, tuple)):
+        for d in deaths:
+            if isinstance(d, Mapping):
+                q = quiet.name("", d.get("queue"))
+                if q:
+                    return q
+    for key in ("x-last-death-queue", "x-first-death-queue"):
+        q = quiet.name("", h.get(key))
+        if q:
+            return q
     return None
 
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from .._core.actions import Action
 from .._core.outcome import Outcome
 from .._invocation import Invocation
-from . import flowing
+from . import cancels, flowing
 
 if TYPE_CHECKING:
     from .._delivery import Delivery
@@ -60,7 +60,7 @@ async def handle(c: AsyncConsumer, ds: list[Delivery]) -> None:
             inv = inv.again(out.rerun)
             out = await attempt(c, inv)
     except asyncio.CancelledError:  # shutdown or a lost channel: requeue, not a failure
-        await release(c, inv.deliveries)
+        await release(c, inv.deliveries, started=True)
         raise
 
 
@@ -80,7 +80,8 @@ async def attempt(c: AsyncConsumer, inv: Invocation) -> Outcome:
         else:
             result = await c.rt.loop.run_in_executor(c.pool, _call, b.fn, inv.args)
     except asyncio.CancelledError as e:
-        if _cancelled_from_outside():  # shutdown or a lost channel: released by handle()
+        if cancels.cancelled_from_outside(asyncio.current_task(), c.rt.stopping):
+            # shutdown or a lost channel: released by handle()
             if done is not None:
                 done(e)
             raise
@@ -108,25 +109,17 @@ async def attempt(c: AsyncConsumer, inv: Invocation) -> Outcome:
     return out
 
 
-def _cancelled_from_outside() -> bool:
-    """Whether the running task has been asked to cancel (by shutdown, a lost channel).
-    Python 3.10 cannot tell (no Task.cancelling): every CancelledError counts as one."""
-    task = asyncio.current_task()
-    cancelling = getattr(task, "cancelling", None)
-    return cancelling is None or cancelling() > 0
-
-
 def _call(fn: Any, args: Any) -> Any:
     return fn(*args())
 
 
-async def release(c: AsyncConsumer, ds: list[Delivery]) -> None:
-    """Hand the core deliveries whose handler never ran to the end (cancelled, or
-    unstarted at shutdown); it returns them to their queue."""
+async def release(c: AsyncConsumer, ds: list[Delivery], *, started: bool = False) -> None:
+    """Hand the core deliveries whose handler never ran to the end (`started`: cancelled),
+    or never ran (unstarted at shutdown); it returns them to their queue."""
     core = c.core
     acts: list[Action] = []
     for d in ds:
-        acts.extend(core.release(d.tracked))
+        acts.extend(core.release(d.tracked, started=started))
     if acts:
         await c.execute(core.generation, acts)
 

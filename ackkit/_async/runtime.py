@@ -41,6 +41,7 @@ from .._publish import Outgoing, not_confirmed
 from .._settings import Settings
 from .._spec import Instrument, ListenerSpec
 from .._url import mask_text
+from . import cancels
 from ._amqp import CHANNEL_GONE, ChannelNumbers, declare_queues, open_connection
 from .consumer import CANCEL_TIMEOUT, AsyncConsumer
 from .publisher import AsyncPublisher
@@ -277,13 +278,13 @@ class AsyncRuntime:
             await self._finish_handlers(0)
         for task in (self._ticker, *self._background):
             if task is not None:
-                task.cancel()
+                cancels.cancel(task)
         conn = self.connection
         if conn is not None:  # a broker that blocks the connection may never answer close
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(conn.close(), budget.close)
         if self._main is not None and not self._main.done():
-            self._main.cancel()
+            cancels.cancel(self._main)
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(self._main, 10.0)
         for c in self.consumers:
@@ -297,7 +298,12 @@ class AsyncRuntime:
         while True:
             for c in self.consumers:
                 await c.drain()
-            if all(c.core.quiescent for c in self.consumers) or time.monotonic() > deadline:
+            # A confirmed copy's task still has the original's ack to send: not done yet
+            # (closing now would leave the original to be requeued next to its copy).
+            busy = self.publisher.pending
+            if (all(c.core.quiescent for c in self.consumers) and not busy) or (
+                time.monotonic() > deadline
+            ):
                 return
             await asyncio.sleep(0.02)
 
@@ -318,5 +324,5 @@ class AsyncRuntime:
                     timeout if told is None else told,
                 )
         for t in late:
-            t.cancel()
+            cancels.cancel(t)
         await asyncio.wait(late, timeout=CANCEL_TIMEOUT)

@@ -46,6 +46,8 @@ class Fates:
 
         def extra_delay_queue(self, delay: float) -> QueueSpec | None: ...
 
+        def owe_requeue(self, t: Tracked) -> None: ...
+
     def finish(
         self, t: Tracked, exc: BaseException | None = None, traceback: str | None = None
     ) -> list[Action]:
@@ -141,6 +143,7 @@ class Fates:
                     ledger.window.mark_gone(x.tag)
                     acts.append(Nack(x.tag) if how is SettleKind.NACK else Reject(x.tag, True))
             for x in targets:
+                self.owe_requeue(x)
                 self._emit(Stage.REQUEUED, x, f"{how} requeue by handler")
             return acts
         for x in targets:
@@ -185,6 +188,7 @@ class Fates:
         return self._dead_letter(t, why, None, None)
 
     def _requeue(self, t: Tracked, why: str) -> list[Action]:
+        self.owe_requeue(t)
         self.ledger.gone(t)
         self._emit(Stage.REQUEUED, t, why)
         return [Reject(t.tag, requeue=True)]

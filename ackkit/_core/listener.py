@@ -37,6 +37,7 @@ from .fates import Fates
 from .flow import NO_FLOW
 from .gate import Flow
 from .ledger import Ledger
+from .lost import LostRuns
 from .outcome import Outcome
 from .policy import AckMode, ListenerPolicy
 from .republish import MAX_NACKS_IN_ROW, Confirms
@@ -47,7 +48,7 @@ from .tracked import Tracked
 __all__ = ["MAX_NACKS_IN_ROW", "ListenerCore", "QueueSpec", "Tracked", "missing_queue"]
 
 
-class ListenerCore(Fates, Shutdown):
+class ListenerCore(Fates, Shutdown, LostRuns):
     """Decisions for one listener on one channel at a time.
 
     A runtime calls: `channel_opened()` when its channel for this listener is
@@ -93,6 +94,7 @@ class ListenerCore(Fates, Shutdown):
             policy, self.ledger, self.counters, self._emit, hold=hold_early_copies
         )
         self._declared: set[str] = set()
+        self.init_lost_runs(clock)
         self.broker = UNKNOWN
         self._count = CountSource.REDELIVERED
         self.use_broker(broker)
@@ -172,6 +174,7 @@ class ListenerCore(Fates, Shutdown):
         Returns how many deliveries were outstanding.
         """
         self.counters.counts[Stage.CONSUMER_CANCELLED] += 1
+        self._free_slot()
         return self.ledger.closed()
 
     def channel_closed(self) -> int:
@@ -180,6 +183,7 @@ class ListenerCore(Fates, Shutdown):
         Returns how many deliveries had not been acked; the broker has requeued them.
         Their handlers may still settle them: that is dropped (and counted) then.
         """
+        self._free_slot()
         return self.ledger.closed()
 
     # -- deliveries -------------------------------------------------------
@@ -193,6 +197,7 @@ class ListenerCore(Fates, Shutdown):
         routing_key: str = "",
         message_id: str | None = None,
         unreadable: str | None = None,
+        wire_headers: Mapping[str, Any] | None = None,
     ) -> Tracked:
         """Track a delivery. If `verdict` is set on the result, do not run the handler:
         carry out the verdict's actions instead. An empty verdict holds the delivery:
@@ -204,17 +209,27 @@ class ListenerCore(Fates, Shutdown):
         message_id, and ackkit's reason), or rejected without requeue when the
         listener has no dead-letter queue, so the queue's own dead-letter route takes
         it whole.
+
+        `wire_headers`: the same headers as they were on the wire ({name: wire.Field}),
+        when the runtime kept them: the attempt header is read from there, because a
+        client library may have changed its type (pika reads a double as an int).
         """
         # a redelivery of one we returned unstarted (paused, tripped) is not an attempt
         back = self.flow.forgive(message_id) if redelivered and self.flow.owed else 0
         try:
             attempt = H.attempt_of(
-                headers, redelivered, count_header=self._count_header, returned=back
+                headers,
+                redelivered,
+                count_header=self._count_header,
+                returned=back,
+                wire=wire_headers,
             )
             bad: str | None = None
         except H.BadAttemptHeader as exc:
             attempt, bad = 1, str(exc)
         t = Tracked(tag, self.generation, attempt, headers, exchange, routing_key, message_id)
+        if self.charging is not None and headers and headers.get(H.RESTAMP_ID) == self.charging:
+            self.charged_copy_back(t)
         self.counters.counts[Stage.RECEIVED] += 1
         if self._hot:
             self._emit(Stage.RECEIVED, t, "", count=False)
@@ -233,6 +248,10 @@ class ListenerCore(Fates, Shutdown):
             ):
                 t.verdict = []  # nothing to send now: `republished` starts it
                 return t
+            if redelivered and mx <= 1 and mode is not AckMode.NONE and not back:
+                lost = self.lost_run(t, headers, wire_headers)
+                if lost is not None:
+                    return t
             if mx <= 1 or (not redelivered and attempt <= mx):
                 # The common case, where `arrival` says RUN: a first delivery with
                 # attempts left (or no retries): nothing to decide before the handler runs.
@@ -286,8 +305,9 @@ class ListenerCore(Fates, Shutdown):
         )
 
     def take_held(self) -> list[Tracked]:
-        """Shutdown: deliveries held unstarted by `receive` (return them, `hold_back`)."""
-        return self.confirms.take_held()
+        """Shutdown: deliveries held unstarted by `receive` or `start` (return them)."""
+        waiting, self._waiting = self._waiting, []
+        return self.confirms.take_held() + waiting
 
     def hold_back(self, t: Tracked, why: str) -> list[Action]:
         """Return a delivery unstarted because the listener stopped consuming (paused, a
@@ -341,8 +361,12 @@ class ListenerCore(Fates, Shutdown):
     # -- time and shutdown -------------------------------------------------
 
     def tick(self) -> list[Action]:
-        """Call periodically (e.g. every 50 ms): sends acks held longer than the interval."""
-        return self.ledger.tick()
+        """Call periodically (e.g. every 50 ms): sends acks held longer than the interval,
+        and starts a redelivery that waited for the charge slot once it is free."""
+        acts = self.ledger.tick()
+        if self._waiting:
+            acts.extend(self.start_waiting())
+        return acts
 
     def drain(self) -> list[Action]:
         """Send every pending ack now (before basic.cancel and channel close)."""

@@ -10,14 +10,16 @@ more. Each runtime's stop is then a short sequence carrying that out.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .actions import Action, Nack
+from . import copy_headers as CH
+from .actions import Action, CopyPurpose, Nack, Republish
 from .events import Stage
 from .ledger import Ledger
 from .outcome import Outcome
-from .policy import AckMode
+from .policy import AckMode, ListenerPolicy
 from .republish import Confirms
 from .tracked import Tracked
 
@@ -25,14 +27,20 @@ from .tracked import Tracked
 class Shutdown:
     """Start and stop decisions of a `ListenerCore` (its state, declared for the mixin)."""
 
+    policy: ListenerPolicy
     mode: AckMode
     ledger: Ledger
     confirms: Confirms
     stopping: bool
+    _waiting: list[Tracked]
 
     if TYPE_CHECKING:
 
         def _emit(self, stage: Stage, t: Tracked, reason: str, count: bool = True) -> None: ...
+
+        def _charge_lost(self, t: Tracked) -> Republish: ...
+
+        def slot_free(self) -> bool: ...
 
     def startable(self, t: Tracked) -> bool:
         """May a handler start on `t` now (called just before)? Not when its channel closed
@@ -54,7 +62,14 @@ class Shutdown:
         nothing: the delivery goes back to its queue; a stale one is dropped."""
         if self.stopping:
             return self.release(t)
-        return None if self.startable(t) else []
+        if not self.startable(t):
+            return []
+        if t.lost is not None:  # a redelivery that may have been lost: run on a copy
+            if self.slot_free():
+                return [self._charge_lost(t)]
+            self._waiting.append(t)  # `tick` starts it once the last charged run is done
+            return []
+        return None
 
     def resume(self, rerun: Sequence[Tracked]) -> Outcome:
         """The wait before running a handler again for `rerun` (in-process retry) is over,
@@ -70,13 +85,27 @@ class Shutdown:
                 acts.extend(a)
         return Outcome(acts, tuple(go))
 
-    def release(self, t: Tracked) -> list[Action]:
-        """Return a delivery whose handler never ran to the end (shutdown, cancellation)."""
+    def release(self, t: Tracked, *, started: bool = False) -> list[Action]:
+        """Return a delivery whose handler never ran (shutdown), or never ran to the end
+        (`started`: its task was cancelled at the shutdown timeout).
+
+        A started one goes back with basic.nack requeue: its run counts as an attempt.
+        An unstarted one costs no attempt: the broker counts every return (the
+        redelivered flag on classic queues, x-delivery-count on quorum queues before
+        4.3, x-acquired-count on 4.3), so a copy carrying the attempt it had (and its
+        crash count) goes back to its queue instead, and the original is acked once the
+        copy is confirmed: its next delivery runs as the attempt it would have run as
+        now. The copy joins the back of the queue.
+        """
         if t.settled or not self.ledger.current(t):
             return []
-        self.ledger.gone(t)
-        self._emit(Stage.RETURNED, t, "shutdown before start")
-        return [Nack(t.tag, requeue=True)]
+        if started or self.mode is AckMode.NONE:
+            self.ledger.gone(t)
+            self._emit(Stage.RETURNED, t, "handler cancelled at shutdown")
+            return [Nack(t.tag, requeue=True)]
+        self._emit(Stage.RETURNED, t, f"shutdown before start: attempt {t.attempt} kept on a copy")
+        hdrs = CH.restamp_headers(t, uuid.uuid4().hex)
+        return [self.confirms.issue(t, self.policy.queue, hdrs, CopyPurpose.RESTAMP)]
 
     def stop(self) -> list[Action]:
         """The app stops (call once its consumer is cancelled, or as the cancel goes

@@ -19,6 +19,7 @@ class Tracked:
         "first_failure",
         "generation",
         "headers",
+        "lost",
         "message_id",
         "parked",
         "payload",
@@ -53,6 +54,9 @@ class Tracked:
         self.payload: Any = None  # the runtime's own object for this delivery (opaque here)
         self.verdict: list[Action] | None = None
         self.first_failure: str | None = None  # in-process retries: when attempt 1 failed
+        # A redelivery that may have been lost while its handler ran (max_attempts=1):
+        # the handler runs on a copy counting one more lost run (`ListenerCore.start`).
+        self.lost: int | None = None
 
     def attach(self, payload: Any) -> None:
         """Attach the runtime's object for this delivery (its Delivery).

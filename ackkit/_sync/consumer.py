@@ -211,6 +211,7 @@ class Consumer(Executor):
                     rk,
                     None if why else props.message_id,
                     unreadable=why,
+                    wire_headers=getattr(props, "wire_headers", None),
                 )
             except Exception as exc:  # never let one delivery take the connection down
                 why = f"receiving it failed: {describe(exc)}"

@@ -197,6 +197,7 @@ class PullConnection:
                     exchange,
                     rk,
                     unreadable=why,
+                    wire_headers=getattr(props, "wire_headers", None),
                 )
                 d = Delivery(
                     body,

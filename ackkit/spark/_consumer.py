@@ -352,6 +352,7 @@ class SourceConsumer(Engine, Executor):
                 rk,
                 mid,
                 unreadable=why,
+                wire_headers=getattr(props, "wire_headers", None),
             )
             t.attach((props, body))
             self.received += 1

@@ -132,11 +132,13 @@ def test_a_failure_is_a_reject_that_counts_toward_the_delivery_limit(
         assert "x-acquired-count" not in headers
 
 
-def test_a_return_at_shutdown_is_a_nack_that_does_not_count_on_43(
-    runtime: Runtime, broker: Broker, queue_factory: Any, traits: BrokerTraits
+def test_a_return_at_shutdown_keeps_its_attempt_on_every_version(
+    runtime: Runtime, broker: Broker, queue_factory: Any
 ) -> None:
-    """Prefetched deliveries whose handler never started go back with basic.nack at
-    shutdown: RabbitMQ 4.3 does not count them toward the delivery-limit."""
+    """Prefetched deliveries whose handler never started go back at shutdown as copies
+    carrying the attempt they had (then the originals are acked): every version counts
+    a basic.nack somewhere (x-delivery-count before 4.3, x-acquired-count on 4.3, the
+    redelivered flag on classic queues), so a graceful stop cost each an attempt."""
     q = queue_factory()
     gate = Gate()
 
@@ -156,20 +158,20 @@ def test_a_return_at_shutdown_is_a_nack_that_does_not_count_on_43(
     got = _get_all(broker, q)
     assert len(got) == returned  # the first was handled and acked; nothing else lost
     for redelivered, headers in got:
-        assert redelivered
-        if traits.reject_counts_nack_does_not:
-            assert headers.get("x-delivery-count", 0) == 0
-            assert headers["x-acquired-count"] == 1
-        else:
-            assert headers["x-delivery-count"] == 1
+        assert not redelivered
+        assert headers["ackkit-attempt"] == 1
+        assert headers.get("x-delivery-count", 0) == 0
+        assert headers.get("x-acquired-count", 0) == 0
 
 
 def test_attempts_after_a_return_ignore_a_publishers_delivery_count(
     runtime: Runtime, broker: Broker, queue_factory: Any
 ) -> None:
     """A publisher's x-delivery-count 7 survives a basic.nack on RabbitMQ 4.3 (the broker
-    writes the header only once it incremented the count): a returned message is
-    attempt 2 on every version, never 8 (which would dead-letter it at once)."""
+    writes the header only once it incremented the count). A message returned unstarted
+    at shutdown goes back as a copy without it, keeping its attempt: attempt 1 on every
+    version (it was attempt 2 before a stop kept attempts; never 8, which would
+    dead-letter it at once)."""
     q = queue_factory()
     gate = Gate()
 
@@ -197,7 +199,7 @@ def test_attempts_after_a_return_ignore_a_publishers_delivery_count(
     with runtime.running(app2):
         broker.wait_for(q, ready=0, unacked=0)
         eventually(lambda: len(seen) == returned, what="the returned messages handled")
-    assert seen == [2] * returned
+    assert seen == [1] * returned
     assert broker.counts(f"{q}.dlq").total == 0
 
 

@@ -66,6 +66,8 @@ def build(args: argparse.Namespace) -> App:
                 "redelivered": d.redelivered,
             },
         )
+        if args.die_on and d.message_id == args.die_on:
+            os.kill(os.getpid(), signal.SIGKILL)  # the message kills its consumer process
         if args.hold:
             time.sleep(args.hold)
         if args.succeed_at and d.attempt >= args.succeed_at:
@@ -86,6 +88,7 @@ def main() -> None:
     p.add_argument("--strategy", default="broker")
     p.add_argument("--succeed-at", type=int, default=0)
     p.add_argument("--hold", type=float, default=0.0)
+    p.add_argument("--die-on", default=None, help="SIGKILL itself handling this message id")
     p.add_argument("--prefetch", type=int, default=10)
     p.add_argument("--queue-type", default="classic")
     p.add_argument("--delivery-limit", type=int, default=None)

@@ -275,8 +275,10 @@ def test_none_mode_cannot_settle_but_keeps_failures_in_dlq():
 def test_release_returns_unstarted_without_counting_failure():
     c = core()
     t = c.receive(1)
-    assert c.release(t) == [Nack(1, requeue=True)]
+    (copy,) = c.release(t)  # a copy keeps its attempt: a requeue would count one
+    assert copy.purpose == "restamp" and copy.set_headers[H.ATTEMPT] == 1
     assert c.counters.snapshot()["returned"] == 1
+    assert c.release(c.receive(2), started=True) == [Nack(2, requeue=True)]
 
 
 def test_retry_policy_validation():

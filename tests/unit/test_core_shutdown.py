@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ackkit import AckMode, Retry, RetryStrategy
-from ackkit._core.actions import Ack, Nack, Republish
+from ackkit._core import headers as H
+from ackkit._core.actions import Ack, CopyPurpose, Nack, Republish, TxCommit
 from ackkit._core.events import Stage
 from ackkit._core.listener import ListenerCore
 from ackkit._core.policy import ListenerPolicy
@@ -25,6 +26,17 @@ def core(**kw: Any) -> ListenerCore:
     return c
 
 
+def given_back(c: ListenerCore, acts: list[Any], tag: int, attempt: int) -> None:
+    """`acts` return delivery `tag` unstarted, keeping its attempt: a copy to its queue
+    stamped with `attempt`, and once confirmed, the original acked."""
+    (copy,) = acts
+    assert isinstance(copy, Republish) and copy.purpose is CopyPurpose.RESTAMP
+    assert (copy.tag, copy.routing_key, copy.set_headers[H.ATTEMPT]) == (tag, "q", attempt)
+    assert not c.quiescent  # the copy awaits its confirm
+    acks = [a for a in c.republished(copy.token, True) + c.drain() if not isinstance(a, TxCommit)]
+    assert acks == [Ack(tag, multiple=False)]
+
+
 def test_a_running_core_lets_handlers_start() -> None:
     c = core()
     t = c.receive(1)
@@ -38,7 +50,7 @@ def test_a_stopping_core_starts_nothing_it_returns_the_delivery() -> None:
     assert c.start(t1) is None
     c.handled([t1])  # held for the next multiple ack
     assert c.stop() == [Ack(1, multiple=False)]  # the held ack goes out with the stop
-    assert c.start(t2) == [Nack(2, requeue=True)]
+    given_back(c, c.start(t2), 2, 1)
     assert c.start(t2) == []  # once
     assert c.counters.counts[Stage.RETURNED] == 1
     assert c.quiescent
@@ -59,7 +71,8 @@ def test_a_retry_decided_while_stopping_becomes_a_release() -> None:
     assert c.start(t) is None
     c.stop()
     out = c.handled([t], exc=ValueError("boom"))
-    assert out.rerun == () and out.actions == [Nack(1, requeue=True)]
+    assert out.rerun == ()
+    given_back(c, out.actions, 1, 2)  # attempt 1 ran: it comes back as attempt 2
     assert c.quiescent
 
 
@@ -74,7 +87,8 @@ def test_a_retry_waiting_when_the_stop_comes_is_released() -> None:
     assert out.rerun == (t,)
     c.stop()  # the stop cut the wait short
     go = c.resume(out.rerun)
-    assert go.rerun == () and go.actions == [Nack(1, requeue=True)]
+    assert go.rerun == ()
+    given_back(c, go.actions, 1, 3)  # attempts 1 and 2 ran
 
 
 def test_transacted_in_process_retry_runs_again_then_releases_at_stop() -> None:
@@ -84,7 +98,16 @@ def test_transacted_in_process_retry_runs_again_then_releases_at_stop() -> None:
     assert out.rerun == (t,)  # the failed delivery is run again, not left unacked
     c.stop()
     go = c.resume(out.rerun)
-    assert go.rerun == () and go.actions == [Nack(1, requeue=True)]
+    assert go.rerun == ()
+    given_back(c, go.actions, 1, 2)
+
+
+def test_a_handler_cancelled_at_shutdown_goes_back_with_its_attempt_counted() -> None:
+    c = core()
+    t = c.receive(1)
+    assert c.start(t) is None
+    c.stop()
+    assert c.release(t, started=True) == [Nack(1, requeue=True)]
 
 
 def test_quiescent_waits_for_copies_awaiting_confirm() -> None:
@@ -125,7 +148,9 @@ def test_every_delivery_is_settled_once_whenever_the_stop_comes(
 
     def take(acts: list[Any]) -> None:
         for a in acts:
-            if isinstance(a, Ack) and a.multiple:
+            if isinstance(a, Republish):  # a copy of one returned unstarted: confirmed
+                take(c.republished(a.token, True))
+            elif isinstance(a, Ack) and a.multiple:
                 settled.extend(x for x in range(1, a.tag + 1) if x not in settled)
             elif isinstance(a, (Ack, Nack)):
                 settled.append(a.tag)

@@ -1,0 +1,144 @@
+"""Lost handler runs: what bounds a crash loop when attempts do not (max_attempts=1).
+
+A redelivery says its last delivery was lost (the consumer died or disconnected),
+not whether its handler was running then. `ListenerCore.receive` asks `lost_run`:
+a redelivery this listener did not requeue itself is a suspect (`Tracked.lost`),
+dead-lettered once its message lost LOST_BOUND runs (`ackkit-lost`). Otherwise
+`Shutdown.start` runs it on a copy charged with one more lost run, made just before
+the run (`_charge_lost`), one charged run at a time (`slot_free`): other suspects
+wait (`start_waiting`, from `tick`), so that deliveries prefetched behind a message
+that kills the process are not charged with it. Explicit requeues of this process
+(`owe_requeue`) are no lost runs: they loop as RabbitMQ does.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from . import copy_headers as CH
+from . import headers as H
+from .actions import Action, CopyPurpose, Republish, Start
+from .events import Stage
+from .ledger import Ledger
+from .policy import ListenerPolicy
+from .republish import Confirms
+from .tracked import Tracked
+
+MAX_REQUEUED = 100_000
+"""Explicit requeues remembered per listener (see `owe_requeue`); oldest first out."""
+CHARGE_WAIT = 10.0
+"""Seconds a suspect waits at most for the charged copy before it (see `slot_free`)."""
+
+
+class LostRuns:
+    """The lost-run state of a `ListenerCore` (a mixin; its other state declared here)."""
+
+    policy: ListenerPolicy
+    ledger: Ledger
+    confirms: Confirms
+    stopping: bool
+
+    if TYPE_CHECKING:
+
+        def _emit(self, stage: Stage, t: Tracked, reason: str, count: bool = True) -> None: ...
+
+        def _dead_letter(
+            self, t: Tracked, reason: str, exc: BaseException | None, tb: str | None
+        ) -> list[Action]: ...
+
+    def init_lost_runs(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._requeued: dict[str, int] = {}
+        self.charging: str | None = None
+        """The restamp id of the copy a charged run waits for (see `_charge_lost`)."""
+        self._charged: Tracked | None = None  # that copy, once it arrived
+        self._charged_at = 0.0
+        self._waiting: list[Tracked] = []  # suspects waiting for the charge slot
+
+    def charged_copy_back(self, t: Tracked) -> None:
+        """`t` is the charged copy, back at this consumer: the slot frees once it is
+        settled."""
+        self.charging, self._charged = None, t
+
+    def lost_run(
+        self, t: Tracked, headers: Mapping[str, Any] | None, wire: Mapping[str, Any] | None
+    ) -> int | None:
+        """A redelivery with max_attempts=1 that this listener did not requeue itself: its
+        last delivery was lost (the consumer died or disconnected, maybe while the
+        handler ran). Past LOST_BOUND lost runs it is dead-lettered (`t.verdict`); else
+        `t.lost` makes `start` run its handler on a copy counting one more. None: an
+        explicit requeue of ours, redelivered as RabbitMQ does (loops if it must)."""
+        if self.forgive_requeue(t):
+            return None
+        lost = H.lost_of(headers, wire)
+        if lost >= H.LOST_BOUND:
+            why = f"consumer died or lost its connection {lost} times while handling it"
+            t.verdict = self._dead_letter(t, why, None, None)
+        else:
+            t.lost = lost
+        return lost
+
+    def owe_requeue(self, t: Tracked) -> None:
+        """`t` goes back to its queue by an explicit requeue (the handler's, or
+        RequeueMessage): its redelivery here is no lost run (see `ListenerCore._lost`).
+        Only this process knows: a redelivery to another consumer counts as one."""
+        if self.policy.retry.max_attempts > 1:
+            return  # attempts bound a redelivery there
+        key = t.message_id or f"\0{t.exchange}\0{t.routing_key}"
+        r = self._requeued
+        r[key] = r.pop(key, 0) + 1
+        if len(r) > MAX_REQUEUED:
+            del r[next(iter(r))]
+
+    def forgive_requeue(self, t: Tracked) -> bool:
+        """Is redelivered `t` one we requeued explicitly (see `owe_requeue`)?"""
+        r = self._requeued
+        if not r:
+            return False
+        key = t.message_id or f"\0{t.exchange}\0{t.routing_key}"
+        n = r.pop(key, 0)
+        if n > 1:
+            r[key] = n - 1
+        return n > 0
+
+    def _charge_lost(self, t: Tracked) -> Republish:
+        """Before a handler runs on a redelivery that may have been lost while its handler
+        ran (`t.lost`): a copy counting one more lost run goes back to the queue (then
+        the original is acked), and the handler runs on that copy. Should this run be
+        lost too, the copy comes back with the right count; prefetched deliveries that
+        never started are never charged.
+
+        One charged run at a time (`ListenerCore.slot_free`): another redelivery waits
+        until the charged copy came back and was settled. Charged together, the
+        redeliveries prefetched behind a message that kills the process would all be
+        charged, and lost with it, round after round; run uncharged meanwhile, that
+        message could run uncharged too."""
+        n = (t.lost or 0) + 1
+        self._emit(Stage.REQUEUED, t, f"redelivered: run on a copy counting lost run {n}")
+        self.charging, self._charged_at = uuid.uuid4().hex, self._clock()
+        hdrs = CH.restamp_headers(t, self.charging)
+        hdrs[H.LOST] = n
+        return self.confirms.issue(t, self.policy.queue, hdrs, CopyPurpose.RESTAMP)
+
+    def slot_free(self) -> bool:
+        """May a redelivery's run be charged now (see `Fates._charge_lost`)? Not while the
+        last charged copy is on its way back or running here, for at most CHARGE_WAIT
+        seconds (it may have gone to another consumer)."""
+        c = self._charged
+        if self.charging is None and (c is None or c.settled or not self.ledger.current(c)):
+            return True
+        return self._clock() - self._charged_at > CHARGE_WAIT
+
+    def _free_slot(self) -> None:
+        self.charging, self._charged = None, None
+        self._waiting.clear()  # their channel is gone: the broker requeued them
+
+    def start_waiting(self) -> list[Action]:
+        """`tick`: start the first suspect that waited, once the slot is free."""
+        while self._waiting and not self.stopping and self.slot_free():
+            t = self._waiting.pop(0)
+            if not t.settled and self.ledger.current(t):
+                return [Start(t)]
+        return []
