@@ -137,6 +137,9 @@ class Runtime(Engine):
             for c in self.consumers:
                 c.cancelled.wait(5.0)
         self._join_workers(timeout)  # workers hand what is left in their inbox to the core
+        for c in self.consumers:
+            if c.tx is not None:
+                c.tx.close()  # the inbox's connections and threads
         if live:
             settled = threading.Event()
             self.call_soon(lambda: self._settle(settled, time.monotonic() + CONFIRM_TIMEOUT))
