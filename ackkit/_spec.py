@@ -353,6 +353,8 @@ class AppBase(SettingsView):
                     "or use AckMode.AUTO"
                 )
             self._check_handler(binding)
+            if inbox is not None:
+                self._check_inbox_handler(binding)
             # Two listeners declaring one exchange two ways: TopologyConflict, here.
             plan([*((s.queue, s.binds) for s in self.specs), (queue, bound)])
             self.specs.append(
@@ -383,6 +385,9 @@ class AppBase(SettingsView):
 
     def _check_handler(self, binding: Binding) -> None:
         """Runtimes refuse handler kinds they cannot run."""
+
+    def _check_inbox_handler(self, binding: Binding) -> None:
+        """Runtimes refuse handler kinds they cannot run in an inbox transaction."""
 
     def _listener_name(self, name: str | None) -> None:
         if name is not None and all(s.name != name for s in self.specs):

@@ -38,7 +38,7 @@ import logging
 from collections import deque
 from collections.abc import Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiormq.exceptions
 from aiormq.abc import AbstractChannel, AbstractConnection, DeliveredMessage
@@ -59,6 +59,9 @@ from ._amqp import CHANNEL_GONE, ChannelNumbers
 from .batching import Batcher
 from .delivery import AsyncDelivery
 from .settling import ChannelSettler, SettlerHost
+
+if TYPE_CHECKING:
+    from ..inbox._aio import AsyncInbox
 
 log = logging.getLogger("ackkit")
 CANCEL_TIMEOUT = 5.0
@@ -122,6 +125,11 @@ class AsyncConsumer(ChannelSettler):
         self.failures = FailureLog(log)
         # metrics, tracing: None when off
         self.probe = probe_for(instruments, spec, self.core)
+        self.tx: AsyncInbox | None = None  # inbox=: the handler runs in its transaction
+        if spec.inbox is not None:
+            from ..inbox._aio import AsyncInbox
+
+            self.tx = AsyncInbox(spec.inbox, self)
         if not self.is_async:
             self.pool = ThreadPoolExecutor(
                 max_workers=spec.concurrency, thread_name_prefix=f"ackkit-{spec.name}"

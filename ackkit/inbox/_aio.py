@@ -1,0 +1,169 @@
+"""The AsyncApp's inbox runner: `_sync.SyncInbox`'s rules on the event loop, with
+psycopg's AsyncConnection (the handler must be `async def`)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from .._core.inbox import TRANSACTION_RETRY, Fault, probe_delay, retention_batches
+from .._core.outcome import Outcome
+from .._invocation import Invocation
+from .._wire import describe
+from ._options import Inbox
+from ._run import DatabaseDown, duplicate, guard_key, log, set_db
+from ._sql import expire
+
+if TYPE_CHECKING:
+    from .._async.consumer import AsyncConsumer
+
+
+class _Duplicate(Exception):
+    pass
+
+
+class AsyncInbox:
+    """One AsyncApp listener's inbox: its store, its probe and retention tasks."""
+
+    def __init__(self, inbox: Inbox, c: AsyncConsumer) -> None:
+        self.inbox = inbox
+        self.c = c
+        self.name = c.spec.name
+        self.memory: Any = None
+        if inbox.in_memory:
+            from ._memory import MemoryStore, memory_fault
+
+            self.memory = MemoryStore(inbox)
+            self.fault: Any = memory_fault
+            self.store: Any = None
+        else:
+            from ._pg import AsyncPgStore, fault
+
+            self.store = AsyncPgStore(inbox)
+            self.fault = fault
+        self._probe: asyncio.Task[Any] | None = None
+        self._retention: asyncio.Task[Any] | None = None
+
+    def _transaction(self) -> Any:
+        return self.memory.atransaction() if self.memory is not None else self.store.transaction()
+
+    async def close(self) -> None:
+        for t in (self._probe, self._retention):
+            if t is not None:
+                t.cancel()
+        if self.store is not None:
+            await self.store.close()
+
+    # -- one handler call ----------------------------------------------------------------
+
+    async def call(self, inv: Invocation) -> object:
+        """See `SyncInbox.call`."""
+        if self._retention is None and self.inbox.retention is not None:
+            self._retention = self.c.rt.spawn(self._expire_loop())
+        d = inv.deliveries[0]
+        key = guard_key(self.inbox, d)
+        done = 0
+        while True:
+            tx_ref: list[Any] = []
+            try:
+                return await self._once(inv, key, tx_ref)
+            except _Duplicate:
+                duplicate(self.c.core, self.name, d, key or "")
+                return None
+            except Exception as exc:
+                fault = self.fault(exc, tx_ref[0] if tx_ref else None)
+                if fault is Fault.HANDLER:
+                    raise
+                if fault is Fault.DOWN:
+                    raise DatabaseDown(describe(exc)) from exc
+                done += 1
+                wait = TRANSACTION_RETRY.delay(done)
+                if wait is None:
+                    raise DatabaseDown(f"{done} tries failed, last: {describe(exc)}") from exc
+                log.warning(
+                    "%s: transient database error (try %d, again in %.2f s, not an "
+                    "attempt of the message): %s",
+                    self.name,
+                    done,
+                    wait,
+                    describe(exc),
+                )
+                if await self.c.rt.pause(wait):
+                    raise DatabaseDown("the app is stopping") from exc
+
+    async def _once(self, inv: Invocation, key: str | None, tx_ref: list[Any]) -> object:
+        ds = inv.deliveries
+        async with self._transaction() as tx:
+            tx_ref.append(tx.db)
+            if key is not None and not await tx.aclaim(self.name, key):
+                raise _Duplicate
+            set_db(ds, tx.db)
+            try:
+                result = await inv.binding.fn(*inv.args())
+            finally:
+                set_db(ds, None)
+            tx.check()
+        return result
+
+    # -- the database is down ---------------------------------------------------------
+
+    async def down(self, inv: Invocation, why: BaseException) -> Outcome:
+        """Return `inv`'s deliveries unstarted, pause the listener, probe until the
+        database answers, then resume."""
+        from .._async import flowing
+
+        c = self.c
+        ts = [d.tracked for d in inv.deliveries]
+        step = c.core.flow.pause(f"inbox database down: {why}")
+        if c.core.flow.active:
+            step.returned.extend(c.core.flow.done(ts, None).returned)
+        step.returned[:0] = ts
+        if self._probe is None or self._probe.done():
+            log.error(
+                "%s: inbox database unreachable (%s): listener paused, deliveries returned "
+                "unstarted (not attempts); probing until it answers",
+                self.name,
+                why,
+            )
+            self._probe = c.rt.spawn(self._probe_loop())
+        await flowing.carry_out(c, step)
+        return Outcome([])
+
+    async def _probe_loop(self) -> None:
+        from .._async import flowing
+
+        n = 0
+        while not await self.c.rt.pause(probe_delay(n)):
+            n += 1
+            if self.store is None or await self.store.ping():
+                log.warning("%s: inbox database answers again: listener resumed", self.name)
+                step = self.c.core.flow.resume("inbox database answers again")
+                if step:
+                    await flowing.carry_out(self.c, step)
+                return
+
+    # -- retention ------------------------------------------------------------------------
+
+    async def _expire_loop(self) -> None:
+        while not await self.c.rt.pause(self.inbox.retention_interval):
+            await self.expire_now()
+
+    async def expire_now(self) -> int:
+        """Delete expired keys in batches until a batch comes back short; how many."""
+        total = 0
+        batch = self.inbox.retention_batch
+        older = float(self.inbox.retention or 0)
+        while True:
+            try:
+                if self.memory is not None:
+                    n = int(self.memory.store.expire(older, batch))
+                else:
+                    async with self.store.transaction() as tx:
+                        cur = await tx.db.execute(expire(self.inbox.table), (older, batch))
+                        n = int(cur.rowcount)
+            except Exception as exc:
+                log.warning("%s: inbox retention failed: %s", self.name, describe(exc))
+                return total
+            total += n
+            if not retention_batches(n, batch):
+                return total
