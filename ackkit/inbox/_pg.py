@@ -10,7 +10,7 @@ from typing import Any
 
 from .._core.inbox import Fault, fault_of
 from ._options import Inbox
-from ._sql import claim, schema
+from ._sql import SCHEMA_LOCK, claim, schema
 
 try:
     import psycopg
@@ -89,8 +89,13 @@ class PgStore:
         except psycopg.Error as exc:
             raise ConnectError(str(exc)) from exc
         if not self._ready and self.inbox.create_tables:
-            with conn.transaction():
-                conn.execute(schema(self.inbox.table, self.inbox.outbox_table))
+            try:
+                with conn.transaction():
+                    conn.execute(SCHEMA_LOCK)  # concurrent CREATE IF NOT EXISTS can collide
+                    conn.execute(schema(self.inbox.table, self.inbox.outbox_table))
+            except BaseException:
+                conn.close()
+                raise
         self._ready = True
         return conn
 
@@ -146,8 +151,13 @@ class AsyncPgStore:
         except psycopg.Error as exc:
             raise ConnectError(str(exc)) from exc
         if not self._ready and self.inbox.create_tables:
-            async with conn.transaction():
-                await conn.execute(schema(self.inbox.table, self.inbox.outbox_table))
+            try:
+                async with conn.transaction():
+                    await conn.execute(SCHEMA_LOCK)
+                    await conn.execute(schema(self.inbox.table, self.inbox.outbox_table))
+            except BaseException:
+                await conn.close()
+                raise
         self._ready = True
         return conn
 

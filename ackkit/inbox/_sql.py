@@ -56,5 +56,6 @@ def sent(outbox: str) -> str:
     return f"DELETE FROM {outbox} WHERE id = ANY(%s)"
 
 
+SCHEMA_LOCK = "SELECT pg_advisory_xact_lock(hashtext('ackkit-inbox-schema'))"
 RELAY_LOCK = "SELECT pg_try_advisory_lock(hashtext(%s))"
 RELAY_UNLOCK = "SELECT pg_advisory_unlock(hashtext(%s))"

@@ -63,6 +63,8 @@ class Behaviour:
         self.sleep = sleep
         self.always_fail = always_fail
         self.calls = 0
+        self.succeeded: list[str] = []
+        """Keys of the calls that returned (the effects an in-memory inbox guards)."""
         self.lock = threading.Lock()
 
 
@@ -96,6 +98,8 @@ def build(
                 time.sleep(b.sleep)
             if b.always_fail or n <= b.fail_times:
                 raise RuntimeError(f"boom {n}")
+            with b.lock:
+                b.succeeded.append(d.message_id or body.decode())
 
     else:
         app = AsyncApp(url, connection_name=cname)
@@ -112,6 +116,7 @@ def build(
                 await asyncio.sleep(b.sleep)
             if b.always_fail or n <= b.fail_times:
                 raise RuntimeError(f"boom {n}")
+            b.succeeded.append(d.message_id or body.decode())
 
     app.connection_name_for_tests = cname
     return app
