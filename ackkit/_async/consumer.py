@@ -148,6 +148,8 @@ class AsyncConsumer(ChannelSettler):
                 return
             acts = self.core.channel_opened()
             self.channel = ch
+            if self.tx is not None:
+                self.tx.started()  # the inbox's relay and retention tasks
             self._reasons = frames.reasons_of(conn)
             ch.closing.add_done_callback(functools.partial(self._on_channel_closed, ch))
             ch.on_consumer_cancel_callbacks.add(functools.partial(self._on_cancelled, ch))
@@ -359,7 +361,10 @@ class AsyncConsumer(ChannelSettler):
         return go
 
     async def apublish_message(self, msg: Outgoing) -> None:
-        """`await AsyncDelivery.publish()` / `reply()` from an async handler."""
+        """`await AsyncDelivery.publish()` / `reply()` from an async handler (an inbox
+        listener's: written to its outbox, in the handler's transaction)."""
+        if self.tx is not None and await self.tx.enqueue(msg):
+            return
         await self.rt.publish(msg)
 
     def publish_message(self, msg: Outgoing) -> None:

@@ -363,5 +363,8 @@ class Consumer(Executor):
         return out
 
     def publish_message(self, msg: Outgoing) -> None:
-        """`Delivery.publish()` / `reply()` from a handler: confirmed, on the app's publisher."""
+        """`Delivery.publish()` / `reply()` from a handler: confirmed, on the app's publisher
+        (an inbox listener's: written to its outbox, in the handler's transaction)."""
+        if self.tx is not None and self.tx.enqueue(msg):
+            return
         self.rt.publish(msg)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from .._core.inbox import MAX_KEY_LENGTH, MissingKey
 from ._memory import memory_inbox
 from ._options import DEFAULT_RETENTION, Inbox
+from ._outbox import aenqueue, enqueue
 from ._sql import schema
 
 SCHEMA = schema()
@@ -27,6 +28,8 @@ __all__ = [
     "SCHEMA",
     "Inbox",
     "MissingKey",
+    "aenqueue",
+    "enqueue",
     "memory_inbox",
     "schema",
 ]

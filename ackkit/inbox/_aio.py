@@ -4,18 +4,31 @@ psycopg's AsyncConnection (the handler must be `async def`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 from typing import TYPE_CHECKING, Any
 
 from .._core.inbox import TRANSACTION_RETRY, Fault, probe_delay, retention_batches
 from .._core.outcome import Outcome
 from .._invocation import Invocation
+from .._publish import Outgoing
 from .._wire import describe
 from ._options import Inbox
+from ._outbox import arelay_once, to_row
 from ._run import DatabaseDown, duplicate, guard_key, log, set_db
+from ._sql import SCHEMA_LOCK, schema
+from ._sql import enqueue as enqueue_sql
 from ._sql import expire
 
 if TYPE_CHECKING:
     from .._async.consumer import AsyncConsumer
+
+
+RELAY_POLL = 1.0
+_CURRENT: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
+    "ackkit_inbox_tx", default=None
+)
+"""[transaction, wrote to the outbox] of the inbox handler running in this task."""
 
 
 class _Duplicate(Exception):
@@ -43,12 +56,21 @@ class AsyncInbox:
             self.fault = fault
         self._probe: asyncio.Task[Any] | None = None
         self._retention: asyncio.Task[Any] | None = None
+        self._relay: asyncio.Task[Any] | None = None
+        self._kick = asyncio.Event()
 
     def _transaction(self) -> Any:
         return self.memory.atransaction() if self.memory is not None else self.store.transaction()
 
+    def started(self) -> None:
+        """The listener's channel is open (on the loop): its background tasks run."""
+        if self._retention is None and self.inbox.retention is not None:
+            self._retention = self.c.rt.spawn(self._expire_loop())
+        if self._relay is None and self.store is not None:
+            self._relay = self.c.rt.spawn(self._relay_loop())
+
     async def close(self) -> None:
-        for t in (self._probe, self._retention):
+        for t in (self._probe, self._retention, self._relay):
             if t is not None:
                 t.cancel()
         if self.store is not None:
@@ -58,8 +80,7 @@ class AsyncInbox:
 
     async def call(self, inv: Invocation) -> object:
         """See `SyncInbox.call`."""
-        if self._retention is None and self.inbox.retention is not None:
-            self._retention = self.c.rt.spawn(self._expire_loop())
+        self.started()
         d = inv.deliveries[0]
         key = guard_key(self.inbox, d)
         done = 0
@@ -98,12 +119,61 @@ class AsyncInbox:
             if key is not None and not await tx.aclaim(self.name, key):
                 raise _Duplicate
             set_db(ds, tx.db)
+            cur: list[Any] = [tx, False]
+            token = _CURRENT.set(cur)
             try:
                 result = await inv.binding.fn(*inv.args())
+                wrote = cur[1]
             finally:
                 set_db(ds, None)
+                _CURRENT.reset(token)
             tx.check()
+        if wrote:
+            self._kick.set()  # committed: the relay sends now, not at its next poll
         return result
+
+    # -- the outbox ---------------------------------------------------------------------
+
+    async def enqueue(self, msg: Outgoing) -> bool:
+        """See `SyncInbox.enqueue`."""
+        cur = _CURRENT.get()
+        if cur is None or cur[0].db is None:
+            return False
+        await cur[0].db.execute(enqueue_sql(self.inbox.outbox_table), to_row(msg))
+        cur[1] = True
+        return True
+
+    async def _relay_loop(self) -> None:
+        import psycopg
+
+        conn: Any = None
+        fails = 0
+        try:
+            while not self.c.rt.stopping:
+                wait = RELAY_POLL if not fails else probe_delay(fails)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._kick.wait(), wait)
+                self._kick.clear()
+                try:
+                    if conn is None or conn.closed or conn.broken:
+                        conn = await psycopg.AsyncConnection.connect(
+                            self.inbox.dsn, autocommit=True, connect_timeout=5
+                        )
+                        if self.inbox.create_tables:
+                            async with conn.transaction():
+                                await conn.execute(SCHEMA_LOCK)
+                                ddl = schema(self.inbox.table, self.inbox.outbox_table)
+                                await conn.execute(ddl)
+                    await arelay_once(conn, self.inbox.outbox_table, self.c.rt.publish)
+                    fails = 0
+                except Exception as exc:
+                    fails += 1
+                    log.warning(
+                        "%s: outbox relay: %s (rows kept, sent later)", self.name, describe(exc)
+                    )
+        finally:
+            if conn is not None:
+                await conn.close()
 
     # -- the database is down ---------------------------------------------------------
 

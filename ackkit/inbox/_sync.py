@@ -10,12 +10,20 @@ from typing import TYPE_CHECKING, Any
 from .._core.inbox import TRANSACTION_RETRY, Fault, probe_delay, retention_batches
 from .._core.outcome import Outcome
 from .._invocation import Invocation
+from .._publish import Outgoing
 from .._wire import describe
 from ._options import Inbox
+from ._outbox import relay_once, to_row
 from ._run import DatabaseDown, duplicate, guard_key, log, set_db
+from ._sql import SCHEMA_LOCK, schema
+from ._sql import enqueue as enqueue_sql
 
 if TYPE_CHECKING:
     from .._sync.consumer import Consumer
+
+
+RELAY_POLL = 1.0
+"""Seconds between the relay's looks at the outbox when no commit woke it."""
 
 
 class _Duplicate(Exception):
@@ -44,6 +52,9 @@ class SyncInbox:
         self._probe: threading.Thread | None = None
         self._retention: threading.Thread | None = None
         self._down_lock = threading.Lock()
+        self._current = threading.local()  # .tx: the transaction of the handler running here
+        self._kick = threading.Event()
+        self._relay: threading.Thread | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -53,10 +64,16 @@ class SyncInbox:
                 target=self._expire_loop, name=f"ackkit-{self.name}-retention", daemon=True
             )
             self._retention.start()
+        if not self.inbox.in_memory:
+            self._relay = threading.Thread(
+                target=self._relay_loop, name=f"ackkit-{self.name}-outbox", daemon=True
+            )
+            self._relay.start()
 
     def close(self) -> None:
         self.stop.set()
-        for th in (self._probe, self._retention):
+        self._kick.set()
+        for th in (self._probe, self._retention, self._relay):
             if th is not None:
                 th.join(5.0)
         self.store.close()
@@ -107,12 +124,56 @@ class SyncInbox:
             if key is not None and not tx.claim(self.name, key):
                 raise _Duplicate
             set_db(ds, tx.db)
+            self._current.tx = tx
+            self._current.wrote = False
             try:
                 result = inv.binding.fn(*inv.args())
             finally:
                 set_db(ds, None)
+                self._current.tx = None
             tx.check()
+        if self._current.wrote:
+            self._kick.set()  # committed: the relay sends now, not at its next poll
         return result
+
+    # -- the outbox ---------------------------------------------------------------------
+
+    def enqueue(self, msg: Outgoing) -> bool:
+        """`Delivery.publish` / `reply` in this listener's handler: written to the outbox
+        in its transaction (True), or not in a PostgreSQL transaction (False: publish)."""
+        tx = getattr(self._current, "tx", None)
+        if tx is None or tx.db is None:
+            return False
+        tx.db.execute(enqueue_sql(self.inbox.outbox_table), to_row(msg))
+        self._current.wrote = True
+        return True
+
+    def _relay_loop(self) -> None:
+        import psycopg
+
+        conn: Any = None
+        fails = 0
+        while not self.stop.is_set():
+            self._kick.wait(RELAY_POLL if not fails else probe_delay(fails))
+            self._kick.clear()
+            if self.stop.is_set():
+                break
+            try:
+                if conn is None or conn.closed or conn.broken:
+                    conn = psycopg.connect(self.inbox.dsn, autocommit=True, connect_timeout=5)
+                    if self.inbox.create_tables:
+                        with conn.transaction():
+                            conn.execute(SCHEMA_LOCK)
+                            conn.execute(schema(self.inbox.table, self.inbox.outbox_table))
+                relay_once(conn, self.inbox.outbox_table, self.c.rt.publish)
+                fails = 0
+            except Exception as exc:
+                fails += 1
+                log.warning(
+                    "%s: outbox relay: %s (rows kept, sent later)", self.name, describe(exc)
+                )
+        if conn is not None:
+            conn.close()
 
     # -- the database is down ---------------------------------------------------------
 
