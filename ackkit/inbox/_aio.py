@@ -16,9 +16,8 @@ from .._wire import describe
 from ._options import Inbox
 from ._outbox import arelay_once, to_row
 from ._run import DatabaseDown, duplicate, guard_key, log, set_db
-from ._sql import SCHEMA_LOCK, schema
+from ._sql import SCHEMA_LOCK, expire, schema
 from ._sql import enqueue as enqueue_sql
-from ._sql import expire
 
 if TYPE_CHECKING:
     from .._async.consumer import AsyncConsumer
