@@ -161,3 +161,20 @@ def test_retention_forgets_old_keys(kind: str, setup: Setup, queue: str) -> None
         setup.broker.publish(queue, b"x", message_id="r0")
         eventually(lambda: len(b.succeeded) == 6, what="r0 runs again after retention")
     assert b.succeeded.count("r0") == 2
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_twins_in_flight_at_once_run_once(kind: str, setup: Setup, queue: str) -> None:
+    """Two deliveries of one message handled at the same time (concurrency 2): the
+    second claim waits for the first's commit and is acked as a duplicate."""
+    b = Behaviour(sleep=0.3)
+    app = build(kind, setup.broker.url, queue, setup.inbox(), b, name="c", concurrency=2)
+    with running(kind, app):
+        for i in range(3):
+            setup.broker.publish_many(queue, [b"x", b"x"], message_id=f"tw{i}")
+        setup.broker.wait_for(queue, ready=0, unacked=0, timeout=30)
+        eventually(lambda: app.stats()["c"]["acked"] == 6)
+        assert app.stats()["c"]["duplicate"] == 3
+    assert sorted(b.succeeded) == ["tw0", "tw1", "tw2"]
+    if setup.pg:
+        assert sorted(effects(setup.dsn)) == ["tw0", "tw1", "tw2"]
