@@ -78,6 +78,7 @@ def build(
     retry: Retry | None = None,
     concurrency: int = 1,
     name: str | None = None,
+    **options: Any,
 ) -> Any:
     """An App (kind "sync") or AsyncApp ("async") with one inbox listener running `b`."""
     cname = f"inbox-{kind}-{uuid.uuid4().hex[:6]}"
@@ -85,7 +86,9 @@ def build(
     if kind == "sync":
         app: Any = App(url, connection_name=cname)
 
-        @app.listener(queue, inbox=inbox, retry=retry, concurrency=concurrency, name=name)
+        @app.listener(
+            queue, inbox=inbox, retry=retry, concurrency=concurrency, name=name, **options
+        )
         def handle(body: bytes, d: Delivery) -> None:
             with b.lock:
                 b.calls += 1
@@ -104,7 +107,9 @@ def build(
     else:
         app = AsyncApp(url, connection_name=cname)
 
-        @app.listener(queue, inbox=inbox, retry=retry, concurrency=concurrency, name=name)
+        @app.listener(
+            queue, inbox=inbox, retry=retry, concurrency=concurrency, name=name, **options
+        )
         async def ahandle(body: bytes, d: Delivery) -> None:
             b.calls += 1
             n = b.calls
@@ -138,3 +143,13 @@ def running(kind: str, app: Any) -> Iterator[Any]:
     finally:
         lt.run(app.stop())
         lt.close()
+
+
+def close_connections_named(broker: Any, name: str) -> int:
+    """Force-close the broker connections whose connection_name is `name`."""
+    out = broker.ctl("list_connections", "-p", broker.vhost, "pid", "client_properties", "--quiet")
+    mine = f'{{"connection_name","{name}"}}'
+    pids = [ln.split("\t", 1)[0] for ln in out.splitlines() if ln.startswith("<") and mine in ln]
+    for pid in pids:
+        broker.ctl("close_connection", pid, "closed by the inbox tests")
+    return len(pids)

@@ -10,11 +10,20 @@ from typing import Any
 
 import pytest
 
-from ackkit import Retry, RetryStrategy
+from ackkit import FlushPolicy, Retry, RetryStrategy
 from ackkit.inbox import Inbox, MissingKey
 from ackkit.testing import BrokerHandle
 
-from ._harness import Behaviour, build, effects, effects_table, eventually, inbox_keys, running
+from ._harness import (
+    Behaviour,
+    build,
+    close_connections_named,
+    effects,
+    effects_table,
+    eventually,
+    inbox_keys,
+    running,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -148,3 +157,25 @@ def test_database_down_pauses_the_listener_without_burning_attempts(
     assert sorted(effects(dsn)) == ["before", *(f"down{i}" for i in range(5))]
     assert rabbitmq.counts(f"{fresh_queue}.dlq").total == 0
     assert stats["dead_lettered"] == 0 and stats["retrying"] == 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_connection_cut_between_commit_and_ack_redelivers_as_duplicate(
+    kind: str, rabbitmq: BrokerHandle, fresh_queue: str, dsn: str
+) -> None:
+    """Acks held back (a long flush interval): the transactions committed, the acks not
+    sent, then the connection is cut. The broker redelivers all of them; the inbox acks
+    them as duplicates without running the handler again."""
+    b = Behaviour()
+    hold = FlushPolicy(max_pending=1000, interval=30.0)
+    app = build(kind, rabbitmq.url, fresh_queue, Inbox(dsn), b, name="l", flush=hold)
+    with running(kind, app):
+        for i in range(5):
+            rabbitmq.publish(fresh_queue, b"x", message_id=f"c{i}")
+        eventually(lambda: len(effects(dsn)) == 5, what="5 commits")
+        assert rabbitmq.counts(fresh_queue).unacked == 5  # committed, not acked
+        assert close_connections_named(rabbitmq, app.connection_name_for_tests) == 1
+        eventually(lambda: app.stats()["l"]["duplicate"] == 5, timeout=30, what="5 duplicates")
+    rabbitmq.wait_for(fresh_queue, ready=0, unacked=0, timeout=20)
+    assert sorted(effects(dsn)) == [f"c{i}" for i in range(5)]
+    assert b.calls == 5
