@@ -53,6 +53,8 @@ class AsyncInbox:
 
             self.store = AsyncPgStore(inbox)
             self.fault = fault
+        self.paused_by_db = False
+        """The listener was consuming when the database went down: resume it when it answers."""
         self._probe: asyncio.Task[Any] | None = None
         self._retention: asyncio.Task[Any] | None = None
         self._relay: asyncio.Task[Any] | None = None
@@ -183,6 +185,8 @@ class AsyncInbox:
 
         c = self.c
         ts = [d.tracked for d in inv.deliveries]
+        if not c.core.flow.paused:  # paused by hand before: left to the hand
+            self.paused_by_db = True
         step = c.core.flow.pause(f"inbox database down: {why}")
         if c.core.flow.active:
             step.returned.extend(c.core.flow.done(ts, None).returned)
@@ -206,7 +210,8 @@ class AsyncInbox:
             n += 1
             if self.store is None or await self.store.ping():
                 log.warning("%s: inbox database answers again: listener resumed", self.name)
-                step = self.c.core.flow.resume("inbox database answers again")
+                mine, self.paused_by_db = self.paused_by_db, False
+                step = self.c.core.flow.resume("inbox database answers again") if mine else None
                 if step:
                     await flowing.carry_out(self.c, step)
                 return

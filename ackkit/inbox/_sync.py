@@ -49,6 +49,8 @@ class SyncInbox:
         self.name = c.spec.name
         self.store, self.fault = _store(inbox)
         self.stop = threading.Event()
+        self.paused_by_db = False
+        """The listener was consuming when the database went down: resume it when it answers."""
         self._probe: threading.Thread | None = None
         self._retention: threading.Thread | None = None
         self._down_lock = threading.Lock()
@@ -185,6 +187,8 @@ class SyncInbox:
         c = self.c
         ts = [d.tracked for d in inv.deliveries]
         with c.lock:
+            if not c.core.flow.paused:  # paused by hand before: left to the hand
+                self.paused_by_db = True
             step = c.core.flow.pause(f"inbox database down: {why}")
             if c.core.flow.active:
                 more = c.core.flow.done(ts, None)
@@ -214,7 +218,8 @@ class SyncInbox:
             if self.store.ping():
                 log.warning("%s: inbox database answers again: listener resumed", self.name)
                 with self.c.lock:
-                    step = self.c.core.flow.resume("inbox database answers again")
+                    mine, self.paused_by_db = self.paused_by_db, False
+                    step = self.c.core.flow.resume("inbox database answers again") if mine else None
                 if step:
                     flowing.carry_out(self.c, step)
                 return
