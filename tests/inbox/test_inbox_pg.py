@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ackkit import FlushPolicy, Retry, RetryStrategy
+from ackkit import Delivery, FlushPolicy, Retry, RetryStrategy
 from ackkit.inbox import Inbox, MissingKey
 from ackkit.testing import BrokerHandle
 
@@ -179,3 +179,50 @@ def test_connection_cut_between_commit_and_ack_redelivers_as_duplicate(
     rabbitmq.wait_for(fresh_queue, ready=0, unacked=0, timeout=20)
     assert sorted(effects(dsn)) == [f"c{i}" for i in range(5)]
     assert b.calls == 5
+
+
+SERIALIZATION_FAILURE = "DO $$ BEGIN RAISE EXCEPTION 'forced' USING ERRCODE = '40001'; END $$"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_serialization_failures_are_retried_in_process_not_attempts(
+    kind: str, rabbitmq: BrokerHandle, fresh_queue: str, dsn: str
+) -> None:
+    """The server raises SQLSTATE 40001 in the handler's first two transactions: they
+    roll back and run again in process; with max_attempts=1 the message still commits
+    once, nothing is retried or dead-lettered."""
+    import uuid
+
+    from ackkit import App, AsyncApp
+
+    calls = {"n": 0}
+    one = Retry(max_attempts=1)
+    if kind == "sync":
+        app: Any = App(rabbitmq.url, connection_name=f"ser-{uuid.uuid4().hex[:6]}")
+
+        @app.listener(fresh_queue, inbox=Inbox(dsn), retry=one, name="l")
+        def handle(body: bytes, d: Delivery) -> None:
+            calls["n"] += 1
+            d.db.execute("INSERT INTO effects (msg) VALUES (%s)", (d.message_id,))
+            if calls["n"] <= 2:
+                d.db.execute(SERIALIZATION_FAILURE)
+
+    else:
+        app = AsyncApp(rabbitmq.url, connection_name=f"ser-{uuid.uuid4().hex[:6]}")
+
+        @app.listener(fresh_queue, inbox=Inbox(dsn), retry=one, name="l")
+        async def ahandle(body: bytes, d: Delivery) -> None:
+            calls["n"] += 1
+            await d.db.execute("INSERT INTO effects (msg) VALUES (%s)", (d.message_id,))
+            if calls["n"] <= 2:
+                await d.db.execute(SERIALIZATION_FAILURE)
+
+    with running(kind, app):
+        rabbitmq.publish(fresh_queue, b"x", message_id="s1")
+        rabbitmq.wait_for(fresh_queue, ready=0, unacked=0, timeout=20)
+        eventually(lambda: app.stats()["l"]["acked"] == 1)
+        stats = app.stats()["l"]
+    assert calls["n"] == 3
+    assert effects(dsn) == ["s1"]
+    assert stats["retrying"] == 0 and stats["dead_lettered"] == 0
+    assert rabbitmq.counts(f"{fresh_queue}.dlq").total == 0
