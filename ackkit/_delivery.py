@@ -43,6 +43,7 @@ class Delivery:
         "_decoder",
         "_settler",
         "body",
+        "db",
         "exchange",
         "properties",
         "queue",
@@ -72,6 +73,9 @@ class Delivery:
         self.routing_key = routing_key
         self.redelivered = redelivered
         self.queue = queue
+        self.db: Any = None
+        """An inbox listener's transaction connection while its handler runs (a psycopg
+        Connection, or AsyncConnection on AsyncApp); None otherwise."""
         self._decoder = decoder
         tracked.attach(self)
 

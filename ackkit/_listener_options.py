@@ -89,3 +89,18 @@ def consumer_arguments(
         seconds = C.number("consumer_timeout", timeout, 0, _DAY * 7, above=True)
         args["x-consumer-timeout"] = max(1, round(seconds * 1000))  # milliseconds
     return args
+
+
+def check_inbox(inbox: object, mode: AckMode, batch_size: int | None) -> None:
+    """listener(inbox=...): an `ackkit.inbox.Inbox`, with a listener it can guard."""
+    from .inbox import Inbox
+
+    if not isinstance(inbox, Inbox):
+        raise TypeError(f"inbox must be an ackkit.inbox.Inbox or None, got {inbox!r}")
+    if mode is not AckMode.AUTO:
+        raise ValueError(
+            f"inbox= needs ack_mode=AckMode.AUTO, got {mode}: the ack must follow the "
+            "transaction's commit, so ackkit settles, not the handler"
+        )
+    if batch_size is not None:
+        raise ValueError("inbox= with batch_size= is not supported yet: one message a transaction")

@@ -26,6 +26,7 @@ from ._core.policy import (
 )
 from ._core.topology import check_delivery_limit
 from ._handler import DEFAULT_MAX_BODY, Binding, Decoder
+from ._listener_options import check_inbox as _check_inbox
 from ._listener_options import check_queue_arguments as _check_queue_arguments
 from ._listener_options import consumer_arguments as _consumer_arguments
 from ._listener_options import flow_policy as _flow_policy
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from ._core.listener import ListenerCore
     from ._delivery import Delivery
     from ._invocation import HandlerDone, HandlerProbe
+    from .inbox import Inbox
 
 log = logging.getLogger("ackkit")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -62,6 +64,8 @@ class ListenerSpec:
     """basic.consume arguments (x-priority, x-consumer-timeout, ...)."""
     exclusive: bool = False
     """basic.consume exclusive: no other consumer on the queue while this one is."""
+    inbox: Inbox | None = None
+    """Exactly-once database effects: the handler runs in the inbox's transaction."""
 
     @property
     def single_active(self) -> bool:
@@ -247,6 +251,7 @@ class AppBase(SettingsView):
         consumer_timeout: float | None = None,
         exclusive: bool = False,
         consumer_arguments: dict[str, Any] | None = None,
+        inbox: Inbox | None = None,
     ) -> Callable[[F], F]:
         """Register a handler for `queue`.
 
@@ -264,6 +269,10 @@ class AppBase(SettingsView):
         starts; `serial_key` never runs two deliveries with the same key at once.
         Consumer: `consumer_priority` (x-priority), `consumer_timeout` (seconds,
         x-consumer-timeout), `exclusive`, and any other `consumer_arguments`.
+
+        `inbox=Inbox(dsn)`: exactly-once database effects (see `ackkit.inbox.Inbox`):
+        the handler runs in a PostgreSQL transaction that records the message's key,
+        committed before the ack; a redelivery of a recorded key is acked unrun.
         """
         C.queue_name("queue", queue, declared=False)
         declare = C.flag("declare", declare)
@@ -296,6 +305,8 @@ class AppBase(SettingsView):
         flow = _flow_policy(circuit_breaker, rate_limit, serial_key, batch_size)
         exclusive = C.flag("exclusive", exclusive)
         cargs = _consumer_arguments(consumer_priority, consumer_timeout, consumer_arguments)
+        if inbox is not None:
+            _check_inbox(inbox, ack_mode, batch_size)
         # ListenerPolicy checks the rest (dead_letter, on_unsettled, flush) before the
         # handler is bound, so a wrong option fails at the decorator's line.
         probe = ListenerPolicy(
@@ -342,6 +353,8 @@ class AppBase(SettingsView):
                     "or use AckMode.AUTO"
                 )
             self._check_handler(binding)
+            if inbox is not None:
+                self._check_inbox_handler(binding)
             # Two listeners declaring one exchange two ways: TopologyConflict, here.
             plan([*((s.queue, s.binds) for s in self.specs), (queue, bound)])
             self.specs.append(
@@ -356,6 +369,7 @@ class AppBase(SettingsView):
                     bound,
                     cargs,
                     exclusive,
+                    inbox,
                 )
             )
             return fn
@@ -371,6 +385,9 @@ class AppBase(SettingsView):
 
     def _check_handler(self, binding: Binding) -> None:
         """Runtimes refuse handler kinds they cannot run."""
+
+    def _check_inbox_handler(self, binding: Binding) -> None:
+        """Runtimes refuse handler kinds they cannot run in an inbox transaction."""
 
     def _listener_name(self, name: str | None) -> None:
         if name is not None and all(s.name != name for s in self.specs):

@@ -130,6 +130,11 @@ COUNTERS: tuple[tuple[Stage, str, str], ...] = (
         "ackkit_consumer_cancelled",
         "Times the broker cancelled the consumer (e.g. a consumer timeout on RabbitMQ 4.3+).",
     ),
+    (
+        Stage.DUPLICATE,
+        "ackkit_duplicates",
+        "Inbox deliveries whose key was recorded already: acked without running the handler.",
+    ),
 )
 
 

@@ -52,6 +52,13 @@ class AsyncApp(AppBase):
     _runtime: AsyncRuntime | None = None
     _stop_request: asyncio.Event | None = None
 
+    def _check_inbox_handler(self, binding: Binding) -> None:
+        if not binding.is_async:
+            raise TypeError(
+                f"{binding.name}: an inbox listener on AsyncApp runs its handler in an "
+                "AsyncConnection's transaction, so the handler must be `async def`"
+            )
+
     def _check_handler(self, binding: Binding) -> None:
         if binding.is_async:
             return

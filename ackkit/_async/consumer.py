@@ -38,7 +38,7 @@ import logging
 from collections import deque
 from collections.abc import Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiormq.exceptions
 from aiormq.abc import AbstractChannel, AbstractConnection, DeliveredMessage
@@ -60,6 +60,9 @@ from ._amqp import CHANNEL_GONE, ChannelNumbers
 from .batching import Batcher
 from .delivery import AsyncDelivery
 from .settling import ChannelSettler, SettlerHost
+
+if TYPE_CHECKING:
+    from ..inbox._aio import AsyncInbox
 
 log = logging.getLogger("ackkit")
 CANCEL_TIMEOUT = 5.0
@@ -131,6 +134,11 @@ class AsyncConsumer(ChannelSettler):
         self.failures = FailureLog(log)
         # metrics, tracing: None when off
         self.probe = probe_for(instruments, spec, self.core)
+        self.tx: AsyncInbox | None = None  # inbox=: the handler runs in its transaction
+        if spec.inbox is not None:
+            from ..inbox._aio import AsyncInbox
+
+            self.tx = AsyncInbox(spec.inbox, self)
         if not self.is_async:
             self.pool = ThreadPoolExecutor(
                 max_workers=spec.concurrency, thread_name_prefix=f"ackkit-{spec.name}"
@@ -149,6 +157,8 @@ class AsyncConsumer(ChannelSettler):
                 return
             acts = self.core.channel_opened()
             self.channel = ch
+            if self.tx is not None:
+                self.tx.started()  # the inbox's relay and retention tasks
             self._reasons = frames.reasons_of(conn)
             ch.closing.add_done_callback(functools.partial(self._on_channel_closed, ch))
             ch.on_consumer_cancel_callbacks.add(functools.partial(self._on_cancelled, ch))
@@ -371,7 +381,10 @@ class AsyncConsumer(ChannelSettler):
         return go
 
     async def apublish_message(self, msg: Outgoing) -> None:
-        """`await AsyncDelivery.publish()` / `reply()` from an async handler."""
+        """`await AsyncDelivery.publish()` / `reply()` from an async handler (an inbox
+        listener's: written to its outbox, in the handler's transaction)."""
+        if self.tx is not None and await self.tx.enqueue(msg):
+            return
         await self.rt.publish(msg)
 
     def publish_message(self, msg: Outgoing) -> None:

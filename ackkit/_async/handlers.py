@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from .._core.actions import Action
 from .._core.outcome import Outcome
 from .._invocation import Invocation
+from ..inbox._run import DatabaseDown
 from . import cancels, flowing
 
 if TYPE_CHECKING:
@@ -75,6 +76,8 @@ async def attempt(c: AsyncConsumer, inv: Invocation) -> Outcome:
     try:
         if not ds:
             pass
+        elif c.tx is not None:
+            result = await c.tx.call(inv)  # in the inbox's transaction
         elif c.is_async:
             result = await b.fn(*inv.args())
         else:
@@ -97,6 +100,8 @@ async def attempt(c: AsyncConsumer, inv: Invocation) -> Outcome:
         c.failures.failed(c.spec.name, inv, e)  # before the core moves attempt
     if done is not None:
         done(exc)
+    if isinstance(exc, DatabaseDown) and c.tx is not None:
+        return await c.tx.down(inv, exc)  # returned unstarted, the listener paused
     core = c.core
     out = inv.outcome(core, result, exc, tb)
     step = inv.flow(core, exc, out) if core.flow.active else None

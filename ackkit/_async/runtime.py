@@ -290,6 +290,8 @@ class AsyncRuntime:
         for c in self.consumers:
             if c.pool is not None:
                 c.pool.shutdown(wait=False, cancel_futures=True)
+            if c.tx is not None:
+                await c.tx.close()  # the inbox's connections
         if self.events is not None:  # every event emitted so far heard by the observers
             await asyncio.to_thread(self.events.close)
 

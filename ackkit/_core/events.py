@@ -52,6 +52,9 @@ class Stage(str, Enum):
     """The broker cancelled the listener's consumer (basic.cancel: RabbitMQ 4.3's consumer
     timeout, a deleted queue): counted once per cancel; the listener consumes again on a
     new channel and the old deliveries' settles are dropped (DROPPED_STALE)."""
+    DUPLICATE = "duplicate"
+    """An inbox listener's delivery whose key its inbox had recorded already: acked
+    without running the handler (`ackkit.inbox.Inbox`)."""
 
 
 @dataclass(frozen=True, slots=True)

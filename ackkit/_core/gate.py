@@ -203,21 +203,21 @@ class Flow:
 
     # -- by hand, and by time ------------------------------------------------------
 
-    def pause(self) -> FlowStep:
+    def pause(self, why: str = "paused by hand") -> FlowStep:
         if self.paused:
             return FlowStep()
         self.paused = True
-        self.emit(Stage.PAUSED, "paused by hand")
+        self.emit(Stage.PAUSED, why)
         step = FlowStep(consume=False)
         if self.returnable:
             self._empty(step)
         return step
 
-    def resume(self) -> FlowStep:
+    def resume(self, why: str = "resumed by hand") -> FlowStep:
         if not self.paused:
             return FlowStep()
         self.paused = False
-        self.emit(Stage.RESUMED, f"resumed by hand ({self.state.value})")
+        self.emit(Stage.RESUMED, f"{why} ({self.state.value})")
         return FlowStep(consume=self.consuming)
 
     def tick(self) -> FlowStep:

@@ -319,6 +319,11 @@ class ListenerCore(Fates, Shutdown, LostRuns):
         self._emit(Stage.RETURNED, t, why)
         return [Nack(t.tag, requeue=True)]
 
+    def duplicate(self, t: Tracked, key: str) -> None:
+        """An inbox listener found `t`'s key recorded already: counted and told (the
+        runtime then finishes it as done, without running the handler)."""
+        self._emit(Stage.DUPLICATE, t, f"inbox key {key!r} already recorded")
+
     def _flow_event(self, stage: Stage, reason: str) -> None:
         self.counters.counts[stage] += 1
         if self.observer and (self._hot or stage not in HOT_STAGES):

@@ -13,7 +13,7 @@ import queue as _queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._core.actions import Action, Republish, TxSelect
 from .._core.consume import ConsumeMove, Consuming
@@ -28,11 +28,15 @@ from .._logs import FailureLog, log_cancel
 from .._publish import Outgoing
 from .._spec import Instrument, ListenerSpec, probe_for
 from .._wire import describe
+from ..inbox._run import DatabaseDown
 from . import _frames as frames
 from . import flowing
 from ._pika import quiet_refusals
 from .executor import Executor
 from .publisher import Publisher
+
+if TYPE_CHECKING:
+    from ..inbox._sync import SyncInbox
 
 log = logging.getLogger("ackkit")
 
@@ -86,6 +90,11 @@ class Consumer(Executor):
             self.core.flow, spec.name, spec.queue, declare=spec.declare, exclusive=spec.exclusive
         )
         self.awaiting_ok = False  # a basic.consume the broker has not answered yet
+        self.tx: SyncInbox | None = None  # inbox=: the handler runs in its transaction
+        if spec.inbox is not None:
+            from ..inbox._sync import SyncInbox
+
+            self.tx = SyncInbox(spec.inbox, self)
 
     # -- I/O thread ----------------------------------------------------------
 
@@ -272,6 +281,8 @@ class Consumer(Executor):
                 self.send(self.core.generation, acts)
 
     def start_workers(self) -> None:
+        if self.tx is not None:
+            self.tx.start()
         for i in range(self.spec.concurrency):
             th = threading.Thread(
                 target=self._worker, name=f"ackkit-{self.spec.name}-{i}", daemon=True
@@ -374,13 +385,16 @@ class Consumer(Executor):
         self.in_handler += 1
         try:
             if ds:
-                result = self.binding.fn(*inv.args())
+                tx = self.tx
+                result = self.binding.fn(*inv.args()) if tx is None else tx.call(inv)
         except BaseException as e:  # SystemExit and KeyboardInterrupt too: settled, then stop
             exc = e  # the core formats the traceback if it dead-letters
         finally:
             self.in_handler -= 1
         if done is not None:
             done(exc)
+        if isinstance(exc, DatabaseDown) and self.tx is not None:
+            return self.tx.down(inv, exc)  # returned unstarted, the listener paused
         if exc is not None:
             self.failures.failed(self.spec.name, inv, exc)  # before the core moves attempt
         with self.lock:
@@ -395,5 +409,8 @@ class Consumer(Executor):
         return out
 
     def publish_message(self, msg: Outgoing) -> None:
-        """`Delivery.publish()` / `reply()` from a handler: confirmed, on the app's publisher."""
+        """`Delivery.publish()` / `reply()` from a handler: confirmed, on the app's publisher
+        (an inbox listener's: written to its outbox, in the handler's transaction)."""
+        if self.tx is not None and self.tx.enqueue(msg):
+            return
         self.rt.publish(msg)

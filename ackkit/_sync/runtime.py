@@ -142,6 +142,9 @@ class Runtime(Engine):
                 c.cancelled.wait(budget.cancel())
         # workers hand what is left in their inbox to the core
         self._join_workers(budget.handlers(), timeout)
+        for c in self.consumers:
+            if c.tx is not None:
+                c.tx.close()  # the inbox's connections and threads
         if live:
             settled = threading.Event()
             wait = budget.confirms()

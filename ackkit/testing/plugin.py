@@ -372,3 +372,42 @@ def queue_factory(request: pytest.FixtureRequest) -> Iterator[QueueFactory]:
 def fresh_queue(queue_factory: QueueFactory) -> str:
     """A unique queue name for this test (not declared; deleted afterwards)."""
     return queue_factory()
+
+
+# -- PostgreSQL, for the inbox ------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Any]:
+    """A session-scoped :class:`~ackkit.testing.PostgresHandle`: ``ACKKIT_TEST_POSTGRES_DSN``,
+    or a throwaway cluster made with the machine's PostgreSQL binaries (127.0.0.1, a free
+    port; stopped and deleted at the end)."""
+    from ._postgres import provision_postgres
+
+    h = provision_postgres()
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+@pytest.fixture
+def postgres_dsn(postgres: Any, request: pytest.FixtureRequest) -> Iterator[str]:
+    """The DSN of a fresh database for this test (dropped afterwards)."""
+    import psycopg
+    from psycopg import sql
+
+    slug = _slug(request.node.name, 40).replace(".", "_").replace("-", "_")
+    name = f"t_{slug}_{secrets.token_hex(3)}"
+    with psycopg.connect(postgres.dsn, autocommit=True) as c:
+        c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    info = psycopg.conninfo.conninfo_to_dict(postgres.dsn)
+    info["dbname"] = name
+    yield psycopg.conninfo.make_conninfo(**info)  # type: ignore[arg-type]
+    try:
+        with psycopg.connect(postgres.dsn, autocommit=True) as c:
+            c.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+    except psycopg.Error:
+        pass  # a server the test stopped: its cluster goes at the end anyway

@@ -80,7 +80,7 @@ CheckFn = Callable[[str, str, int], "str | None"]
 AvailableFn = Callable[[], None]
 
 #: Modules whose import registers cases, in display order.
-CASE_MODULES: tuple[str, ...] = ("raw", "peers", "ackkit_cases")
+CASE_MODULES: tuple[str, ...] = ("raw", "peers", "ackkit_cases", "inbox_cases")
 
 #: Seconds without progress after which a case should give up.
 IDLE_TIMEOUT_S = float(os.environ.get("BENCH_IDLE_TIMEOUT", "15"))

@@ -1,0 +1,172 @@
+"""The inbox's decisions, without I/O: what a delivery's dedup key comes to, what a
+database error means for the message, and how long to wait before trying again.
+
+The I/O (psycopg, or the in-memory store) lives in `ackkit._inbox`; it asks here and
+carries out the answer:
+
+- `key_verdict`: run the handler guarded by the key, run it unguarded (an explicit
+  option), or dead-letter the message (no usable key: never silently run twice);
+- `fault_of`: a database error is the handler's own failure (the usual retry and
+  dead-letter rules), transient (retry the whole transaction in process, not counted as
+  an attempt), or a sign the database is down (return the delivery unstarted and pause
+  the listener until it answers again);
+- `Backoff`: the waits of in-process transaction retries and of the probes while down.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from . import checks as C
+
+MAX_KEY_LENGTH = 512
+"""The longest dedup key, in characters (the inbox table's primary key holds it)."""
+
+
+class MissingKey(str, Enum):
+    """What an inbox listener does with a message that has no dedup key."""
+
+    DEAD_LETTER = "dead_letter"
+    """Dead-letter it with the reason "no inbox key" (the default): a message that
+    cannot be deduplicated is never run, so it is never run twice."""
+    RUN = "run"
+    """Run it without dedup (inside the transaction all the same): a redelivery runs it
+    again. Only by this explicit option."""
+
+
+class KeyVerdict(str, Enum):
+    """What a delivery's key comes to, before the transaction starts."""
+
+    GUARDED = "guarded"
+    """Record the key in the transaction; a key already recorded is a duplicate."""
+    UNGUARDED = "unguarded"
+    """No key, and `MissingKey.RUN`: run the handler in the transaction, no record."""
+    DEAD_LETTER = "dead_letter"
+    """No usable key: dead-letter the message without running the handler."""
+
+
+def normalize_key(value: object) -> str | None:
+    """A key as text (None or "" is no key). Bytes are decoded as UTF-8; numbers and
+    other scalars by `str`; anything else (a table, an array) is refused with TypeError."""
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise TypeError(f"an inbox key must be text, bytes or an int, got {type(value).__name__}")
+    text = str(value)
+    return text or None
+
+
+def key_verdict(key: str | None, missing: MissingKey) -> tuple[KeyVerdict, str]:
+    """What to do with a delivery whose key is `key`; the reason, when dead-lettered."""
+    if key is None:
+        if missing is MissingKey.RUN:
+            return KeyVerdict.UNGUARDED, ""
+        return KeyVerdict.DEAD_LETTER, (
+            "no inbox key: the message has no message_id (or the listener's key function "
+            "gave none), so it cannot be deduplicated; publish it with a message_id, or "
+            "use Inbox(missing_key=MissingKey.RUN) to run such messages without dedup"
+        )
+    if len(key) > MAX_KEY_LENGTH:
+        return KeyVerdict.DEAD_LETTER, (
+            f"inbox key of {len(key)} characters is longer than {MAX_KEY_LENGTH}"
+        )
+    return KeyVerdict.GUARDED, ""
+
+
+class Fault(str, Enum):
+    """What a database error means for the message being handled."""
+
+    HANDLER = "handler"
+    """The handler's own failure (a constraint it broke, bad SQL): retry or dead-letter
+    by the listener's rules, as for any exception."""
+    TRANSIENT = "transient"
+    """Serialization failure, deadlock, lock timeout, a lost connection: roll back and run
+    the transaction again in process; not an attempt of the message."""
+    DOWN = "down"
+    """The database cannot be reached: return the delivery unstarted (not an attempt)
+    and pause the listener until the database answers."""
+
+
+TRANSIENT_STATES = frozenset(
+    {
+        "40001",  # serialization_failure
+        "40P01",  # deadlock_detected
+        "55P03",  # lock_not_available
+        "57014",  # query_canceled (statement_timeout)
+        "25P03",  # idle_in_transaction_session_timeout
+    }
+)
+DOWN_STATES = frozenset(
+    {
+        "57P01",  # admin_shutdown
+        "57P02",  # crash_shutdown
+        "57P03",  # cannot_connect_now (starting up, shutting down, in recovery)
+        "53300",  # too_many_connections
+        "53400",  # configuration_limit_exceeded
+    }
+)
+
+
+def fault_of(sqlstate: str | None, *, connection_lost: bool, connecting: bool) -> Fault:
+    """Classify a database error.
+
+    `sqlstate`: its SQLSTATE (None when the client raised before the server answered);
+    `connection_lost`: the connection is closed or broken after it; `connecting`: it
+    was raised while opening a connection. A failure to connect, or a server shutting
+    down, is DOWN; a lost connection mid-transaction (the commit's fate unknown) is
+    TRANSIENT: the retry finds the key recorded if the commit did go through.
+    """
+    if connecting:
+        return Fault.DOWN
+    if sqlstate is not None:
+        if sqlstate in TRANSIENT_STATES:
+            return Fault.TRANSIENT
+        if sqlstate in DOWN_STATES or sqlstate.startswith("08"):
+            return Fault.TRANSIENT if connection_lost else Fault.DOWN
+    if connection_lost:
+        return Fault.TRANSIENT
+    return Fault.HANDLER
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Exponential waits: `first`, doubling, at most `cap` seconds; `tries` in all
+    (then the caller gives up: a transaction that keeps failing transiently is treated
+    as the database being down)."""
+
+    first: float = 0.05
+    cap: float = 2.0
+    tries: int = 6
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "first", C.number("Backoff.first", self.first, 0, 3600))
+        object.__setattr__(self, "cap", C.number("Backoff.cap", self.cap, 0, 3600))
+        C.integer("Backoff.tries", self.tries, 1, 1000)
+
+    def delay(self, done: int) -> float | None:
+        """The wait before try `done + 1`, after `done` failed tries; None: give up."""
+        if done >= self.tries:
+            return None
+        if done <= 0:
+            return 0.0
+        return min(self.cap, self.first * 2.0 ** min(done - 1, 60))
+
+
+TRANSACTION_RETRY = Backoff()
+"""In-process retries of a transaction that failed transiently."""
+PROBE = Backoff(first=0.5, cap=5.0, tries=1_000)
+"""Waits between probes of a database that is down (the listener paused meanwhile)."""
+
+
+def probe_delay(done: int) -> float:
+    """Seconds before the next probe of a database that is down, after `done` probes."""
+    d = PROBE.delay(min(done, PROBE.tries - 1))
+    return PROBE.cap if d is None else max(d, PROBE.first)
+
+
+def retention_batches(deleted: int, batch: int) -> bool:
+    """Another retention batch right away? (The last one was full: more rows are due.)"""
+    return deleted >= batch

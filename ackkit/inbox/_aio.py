@@ -1,0 +1,243 @@
+"""The AsyncApp's inbox runner: `_sync.SyncInbox`'s rules on the event loop, with
+psycopg's AsyncConnection (the handler must be `async def`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+from typing import TYPE_CHECKING, Any
+
+from .._core.inbox import TRANSACTION_RETRY, Fault, probe_delay, retention_batches
+from .._core.outcome import Outcome
+from .._invocation import Invocation
+from .._publish import Outgoing
+from .._wire import describe
+from ._options import Inbox
+from ._outbox import arelay_once, to_row
+from ._run import DatabaseDown, duplicate, guard_key, log, set_db
+from ._sql import SCHEMA_LOCK, expire, schema
+from ._sql import enqueue as enqueue_sql
+
+if TYPE_CHECKING:
+    from .._async.consumer import AsyncConsumer
+
+
+RELAY_POLL = 1.0
+_CURRENT: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
+    "ackkit_inbox_tx", default=None
+)
+"""[transaction, wrote to the outbox] of the inbox handler running in this task."""
+
+
+class _Duplicate(Exception):
+    pass
+
+
+class AsyncInbox:
+    """One AsyncApp listener's inbox: its store, its probe and retention tasks."""
+
+    def __init__(self, inbox: Inbox, c: AsyncConsumer) -> None:
+        self.inbox = inbox
+        self.c = c
+        self.name = c.spec.name
+        self.memory: Any = None
+        if inbox.in_memory:
+            from ._memory import MemoryStore, memory_fault
+
+            self.memory = MemoryStore(inbox)
+            self.fault: Any = memory_fault
+            self.store: Any = None
+        else:
+            from ._pg import AsyncPgStore, fault
+
+            self.store = AsyncPgStore(inbox)
+            self.fault = fault
+        self.paused_by_db = False
+        """The listener was consuming when the database went down: resume it when it answers."""
+        self._probe: asyncio.Task[Any] | None = None
+        self._retention: asyncio.Task[Any] | None = None
+        self._relay: asyncio.Task[Any] | None = None
+        self._kick = asyncio.Event()
+
+    def _transaction(self) -> Any:
+        return self.memory.atransaction() if self.memory is not None else self.store.transaction()
+
+    def started(self) -> None:
+        """The listener's channel is open (on the loop): its background tasks run."""
+        if self._retention is None and self.inbox.retention is not None:
+            self._retention = self.c.rt.spawn(self._expire_loop())
+        if self._relay is None and self.store is not None:
+            self._relay = self.c.rt.spawn(self._relay_loop())
+
+    async def close(self) -> None:
+        for t in (self._probe, self._retention, self._relay):
+            if t is not None:
+                t.cancel()
+        if self.store is not None:
+            await self.store.close()
+
+    # -- one handler call ----------------------------------------------------------------
+
+    async def call(self, inv: Invocation) -> object:
+        """See `SyncInbox.call`."""
+        self.started()
+        d = inv.deliveries[0]
+        key = guard_key(self.inbox, d)
+        done = 0
+        while True:
+            tx_ref: list[Any] = []
+            try:
+                return await self._once(inv, key, tx_ref)
+            except _Duplicate:
+                duplicate(self.c.core, self.name, d, key or "")
+                return None
+            except Exception as exc:
+                fault = self.fault(exc, tx_ref[0] if tx_ref else None)
+                if fault is Fault.HANDLER:
+                    raise
+                if fault is Fault.DOWN:
+                    raise DatabaseDown(describe(exc)) from exc
+                done += 1
+                wait = TRANSACTION_RETRY.delay(done)
+                if wait is None:
+                    raise DatabaseDown(f"{done} tries failed, last: {describe(exc)}") from exc
+                log.warning(
+                    "%s: transient database error (try %d, again in %.2f s, not an "
+                    "attempt of the message): %s",
+                    self.name,
+                    done,
+                    wait,
+                    describe(exc),
+                )
+                if await self.c.rt.pause(wait):
+                    raise DatabaseDown("the app is stopping") from exc
+
+    async def _once(self, inv: Invocation, key: str | None, tx_ref: list[Any]) -> object:
+        ds = inv.deliveries
+        async with self._transaction() as tx:
+            tx_ref.append(tx.db)
+            if key is not None and not await tx.aclaim(self.name, key):
+                raise _Duplicate
+            set_db(ds, tx.db)
+            cur: list[Any] = [tx, False]
+            token = _CURRENT.set(cur)
+            try:
+                result = await inv.binding.fn(*inv.args())
+                wrote = cur[1]
+            finally:
+                set_db(ds, None)
+                _CURRENT.reset(token)
+            tx.check()
+        if wrote:
+            self._kick.set()  # committed: the relay sends now, not at its next poll
+        return result
+
+    # -- the outbox ---------------------------------------------------------------------
+
+    async def enqueue(self, msg: Outgoing) -> bool:
+        """See `SyncInbox.enqueue`."""
+        cur = _CURRENT.get()
+        if cur is None or cur[0].db is None:
+            return False
+        await cur[0].db.execute(enqueue_sql(self.inbox.outbox_table), to_row(msg))
+        cur[1] = True
+        return True
+
+    async def _relay_loop(self) -> None:
+        import psycopg
+
+        conn: Any = None
+        fails = 0
+        try:
+            while not self.c.rt.stopping:
+                wait = RELAY_POLL if not fails else probe_delay(fails)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._kick.wait(), wait)
+                self._kick.clear()
+                try:
+                    if conn is None or conn.closed or conn.broken:
+                        conn = await psycopg.AsyncConnection.connect(
+                            self.inbox.dsn, autocommit=True, connect_timeout=5
+                        )
+                        if self.inbox.create_tables:
+                            async with conn.transaction():
+                                await conn.execute(SCHEMA_LOCK)
+                                ddl = schema(self.inbox.table, self.inbox.outbox_table)
+                                await conn.execute(ddl)
+                    await arelay_once(conn, self.inbox.outbox_table, self.c.rt.publish)
+                    fails = 0
+                except Exception as exc:
+                    fails += 1
+                    log.warning(
+                        "%s: outbox relay: %s (rows kept, sent later)", self.name, describe(exc)
+                    )
+        finally:
+            if conn is not None:
+                await conn.close()
+
+    # -- the database is down ---------------------------------------------------------
+
+    async def down(self, inv: Invocation, why: BaseException) -> Outcome:
+        """Return `inv`'s deliveries unstarted, pause the listener, probe until the
+        database answers, then resume."""
+        from .._async import flowing
+
+        c = self.c
+        ts = [d.tracked for d in inv.deliveries]
+        if not c.core.flow.paused:  # paused by hand before: left to the hand
+            self.paused_by_db = True
+        step = c.core.flow.pause(f"inbox database down: {why}")
+        if c.core.flow.active:
+            step.returned.extend(c.core.flow.done(ts, None).returned)
+        step.returned[:0] = ts
+        if self._probe is None or self._probe.done():
+            log.error(
+                "%s: inbox database unreachable (%s): listener paused, deliveries returned "
+                "unstarted (not attempts); probing until it answers",
+                self.name,
+                why,
+            )
+            self._probe = c.rt.spawn(self._probe_loop())
+        await flowing.carry_out(c, step)
+        return Outcome([])
+
+    async def _probe_loop(self) -> None:
+        from .._async import flowing
+
+        n = 0
+        while not await self.c.rt.pause(probe_delay(n)):
+            n += 1
+            if self.store is None or await self.store.ping():
+                log.warning("%s: inbox database answers again: listener resumed", self.name)
+                mine, self.paused_by_db = self.paused_by_db, False
+                step = self.c.core.flow.resume("inbox database answers again") if mine else None
+                if step:
+                    await flowing.carry_out(self.c, step)
+                return
+
+    # -- retention ------------------------------------------------------------------------
+
+    async def _expire_loop(self) -> None:
+        while not await self.c.rt.pause(self.inbox.retention_interval):
+            await self.expire_now()
+
+    async def expire_now(self) -> int:
+        """Delete expired keys in batches until a batch comes back short; how many."""
+        total = 0
+        batch = self.inbox.retention_batch
+        older = float(self.inbox.retention or 0)
+        while True:
+            try:
+                if self.memory is not None:
+                    n = int(self.memory.store.expire(older, batch))
+                else:
+                    async with self.store.transaction() as tx:
+                        cur = await tx.db.execute(expire(self.inbox.table), (older, batch))
+                        n = int(cur.rowcount)
+            except Exception as exc:
+                log.warning("%s: inbox retention failed: %s", self.name, describe(exc))
+                return total
+            total += n
+            if not retention_batches(n, batch):
+                return total

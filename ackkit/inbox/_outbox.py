@@ -1,0 +1,140 @@
+"""The outbox: messages written in the handler's (or your own) transaction, sent by a
+relay after the commit, with publisher confirms, oldest first, then deleted.
+
+Inside an inbox listener's handler, `Delivery.publish` / `reply` write to the outbox
+table in the handler's transaction instead of publishing. Code outside listeners writes
+with `enqueue(conn, ...)` (`aenqueue` for an AsyncConnection) in a transaction of its
+own; an app with an inbox listener on the same database relays those too.
+
+Guarantees: a message is sent only if its transaction committed; a crash between
+commit and send loses nothing (the relay sends it when it runs again); a crash between
+the broker's confirm and the row's deletion sends it again with the same message_id
+(an inbox downstream absorbs it). One relay sends at a time (a PostgreSQL advisory
+lock), in the order the rows were written: each destination sees its messages in
+commit order as long as they were written by one transaction at a time.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from .._publish import Outgoing, outgoing
+from ._sql import RELAY_LOCK, RELAY_UNLOCK, pending, sent
+from ._sql import enqueue as enqueue_sql
+
+log = logging.getLogger("ackkit.inbox")
+
+BATCH = 100
+_BYTES = "$bytes"
+
+
+def _jsonable(value: Any, where: str) -> Any:
+    if isinstance(value, bytes | bytearray):
+        return {_BYTES: base64.b64encode(bytes(value)).decode()}
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v, where) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v, where) for v in value]
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    raise TypeError(
+        f"outbox {where}: a {type(value).__name__} cannot be stored; use JSON values or bytes"
+    )
+
+
+def _from_json(value: Any) -> Any:
+    if isinstance(value, dict):
+        if set(value) == {_BYTES}:
+            return base64.b64decode(value[_BYTES])
+        return {k: _from_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_from_json(v) for v in value]
+    return value
+
+
+def to_row(msg: Outgoing) -> tuple[str, str, bytes, str]:
+    """The outbox row of a message (exchange, routing key, body, properties as JSON)."""
+    props = dict(msg.properties)
+    props["$mandatory"] = msg.mandatory
+    return msg.exchange, msg.routing_key, msg.body, json.dumps(_jsonable(props, "properties"))
+
+
+def from_row(exchange: str, routing_key: str, body: bytes, properties: Any) -> Outgoing:
+    props = _from_json(properties if isinstance(properties, dict) else json.loads(properties))
+    mandatory = bool(props.pop("$mandatory", True))
+    return Outgoing(exchange, routing_key, bytes(body), props, mandatory)
+
+
+def enqueue(
+    conn: Any, routing_key: str, body: object, *, table: str = "ackkit_outbox", **options: Any
+) -> str:
+    """Write a message to the outbox in `conn`'s current transaction (psycopg
+    Connection): sent by a relay after the commit, never if it rolls back. The options
+    of `App.publish` (exchange, headers, message_id, ...). Returns its message_id."""
+    msg = outgoing(routing_key, body, **options)
+    conn.execute(enqueue_sql(table), to_row(msg))
+    return str(msg.properties.get("message_id", ""))
+
+
+async def aenqueue(
+    conn: Any, routing_key: str, body: object, *, table: str = "ackkit_outbox", **options: Any
+) -> str:
+    """`enqueue` for a psycopg AsyncConnection."""
+    msg = outgoing(routing_key, body, **options)
+    await conn.execute(enqueue_sql(table), to_row(msg))
+    return str(msg.properties.get("message_id", ""))
+
+
+def relay_once(conn: Any, table: str, publish: Callable[[Outgoing], None]) -> int:
+    """Send what the outbox holds, oldest first, in batches; delete each batch once the
+    broker confirmed it. Another relay holding the lock: nothing (0). A publish that
+    fails stops the round (the rest waits, in order, for the next one) and raises."""
+    if not conn.execute(RELAY_LOCK, (table,)).fetchone()[0]:
+        return 0
+    total = 0
+    try:
+        while True:
+            rows = conn.execute(pending(table), (BATCH,)).fetchall()
+            if not rows:
+                return total
+            done: list[int] = []
+            try:
+                for rid, exchange, rk, body, props in rows:
+                    publish(from_row(exchange, rk, body, props))
+                    done.append(rid)
+            finally:
+                if done:
+                    conn.execute(sent(table), (done,))
+                    total += len(done)
+    finally:
+        conn.execute(RELAY_UNLOCK, (table,))
+
+
+async def arelay_once(conn: Any, table: str, publish: Callable[[Outgoing], Any]) -> int:
+    """`relay_once` for an AsyncConnection and an async `publish`."""
+    cur = await conn.execute(RELAY_LOCK, (table,))
+    row = await cur.fetchone()
+    if not row[0]:
+        return 0
+    total = 0
+    try:
+        while True:
+            cur = await conn.execute(pending(table), (BATCH,))
+            rows = await cur.fetchall()
+            if not rows:
+                return total
+            done: list[int] = []
+            try:
+                for rid, exchange, rk, body, props in rows:
+                    await publish(from_row(exchange, rk, body, props))
+                    done.append(rid)
+            finally:
+                if done:
+                    await conn.execute(sent(table), (done,))
+                    total += len(done)
+    finally:
+        await conn.execute(RELAY_UNLOCK, (table,))

@@ -1,0 +1,52 @@
+"""What the App and AsyncApp runners share: the key decision before a transaction, the
+duplicate's count and log line, and the error that returns a delivery unstarted."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from .._core.errors import DeadLetterMessage
+from .._core.inbox import KeyVerdict, key_verdict
+from .._wire import describe
+from ._options import Inbox
+
+if TYPE_CHECKING:
+    from .._core.listener import ListenerCore
+    from .._delivery import Delivery
+
+log = logging.getLogger("ackkit.inbox")
+
+
+class DatabaseDown(Exception):
+    """The inbox's database cannot be reached: the runtime returns the deliveries
+    unstarted (not an attempt) and pauses the listener until it answers."""
+
+
+def guard_key(inbox: Inbox, d: Delivery) -> str | None:
+    """The delivery's key (None: run unguarded); DeadLetterMessage when it has none to use."""
+    try:
+        key = inbox.key_of(d)
+    except Exception as exc:
+        raise DeadLetterMessage(f"inbox key function failed: {describe(exc)}") from None
+    verdict, why = key_verdict(key, inbox.missing_key)
+    if verdict is KeyVerdict.DEAD_LETTER:
+        raise DeadLetterMessage(why)
+    return key if verdict is KeyVerdict.GUARDED else None
+
+
+def duplicate(core: ListenerCore, name: str, d: Delivery, key: str) -> None:
+    """Count and log (once, INFO) a delivery whose key was recorded already."""
+    core.duplicate(d.tracked, key)
+    log.info(
+        "%s: duplicate of message %r (inbox key %r already recorded): acked without "
+        "running the handler",
+        name,
+        d.message_id,
+        key,
+    )
+
+
+def set_db(ds: list[Delivery], db: Any) -> None:
+    for d in ds:
+        d.db = db

@@ -1,0 +1,247 @@
+"""The App's inbox runner: each handler call in a transaction that records its key,
+transient database errors retried in process, a database that is down pausing the
+listener (`_core.inbox` decides; this module carries it out on threads)."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+from .._core.inbox import TRANSACTION_RETRY, Fault, probe_delay, retention_batches
+from .._core.outcome import Outcome
+from .._invocation import Invocation
+from .._publish import Outgoing
+from .._wire import describe
+from ._options import Inbox
+from ._outbox import relay_once, to_row
+from ._run import DatabaseDown, duplicate, guard_key, log, set_db
+from ._sql import SCHEMA_LOCK, schema
+from ._sql import enqueue as enqueue_sql
+
+if TYPE_CHECKING:
+    from .._sync.consumer import Consumer
+
+
+RELAY_POLL = 1.0
+"""Seconds between the relay's looks at the outbox when no commit woke it."""
+
+
+class _Duplicate(Exception):
+    pass
+
+
+def _store(inbox: Inbox) -> tuple[Any, Any]:
+    if inbox.in_memory:
+        from ._memory import MemoryStore, memory_fault
+
+        return MemoryStore(inbox), memory_fault
+    from ._pg import PgStore, fault
+
+    return PgStore(inbox), fault
+
+
+class SyncInbox:
+    """One App listener's inbox: its store, its probe and retention threads."""
+
+    def __init__(self, inbox: Inbox, c: Consumer) -> None:
+        self.inbox = inbox
+        self.c = c
+        self.name = c.spec.name
+        self.store, self.fault = _store(inbox)
+        self.stop = threading.Event()
+        self.paused_by_db = False
+        """The listener was consuming when the database went down: resume it when it answers."""
+        self._probe: threading.Thread | None = None
+        self._retention: threading.Thread | None = None
+        self._down_lock = threading.Lock()
+        self._current = threading.local()  # .tx: the transaction of the handler running here
+        self._kick = threading.Event()
+        self._relay: threading.Thread | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.inbox.retention is not None:
+            self._retention = threading.Thread(
+                target=self._expire_loop, name=f"ackkit-{self.name}-retention", daemon=True
+            )
+            self._retention.start()
+        if not self.inbox.in_memory:
+            self._relay = threading.Thread(
+                target=self._relay_loop, name=f"ackkit-{self.name}-outbox", daemon=True
+            )
+            self._relay.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self._kick.set()
+        for th in (self._probe, self._retention, self._relay):
+            if th is not None:
+                th.join(5.0)
+        self.store.close()
+
+    # -- one handler call ----------------------------------------------------------------
+
+    def call(self, inv: Invocation) -> object:
+        """Run the handler for `inv` in a transaction; None for a duplicate (acked
+        without running). Raises what the handler raised (rolled back), DeadLetterMessage
+        for a message without a key, DatabaseDown when the database cannot be reached."""
+        ds = inv.deliveries
+        d = ds[0]
+        key = guard_key(self.inbox, d)
+        done = 0
+        while True:
+            tx_ref: list[Any] = []
+            try:
+                return self._once(inv, key, tx_ref)
+            except _Duplicate:
+                with self.c.lock:
+                    duplicate(self.c.core, self.name, d, key or "")
+                return None
+            except Exception as exc:
+                fault = self.fault(exc, tx_ref[0] if tx_ref else None)
+                if fault is Fault.HANDLER:
+                    raise
+                if fault is Fault.DOWN:
+                    raise DatabaseDown(describe(exc)) from exc
+                done += 1
+                wait = TRANSACTION_RETRY.delay(done)
+                if wait is None:
+                    raise DatabaseDown(f"{done} tries failed, last: {describe(exc)}") from exc
+                log.warning(
+                    "%s: transient database error (try %d, again in %.2f s, not an "
+                    "attempt of the message): %s",
+                    self.name,
+                    done,
+                    wait,
+                    describe(exc),
+                )
+                if self.c.rt.stop_event.wait(wait):
+                    raise DatabaseDown("the app is stopping") from exc
+
+    def _once(self, inv: Invocation, key: str | None, tx_ref: list[Any]) -> object:
+        ds = inv.deliveries
+        with self.store.transaction() as tx:
+            tx_ref.append(tx.db)
+            if key is not None and not tx.claim(self.name, key):
+                raise _Duplicate
+            set_db(ds, tx.db)
+            self._current.tx = tx
+            self._current.wrote = False
+            try:
+                result = inv.binding.fn(*inv.args())
+            finally:
+                set_db(ds, None)
+                self._current.tx = None
+            tx.check()
+        if self._current.wrote:
+            self._kick.set()  # committed: the relay sends now, not at its next poll
+        return result
+
+    # -- the outbox ---------------------------------------------------------------------
+
+    def enqueue(self, msg: Outgoing) -> bool:
+        """`Delivery.publish` / `reply` in this listener's handler: written to the outbox
+        in its transaction (True), or not in a PostgreSQL transaction (False: publish)."""
+        tx = getattr(self._current, "tx", None)
+        if tx is None or tx.db is None:
+            return False
+        tx.db.execute(enqueue_sql(self.inbox.outbox_table), to_row(msg))
+        self._current.wrote = True
+        return True
+
+    def _relay_loop(self) -> None:
+        import psycopg
+
+        conn: Any = None
+        fails = 0
+        while not self.stop.is_set():
+            self._kick.wait(RELAY_POLL if not fails else probe_delay(fails))
+            self._kick.clear()
+            if self.stop.is_set():
+                break
+            try:
+                if conn is None or conn.closed or conn.broken:
+                    conn = psycopg.connect(self.inbox.dsn, autocommit=True, connect_timeout=5)
+                    if self.inbox.create_tables:
+                        with conn.transaction():
+                            conn.execute(SCHEMA_LOCK)
+                            conn.execute(schema(self.inbox.table, self.inbox.outbox_table))
+                relay_once(conn, self.inbox.outbox_table, self.c.rt.publish)
+                fails = 0
+            except Exception as exc:
+                fails += 1
+                log.warning(
+                    "%s: outbox relay: %s (rows kept, sent later)", self.name, describe(exc)
+                )
+        if conn is not None:
+            conn.close()
+
+    # -- the database is down ---------------------------------------------------------
+
+    def down(self, inv: Invocation, why: BaseException) -> Outcome:
+        """Return `inv`'s deliveries unstarted, pause the listener, probe until the
+        database answers, then resume."""
+        from .._sync import flowing
+
+        c = self.c
+        ts = [d.tracked for d in inv.deliveries]
+        with c.lock:
+            if not c.core.flow.paused:  # paused by hand before: left to the hand
+                self.paused_by_db = True
+            step = c.core.flow.pause(f"inbox database down: {why}")
+            if c.core.flow.active:
+                more = c.core.flow.done(ts, None)
+                step.returned.extend(more.returned)
+            step.returned[:0] = ts
+        with self._down_lock:
+            if self._probe is None or not self._probe.is_alive():
+                log.error(
+                    "%s: inbox database unreachable (%s): listener paused, deliveries "
+                    "returned unstarted (not attempts); probing until it answers",
+                    self.name,
+                    why,
+                )
+                self._probe = threading.Thread(
+                    target=self._probe_loop, name=f"ackkit-{self.name}-dbprobe", daemon=True
+                )
+                self._probe.start()
+        flowing.carry_out(c, step)
+        return Outcome([])
+
+    def _probe_loop(self) -> None:
+        from .._sync import flowing
+
+        n = 0
+        while not self.stop.wait(probe_delay(n)):
+            n += 1
+            if self.store.ping():
+                log.warning("%s: inbox database answers again: listener resumed", self.name)
+                with self.c.lock:
+                    mine, self.paused_by_db = self.paused_by_db, False
+                    step = self.c.core.flow.resume("inbox database answers again") if mine else None
+                if step:
+                    flowing.carry_out(self.c, step)
+                return
+
+    # -- retention ------------------------------------------------------------------------
+
+    def _expire_loop(self) -> None:
+        while not self.stop.wait(self.inbox.retention_interval):
+            self.expire_now()
+
+    def expire_now(self) -> int:
+        """Delete expired keys in batches until a batch comes back short; how many."""
+        from ._retention import expire_batch
+
+        total = 0
+        while not self.stop.is_set():
+            try:
+                n = expire_batch(self.store, self.inbox)
+            except Exception as exc:
+                log.warning("%s: inbox retention failed: %s", self.name, describe(exc))
+                return total
+            total += n
+            if not retention_batches(n, self.inbox.retention_batch):
+                return total
+        return total
