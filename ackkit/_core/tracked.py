@@ -19,6 +19,7 @@ class Tracked:
         "first_failure",
         "generation",
         "headers",
+        "lost_copies",
         "message_id",
         "parked",
         "payload",
@@ -53,6 +54,7 @@ class Tracked:
         self.payload: Any = None  # the runtime's own object for this delivery (opaque here)
         self.verdict: list[Action] | None = None
         self.first_failure: str | None = None  # in-process retries: when attempt 1 failed
+        self.lost_copies = 0  # copies of it sent again after their channel closed (republish)
 
     def attach(self, payload: Any) -> None:
         """Attach the runtime's object for this delivery (its Delivery).
