@@ -202,6 +202,8 @@ class AsyncRuntime:
             for c in self.consumers:
                 c.lost(None)
             self.publisher.channel = None
+            for c in self.consumers:
+                c.copies.channel = None
         if not self.stopping:
             reason = "" if amqp.closing.cancelled() else repr(amqp.closing.exception())
             log.warning(

@@ -42,8 +42,7 @@ class Host(Protocol):
     stopping: bool
     stop_event: threading.Event
 
-    @property
-    def publisher(self) -> Publisher: ...
+    def channels_lost(self, reason: BaseException, /) -> None: ...
 
     def call_soon(self, fn: Callable[[], None], /) -> object: ...
 
@@ -77,6 +76,9 @@ class Consumer(Executor):
         self.no_ack = spec.policy.mode is AckMode.NONE
         self.failures = FailureLog(log)
         self.probe = probe_for(instruments, spec, self.core)  # metrics, tracing: None when off
+        # this listener's own confirm channel for its copies: another listener's refused
+        # copy, or a handler's publish to a missing exchange, never closes it
+        self.copies = Publisher(rt)
 
     # -- I/O thread ----------------------------------------------------------
 
@@ -203,14 +205,14 @@ class Consumer(Executor):
     def tick(self) -> None:
         if self.channel is not None:
             self.decide(self.core.tick)
-            if self.core.flow.breaker is not None:
+            if self.core.flow.ticking:  # a breaker, or copies the broker refuses
                 with self.lock:
                     step = self.core.flow.tick()
                 if step:
                     flowing.carry_out(self, step)
 
     def _publish(self, gen: int, a: Republish) -> None:
-        self.rt.publisher.publish(self, gen, a)
+        self.copies.publish(self, gen, a)
 
     def original(self, a: Republish) -> tuple[Any, bytes]:
         d: Delivery = a.source

@@ -226,6 +226,7 @@ def test_the_pika_consumer_starts_a_held_copy_after_sending_the_originals_ack() 
         publisher=SimpleNamespace(publish=lambda c, gen, a: published.append(a)),
     )
     c = Consumer(rt, app.specs[0], None)  # type: ignore[arg-type]
+    c.copies = rt.publisher  # type: ignore[assignment]
     ch = c.channel = Channel(log)  # type: ignore[assignment]
     c.core.channel_opened()
     inbox = c.inbox
@@ -274,6 +275,7 @@ def test_the_aio_pika_consumer_starts_a_held_copy_after_sending_the_originals_ac
             spawn=loop.create_task,
         )
         c = AsyncConsumer(rt, app.specs[0], None)  # type: ignore[arg-type]
+        c.copies = rt.publisher  # type: ignore[assignment]
         c.channel = AioChannel(log)  # type: ignore[assignment]
         core = c.core
         core.channel_opened()
