@@ -378,8 +378,9 @@ class AppBase(SettingsView):
             raise ValueError(f"no listener named {name!r} on this app (listeners: {names})")
 
     def flow_state(self) -> dict[str, FlowState]:
-        """Per listener: consuming, paused (by hand), tripped (circuit breaker open) or
-        probing (half-open), as the latest run left it."""
+        """Per listener: consuming, paused (by hand), tripped (circuit breaker open),
+        probing (half-open) or refused (the broker refuses its copies: waiting before it
+        consumes again), as the latest run left it."""
         return {name: core.flow.state for name, (_, core) in self._cores.items()}
 
     def __iter__(self) -> Iterator[ListenerSpec]:
