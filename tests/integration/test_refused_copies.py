@@ -280,7 +280,7 @@ def test_a_consumer_that_may_not_publish_keeps_its_failing_messages(
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_a_handlers_publish_to_a_missing_exchange_hurts_no_other_listener(
-    rabbitmq: Any, queue_factory: Any, runtime: str
+    rabbitmq: Any, queue_factory: Any, runtime: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Listener A's handler publishes to an exchange that does not exist (404 closes the
     channel it was published on); listener B dead-letters 200 messages meanwhile.
@@ -336,3 +336,5 @@ def test_a_handlers_publish_to_a_missing_exchange_hurts_no_other_listener(
     assert all(header_text((p.headers or {}).get("h")) == "v" for p, _ in dead)
     assert len(b_runs) <= n + 20, f"{len(b_runs)} runs for {n} messages"
     assert all(missing in e and "NOT_FOUND" in e for e in errors), errors[:3]
+    lines = [r.getMessage() for r in caplog.records]
+    assert not [x for x in lines if "reconnecting" in x or "CHANNEL_ERROR" in x]
