@@ -166,7 +166,10 @@ class Confirms:
                 return [again]
         if self.mode is AckMode.NONE:
             if not ok:
-                self._emit(Stage.REJECTED, t, "lost: no-ack delivery and the DLQ publish failed")
+                why = error or lost or (RETURNED if unroutable else NACKED)
+                self._emit(Stage.REJECTED, t, f"lost: no-ack delivery and its copy failed: {why}")
+                if error is None and act is not None and self.flow is not None:
+                    self.flow.copy_refused(act.routing_key, why)  # lose no more meanwhile
             return []
         if not ok:
             return self._failed(t, act, unroutable, error, lost)

@@ -237,3 +237,34 @@ def test_any_answers_never_lose_an_original(
             assert tag in copied or tag in handled, f"{tag} acked without its copy"
     assert c.counters.counts[Stage.DEAD_LETTERED] == dead_confirmed
     assert c.counters.counts[Stage.REJECTED] == 0
+
+
+def test_a_pause_by_hand_outranks_a_refusal_and_outlives_it() -> None:
+    now = [0.0]
+    c = core(now)
+    a = failed(c, 1, DeadLetterMessage("x"))
+    c.republished(a.token, False)
+    c.flow.pause()
+    assert c.flow.state is FlowState.PAUSED
+    now[0] += MAX_REFUSAL_WAIT
+    c.flow.tick()  # the refusal's wait is over: still paused by hand
+    assert c.flow.state is FlowState.PAUSED and not c.flow.consuming
+    c.flow.resume()
+    assert c.flow.state is FlowState.CONSUMING
+
+
+def test_no_ack_listeners_wait_too_and_lose_only_what_the_broker_forgot() -> None:
+    """AckMode.NONE: the broker forgot the message on send; a refused dead letter is
+    reported lost (as before), and the listener waits instead of consuming more."""
+    from ackkit import AckMode
+
+    now = [0.0]
+    policy = ListenerPolicy(name="l", queue="q", mode=AckMode.NONE)
+    c = ListenerCore(policy, clock=lambda: now[0], broker=V3)
+    c.channel_opened()
+    t = c.receive(1, message_id="m1")
+    (a,) = c.finish(t, ValueError("x"))
+    assert isinstance(a, Republish)
+    assert c.republished(a.token, False) == []
+    assert c.counters.counts[Stage.REJECTED] == 1
+    assert c.flow.state is FlowState.REFUSED
