@@ -245,14 +245,14 @@ class Flow:
         if self.blocked and self.clock() >= self.blocked_until:
             self.blocked = False
             self.emit(Stage.RESUMED, f"consuming again to try once more: {self._refused_why()}")
-            step.consume = True
+            step.consume = self.consuming
         b = self.breaker
         if b is None or not b.poll(self.clock()):
             return step
         self.probes.clear()
         self.probes_started = 0
         self.emit(Stage.PROBING, f"probing with {b.cfg.probes} delivery(ies)")
-        step.consume = True
+        step.consume = self.consuming
         return step
 
     # -- copies the broker refuses ---------------------------------------------------
@@ -288,7 +288,7 @@ class Flow:
         self.refusal_wait = 0.0
         if self.blocked:
             self.blocked = False
-            self._step.consume = True
+            self._step.consume = self.consuming
         self.emit(Stage.RECOVERED, f"copies to {destination!r} accepted again")
 
     def _refused_why(self) -> str:
