@@ -44,7 +44,7 @@ NACKED = (
     "reject-publish, or a queue that cannot take it now)"
 )
 RETURNED = "returned by the broker (basic.return: no queue took it)"
-REFUSALS = ("ACCESS_REFUSED", "(403", "403,", "RESOURCE_ERROR", "(506")
+REFUSALS = ("ACCESS_REFUSED", "AccessRefused", "(403", "403,", "RESOURCE_ERROR", "(506")
 """A channel closed with one of these refused the publish: not a chance loss."""
 
 Emit = Callable[[Stage, Tracked, str], None]
