@@ -80,6 +80,7 @@ _LINES: dict[Stage, tuple[int, str, str]] = {
         "rejected without requeue (to the queue's dead-letter exchange, or dropped if it has none)",
     ),
     Stage.UNSETTLED: (logging.WARNING, "unsettled", "not settled by the handler"),
+    Stage.COPY_REFUSED: (logging.WARNING, "copy_refused", "copy refused by the broker"),
     Stage.DROPPED_STALE: (
         logging.INFO,
         "stale_dropped",
@@ -97,7 +98,7 @@ _FLOW_LINES: dict[Stage, tuple[int, str]] = {
         "circuit breaker tripped (consumer cancelled, held deliveries returned)",
     ),
     Stage.PROBING: (logging.INFO, "circuit breaker half-open, probing"),
-    Stage.RECOVERED: (logging.INFO, "circuit breaker closed, consuming again"),
+    Stage.RECOVERED: (logging.INFO, "recovered, consuming again"),
 }
 
 

@@ -396,8 +396,9 @@ class AppBase(SettingsView):
 
     def flow_state(self) -> dict[str, FlowState]:
         """Per listener: consuming, paused (by hand), tripped (circuit breaker open),
-        probing (half-open) or standby (another consumer holds its queue exclusively), as
-        the latest run left it."""
+        probing (half-open), standby (another consumer holds its queue exclusively) or
+        refused (the broker refuses its copies: waiting before it consumes again), as the
+        latest run left it."""
         return {name: core.flow.state for name, (_, core) in self._cores.items()}
 
     def __iter__(self) -> Iterator[ListenerSpec]:

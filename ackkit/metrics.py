@@ -10,10 +10,12 @@ Per listener (labels `listener`, `queue`):
 - counters of the settlement lifecycle: `ackkit_delivered_total`, `ackkit_acked_total`,
   `ackkit_nacked_total`, `ackkit_requeued_total`, `ackkit_rejected_total`,
   `ackkit_retried_total`, `ackkit_dead_lettered_total`, `ackkit_stale_dropped_total`,
-  `ackkit_unsettled_total`, `ackkit_returned_total`, and of flow control:
+  `ackkit_unsettled_total`, `ackkit_returned_total`, `ackkit_copy_refused_total`, and of
+  flow control:
   `ackkit_paused_total`, `ackkit_tripped_total`, `ackkit_throttled_total`;
-- `ackkit_flow_state{state="consuming|paused|tripped|probing|standby"}`: 1 for the current
-  state (standby: another consumer holds the queue exclusively);
+- `ackkit_flow_state{state="consuming|paused|tripped|probing|standby|refused"}`: 1 for
+  the current state (standby: another consumer holds the queue exclusively; refused: the
+  broker refuses the listener's copies);
 - `ackkit_ack_batch_size`: histogram of deliveries settled by one basic.ack frame;
 - `ackkit_in_flight` (delivered, not settled yet), `ackkit_pending_acks` (settled, the
   ack frame not sent yet), `ackkit_republishing` (retry / dead-letter copies waiting
@@ -101,7 +103,7 @@ COUNTERS: tuple[tuple[Stage, str, str], ...] = (
     (
         Stage.DEAD_LETTERED,
         "ackkit_dead_lettered",
-        "Deliveries published to the dead-letter queue.",
+        "Dead letters the broker confirmed (in the dead-letter queue).",
     ),
     (
         Stage.DROPPED_STALE,
@@ -118,7 +120,16 @@ COUNTERS: tuple[tuple[Stage, str, str], ...] = (
         "ackkit_returned",
         "Prefetched deliveries returned unstarted (shutdown, pause, a tripped breaker).",
     ),
-    (Stage.PAUSED, "ackkit_paused", "Times the listener was paused by hand."),
+    (
+        Stage.COPY_REFUSED,
+        "ackkit_copy_refused",
+        "Retry, dead-letter or restamp copies the broker refused (the original kept).",
+    ),
+    (
+        Stage.PAUSED,
+        "ackkit_paused",
+        "Times the listener was paused (by hand, or while the broker refuses its copies).",
+    ),
     (Stage.TRIPPED, "ackkit_tripped", "Times the listener's circuit breaker tripped."),
     (
         Stage.THROTTLED,

@@ -219,11 +219,12 @@ async def send_settles(ch: AbstractChannel, acts: Iterable[Action]) -> None:
 
 async def publish_copy(
     ch: AbstractChannel, a: Republish, timeout: float = 30.0
-) -> tuple[bool, bool, str | None]:
+) -> tuple[bool, bool, str | None, str | None]:
     """Publish the copy a Republish asks for on a confirm channel (declaring its queue
-    first when asked). Returns (confirmed, unroutable, error) for
-    `ListenerCore.republished(token, ok, unroutable=..., error=...)`: unroutable when
-    it came back with basic.return; error when it could not be built or sent."""
+    first when asked). Returns (confirmed, unroutable, error, lost) for
+    `ListenerCore.republished(token, ok, unroutable=..., error=..., lost=...)`:
+    unroutable when it came back with basic.return; error when it could not be built;
+    lost when the channel closed (or no answer came) first: why, in the broker's words."""
     d: Delivery = a.source
     try:
         props = copy_properties(
@@ -232,7 +233,7 @@ async def publish_copy(
     except Exception as exc:
         why = f"{a.purpose} copy not publishable: {mask_text(repr(exc))[:300]}"
         log.error("republish to %r: %s", a.routing_key, why)
-        return False, False, why
+        return False, False, why, None
     try:
         if a.declare is not None:
             name, args = a.declare
@@ -241,11 +242,12 @@ async def publish_copy(
             ch, d.body, a.exchange, a.routing_key, props, mandatory=True, timeout=timeout
         )
     except (TimeoutError, *CHANNEL_GONE) as exc:
-        log.warning("republish to %r failed: %s", a.routing_key, mask_text(repr(exc)))
-        return False, False, None
+        why = mask_text(repr(exc))[:500]
+        log.warning("republish to %r failed: %s", a.routing_key, why)
+        return False, False, None, why
     if returned:
         log.warning("republish to %r returned by the broker", a.routing_key)
-    return confirmed, returned, None
+    return confirmed, returned, None, None
 
 
 async def confirmed_publish(

@@ -59,6 +59,7 @@ from . import flowing, handlers, refusals
 from ._amqp import CHANNEL_GONE, ChannelNumbers
 from .batching import Batcher
 from .delivery import AsyncDelivery
+from .publisher import AsyncPublisher
 from .settling import ChannelSettler, SettlerHost
 
 if TYPE_CHECKING:
@@ -108,6 +109,9 @@ class AsyncConsumer(ChannelSettler):
         core = ListenerCore(spec.policy, observer=observer, hold_early_copies=True)
         super().__init__(rt, spec.name, core)
         self.rt: ConsumerHost = rt
+        # this listener's own confirm channel for its copies: another listener's refused
+        # copy, or a handler's publish to a missing exchange, never closes it
+        self.copies: AsyncPublisher = AsyncPublisher(rt)
         self.spec = spec
         self.binding = spec.binding
         self.is_async = spec.binding.is_async
@@ -363,7 +367,7 @@ class AsyncConsumer(ChannelSettler):
 
     async def tick(self) -> None:
         await super().tick()
-        if self.core.flow.breaker is not None:
+        if self.core.flow.ticking:  # a breaker, or copies the broker refuses
             await flowing.tick(self)
 
     async def _startable(self, ds: list[Delivery]) -> list[Delivery]:

@@ -90,6 +90,7 @@ class AsyncPublisher:
     async def _publish(self, c: ChannelSettler, a: Republish) -> None:
         ok = unroutable = False
         error: str | None = None
+        lost: str | None = None
         try:
             ch = await self._channel()
             if a.declare is not None:
@@ -99,14 +100,15 @@ class AsyncPublisher:
                 if pending is not None:  # its queue is being declared: publish after that
                     await asyncio.shield(pending)
             if c.core.publishable(a.token):  # else its channel closed while we waited
-                ok, unroutable, error = await publish_copy(ch, a)
+                ok, unroutable, error, lost = await publish_copy(ch, a)
         except (TimeoutError, *CHANNEL_GONE) as exc:
-            log.warning("republish to %r failed: %s", a.routing_key, short(exc))
+            lost = short(exc)
+            log.warning("republish to %r failed: %s", a.routing_key, lost)
         except Exception as exc:  # the original must still be settled
             log.exception("republish to %r failed", a.routing_key)
             error = f"{a.purpose} copy not publishable: {short(exc)}"
         core = c.core
-        acts = core.republished(a.token, ok, unroutable=unroutable, error=error)
+        acts = core.republished(a.token, ok, unroutable=unroutable, error=error, lost=lost)
         if acts:
             await c.execute(core.generation, acts)
 

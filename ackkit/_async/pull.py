@@ -267,8 +267,8 @@ class AsyncPullConnection:
             if ch is not self._ch or ch.is_closed:
                 return  # tags of a closed channel are worthless: never sent elsewhere
             if isinstance(a, Republish):
-                ok, unroutable, error = await publish_copy(ch, a)
-                again = core.republished(a.token, ok, unroutable=unroutable, error=error)
+                ok, unroutable, error, lost = await publish_copy(ch, a)
+                again = core.republished(a.token, ok, unroutable=unroutable, error=error, lost=lost)
                 await self._execute(core, ch, again)
             else:
                 await send_settles(ch, (a,))

@@ -67,8 +67,8 @@ class AsyncRuntime:
         # `observer` (ackkit's log lines) is called in place; the app's registered
         # `observers` on a thread of their own, off the listeners' locks (`_observers`).
         observer, self.events = observing(observer, observers)
+        self.publisher = AsyncPublisher(self)  # the app's messages (and a settler's copies)
         self.consumers = [AsyncConsumer(self, s, observer, instruments) for s in specs]
-        self.publisher = AsyncPublisher(self)
         self.connection: aio_pika.abc.AbstractConnection | None = None
         self.amqp: AbstractConnection | None = None
         self.numbers = ChannelNumbers()
@@ -201,6 +201,8 @@ class AsyncRuntime:
             for c in self.consumers:
                 c.lost(None)
             self.publisher.channel = None
+            for c in self.consumers:
+                c.copies.channel = None
         if not self.stopping:
             reason = "" if amqp.closing.cancelled() else repr(amqp.closing.exception())
             log.warning(

@@ -62,6 +62,7 @@ class ChannelSettler:
         self.rt = rt
         self.name = name
         self.core = core
+        self.copies: Republisher = rt.publisher  # a consumer has a confirm channel of its own
         self.channel: AbstractChannel | None = None
         # Settle frames leave in the order the core decided them (asyncio.Lock is FIFO and
         # every caller enters execute() right after deciding, without awaiting in between).
@@ -92,7 +93,7 @@ class ChannelSettler:
             ta = type(a)
             try:
                 if ta is Republish:
-                    self.rt.publisher.submit(self, cast(Republish, a))
+                    self.copies.submit(self, cast(Republish, a))
                 elif ta is TxCommit:
                     await ch.tx_commit()
                 elif ta is TxSelect:

@@ -151,14 +151,18 @@ class Consuming:
         return ConsumeStep(ConsumeMove.FAIL, error=ConsumeRefused(why))
 
 
-def channels_needed(listeners: int, per_listener: int = 1) -> int:
+CHANNELS_PER_LISTENER = 2
+"""A listener's consumer channel and its own confirm channel for copies (both runtimes)."""
+
+
+def channels_needed(listeners: int, per_listener: int = CHANNELS_PER_LISTENER) -> int:
     """Channels one app keeps open on its connection: `per_listener` per listener (its
-    consumer's; and its own copies' channel where a runtime gives it one), one publisher."""
+    consumer's and its copies'), and one for the app's own publishes."""
     return listeners * per_listener + 1
 
 
 def check_channels(
-    listeners: int, channel_max: int, where: str, per_listener: int = 1
+    listeners: int, channel_max: int, where: str, per_listener: int = CHANNELS_PER_LISTENER
 ) -> str | None:
     """Why the connection cannot carry the app (a negotiated `channel_max` below what it
     needs), or None. `channel_max` 0 means the broker sets no limit (65535)."""

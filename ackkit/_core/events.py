@@ -24,7 +24,8 @@ class Stage(str, Enum):
     RETRYING = "retrying"
     """Failed, another attempt is scheduled (in process, or in a delay queue)."""
     DEAD_LETTERED = "dead_lettered"
-    """Published to the dead-letter queue with its error, then acked."""
+    """The dead letter's copy was confirmed by the broker (it is in the dead-letter
+    queue), and the original acked."""
     DROPPED_STALE = "dropped_stale"
     """A settle for a channel that has closed since: not sent (the broker requeued it)."""
     UNSETTLED = "unsettled"
@@ -33,10 +34,12 @@ class Stage(str, Enum):
     """Prefetched but never started (shutdown, pause, a tripped breaker): requeued, not
     counted as a failure."""
     PAUSED = "paused"
-    """The listener was paused by hand: its consumer cancelled (a listener-level event:
-    tag 0, attempt 0)."""
+    """The listener was paused by hand, or because the broker refuses its copies
+    (FlowState.REFUSED): its consumer cancelled (a listener-level event: tag 0,
+    attempt 0; the reason says which)."""
     RESUMED = "resumed"
-    """A paused listener was resumed by hand (listener-level)."""
+    """A paused listener was resumed by hand, or consumes again after a refusal's wait
+    (listener-level)."""
     TRIPPED = "tripped"
     """The circuit breaker tripped: consumer cancelled, held deliveries returned
     (listener-level; the reason says why)."""
@@ -44,10 +47,14 @@ class Stage(str, Enum):
     """The breaker's wait is over: consuming again with a few probe deliveries
     (listener-level)."""
     RECOVERED = "recovered"
-    """The probes succeeded: the breaker closed, the listener consumes as before
-    (listener-level)."""
+    """The probes succeeded: the breaker closed, the listener consumes as before; or the
+    broker confirmed a copy to a destination that had refused them (listener-level)."""
     THROTTLED = "throttled"
     """A handler start waited for the listener's rate limit (listener-level)."""
+    COPY_REFUSED = "copy_refused"
+    """The broker refused a retry, dead-letter or restamp copy (basic.nack, a return, a
+    403 channel close): the original went back to its queue (not counted as an attempt)
+    or, for a restamp copy, ran without it; never dropped."""
     CONSUMER_CANCELLED = "consumer_cancelled"
     """The broker cancelled the listener's consumer (basic.cancel: RabbitMQ 4.3's consumer
     timeout, a deleted queue): counted once per cancel; the listener consumes again on a

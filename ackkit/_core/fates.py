@@ -240,7 +240,7 @@ class Fates:
         if dlq is None:
             return self._reject(t, reason)
         hdrs = CH.dead_letter_headers(t, self.policy, reason, exc, tb, self._wallclock(), attempts)
-        self._emit(Stage.DEAD_LETTERED, t, reason, count=False)
+        # counted and reported (Stage.DEAD_LETTERED) once the broker confirms the copy
         return [self.confirms.issue(t, dlq, hdrs, CopyPurpose.DEAD_LETTER)]
 
     def _restamp(self, t: Tracked) -> Republish:

@@ -33,6 +33,12 @@ class FlowState(str, Enum):
     PROBING = "probing"
     """Half-open: consuming again, with only `CircuitBreaker.probes` deliveries running;
     they all succeed: back to CONSUMING; one fails: TRIPPED again."""
+    REFUSED = "refused"
+    """The broker refuses the listener's copies (a dead-letter or delay queue full with
+    `reject-publish`, no permission to publish there): no consumer for a while; each
+    delivery whose copy was refused went back to its queue without counting an attempt.
+    Consuming again after a backoff (1 s, doubling up to 60 s) to try once more; a copy
+    the broker confirms ends it."""
 
 
 class KeySource(str, Enum):

@@ -25,6 +25,13 @@ from .tracked import Tracked
 MAX_OWED = 100_000
 """Most message ids remembered as returned unstarted."""
 
+REFUSAL_WAIT = 1.0
+"""Seconds a listener whose copies the broker refuses waits before it consumes again."""
+MAX_REFUSAL_WAIT = 60.0
+"""The longest such wait (it doubles while the broker goes on refusing)."""
+
+_NOT_CONSUMING = (FlowState.PAUSED, FlowState.TRIPPED, FlowState.REFUSED)
+
 Emit = Callable[[Stage, str], None]
 """Count a listener-level stage and tell the observers (reason in words)."""
 
@@ -86,6 +93,12 @@ class Flow:
         self.probes_started = 0
         # message_id -> returns not counted yet (see `owe`), oldest first, bounded
         self.owed: dict[str, int] = {}
+        # copies refused by the broker (see `copy_refused`): destination -> its reason
+        self.refusing: dict[str, str] = {}
+        self.blocked = False  # waiting out `refusal_wait` (FlowState.REFUSED)
+        self.refusal_wait = 0.0
+        self.blocked_until = 0.0
+        self._step = FlowStep()  # decided off the tick (a refusal): carried out by `tick`
 
     # -- state ----------------------------------------------------------------
 
@@ -93,6 +106,8 @@ class Flow:
     def state(self) -> FlowState:
         if self.paused:
             return FlowState.PAUSED
+        if self.blocked:
+            return FlowState.REFUSED
         b = self.breaker
         if b is None or b.state is BreakerState.CLOSED:
             return FlowState.STANDBY if self.standby else FlowState.CONSUMING
@@ -112,7 +127,12 @@ class Flow:
     @property
     def gated(self) -> bool:
         """Does a delivery that arrives need `arrive` (else it would say RUN)?"""
-        return self.paused or self.breaker is not None or self.serial is not None
+        return self.paused or self.blocked or self.breaker is not None or self.serial is not None
+
+    @property
+    def ticking(self) -> bool:
+        """Does `tick` have anything to do (a breaker, a refusal wait, a step to carry out)?"""
+        return self.breaker is not None or bool(self.refusing) or bool(self._step)
 
     @property
     def waiting(self) -> int:
@@ -124,7 +144,7 @@ class Flow:
     def arrive(self, t: Tracked, key: Hashable | None = None) -> Admission:
         """A delivery arrived (its key, from `SerialKey.of`, None without serial mode)."""
         state = self.state
-        if state is FlowState.PAUSED or state is FlowState.TRIPPED:
+        if state in _NOT_CONSUMING:
             if self.returnable:
                 return Admission.RETURN
             state = FlowState.CONSUMING
@@ -221,14 +241,61 @@ class Flow:
         return FlowStep(consume=self.consuming)
 
     def tick(self) -> FlowStep:
-        """Call periodically: a tripped breaker whose wait is over starts probing."""
+        """Call periodically (while `ticking`): carries out a refusal's pause, consumes
+        again when a refusal's wait is over; a tripped breaker whose wait is over
+        starts probing."""
+        step, self._step = self._step, FlowStep()
+        if self.blocked and self.clock() >= self.blocked_until:
+            self.blocked = False
+            self.emit(Stage.RESUMED, f"consuming again to try once more: {self._refused_why()}")
+            step.consume = self.consuming
         b = self.breaker
         if b is None or not b.poll(self.clock()):
-            return FlowStep()
+            return step
         self.probes.clear()
         self.probes_started = 0
         self.emit(Stage.PROBING, f"probing with {b.cfg.probes} delivery(ies)")
-        return FlowStep(consume=not self.paused)
+        step.consume = self.consuming
+        return step
+
+    # -- copies the broker refuses ---------------------------------------------------
+
+    def copy_refused(self, destination: str, why: str) -> None:
+        """The broker refused a copy to queue `destination` (`why`: its words). The
+        listener stops consuming for `refusal_wait` seconds (doubling while refusals go
+        on); what waits in the gate goes back. Carried out by the next `tick`."""
+        self.refusing[destination] = why
+        if len(self.refusing) > 100:  # destinations are few; a bound all the same
+            del self.refusing[next(iter(self.refusing))]
+        if self.blocked:
+            return
+        wait = REFUSAL_WAIT if self.refusal_wait <= 0 else self.refusal_wait * 2
+        self.refusal_wait = min(wait, MAX_REFUSAL_WAIT)
+        self.blocked = True
+        self.blocked_until = self.clock() + self.refusal_wait
+        self.emit(
+            Stage.PAUSED,
+            f"the broker refuses copies to {destination!r} ({why}); the messages go back to "
+            f"their queue, consuming again in {self.refusal_wait:g} s",
+        )
+        self._step.consume = False
+        if self.returnable:
+            self._empty(self._step)
+
+    def copy_accepted(self, destination: str) -> None:
+        """The broker confirmed a copy to `destination`: it refuses no more."""
+        if not self.refusing or self.refusing.pop(destination, None) is None:
+            return
+        if self.refusing:
+            return  # another destination still refuses
+        self.refusal_wait = 0.0
+        if self.blocked:
+            self.blocked = False
+            self._step.consume = self.consuming
+        self.emit(Stage.RECOVERED, f"copies to {destination!r} accepted again")
+
+    def _refused_why(self) -> str:
+        return "; ".join(f"copies to {d!r} refused ({w})" for d, w in self.refusing.items())
 
     # -- returns that are not attempts --------------------------------------------
 
@@ -301,7 +368,7 @@ class Flow:
     def _admit_released(self, step: FlowStep) -> FlowStep:
         """Deliveries that took a freed key may only start if the state allows it now."""
         state = self.state
-        if (state is FlowState.PAUSED or state is FlowState.TRIPPED) and self.returnable:
+        if state in _NOT_CONSUMING and self.returnable:
             self._empty(step)
         elif state is FlowState.PROBING:
             keep = []

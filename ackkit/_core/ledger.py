@@ -117,6 +117,12 @@ class Ledger:
             self.parked -= 1
         return t
 
+    def untake(self, t: Tracked) -> None:
+        """`t`, taken for a copy the broker then refused, is outstanding again (its handler
+        runs after all)."""
+        t.settled = False
+        self._tracked[t.tag] = t
+
     def take_upto(self, tag: int) -> list[Tracked]:
         """Take every delivery in flight with a tag up to `tag` (a multiple settle)."""
         out = []

@@ -40,12 +40,12 @@ from .ledger import Ledger
 from .lost import LostRuns
 from .outcome import Outcome
 from .policy import AckMode, ListenerPolicy
-from .republish import MAX_NACKS_IN_ROW, Confirms
+from .republish import MAX_LOST_COPIES, Confirms
 from .shutdown import Shutdown
 from .topology import QueueSpec, missing_queue
 from .tracked import Tracked
 
-__all__ = ["MAX_NACKS_IN_ROW", "ListenerCore", "QueueSpec", "Tracked", "missing_queue"]
+__all__ = ["MAX_LOST_COPIES", "ListenerCore", "QueueSpec", "Tracked", "missing_queue"]
 
 
 class ListenerCore(Fates, Shutdown, LostRuns):
@@ -107,6 +107,7 @@ class ListenerCore(Fates, Shutdown, LostRuns):
             self._flow_event,
             returnable=policy.mode is not AckMode.NONE,
         )
+        self.confirms.flow = self.flow  # told of refused and accepted copies
 
     def use_broker(self, broker: BrokerTraits) -> None:
         """The connection reports this broker (called on every connect: a broker may
@@ -347,21 +348,31 @@ class ListenerCore(Fates, Shutdown, LostRuns):
         return self.confirms.publishable(token)
 
     def republished(
-        self, token: int, ok: bool, *, unroutable: bool = False, error: str | None = None
+        self,
+        token: int,
+        ok: bool,
+        *,
+        unroutable: bool = False,
+        error: str | None = None,
+        lost: str | None = None,
     ) -> list[Action]:
         """The broker confirmed (ok) or refused a Republish: settle the original.
 
         `unroutable`: the copy came back with basic.return (no queue bound): if
         the target is one of ackkit's own queues it is declared and the copy
-        published once more. `error`: the copy could not be sent at all (the
-        client library raised while encoding or publishing it; why, in words).
+        published once more. `error`: the copy could not be built or sent (the
+        client library raised while encoding it; why, in words). `lost`: the channel
+        it went out on closed before the broker answered (the close's reason, the
+        broker's words: a 403 ACCESS_REFUSED is a refusal; anything else a chance).
+        Neither: a basic.nack.
 
-        A copy that failed is never retried forever (see `republish.Confirms._failed`):
-        a broker nack of a healthy copy requeues the original a few times in a row; any
-        other failure (or too many nacks) gets one minimal copy (body and ackkit's
-        headers), and when that fails too the original is rejected without requeue.
+        A copy that failed is never retried forever and a copy the broker refused never
+        costs its original (see `republish.Confirms._failed`): a lost copy is sent once
+        more a few times, a refused one returns its original to its queue and makes the
+        listener wait (FlowState.REFUSED), counted per message; only a copy that cannot
+        even be built minimal rejects its original.
         """
-        return self.confirms.confirmed(token, ok, unroutable, error)
+        return self.confirms.confirmed(token, ok, unroutable, error, lost)
 
     # -- time and shutdown -------------------------------------------------
 

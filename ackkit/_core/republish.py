@@ -4,7 +4,10 @@ Every retry, dead-letter and restamp copy is a `Republish` with a token; its
 original stays unacked until the broker confirms the copy (then the original
 is acked at once: until that ack is out, a lost connection leaves both). A
 copy the broker refused, or the client could not send, is settled by a bounded
-rule (`Confirms._failed`), never retried forever.
+rule (`Confirms._failed`), never retried forever, and a copy the broker refused
+never costs its original: it goes back to its queue (or, for a restamp copy,
+runs without it), counted for that message alone, while the listener waits
+(`gate.Flow.copy_refused`, FlowState.REFUSED) instead of spinning.
 
 A restamp copy goes back to the queue its original came from, so the broker may
 deliver it to this very consumer before the copy's confirm (and so the original's
@@ -23,6 +26,7 @@ from . import headers as H
 from . import topology as _topology
 from .actions import Action, CopyPurpose, Reject, Republish, Start
 from .events import Counters, Stage
+from .gate import Flow
 from .ledger import Ledger
 from .policy import AckMode, ListenerPolicy
 from .tracked import Tracked
@@ -30,9 +34,18 @@ from .tracked import Tracked
 MAX_HELD = 10_000
 """Most restamp copies awaited at once (beyond it, a copy that arrives early just runs)."""
 
-MAX_NACKS_IN_ROW = 3
-"""Copies in a row the broker may nack (each requeueing its original) before a failed
-copy is replaced by a minimal one and then the original rejected (Confirms._failed)."""
+MAX_LOST_COPIES = 3
+"""Times one message's copy is sent again after its publishing channel closed before the
+broker answered (for another reason than a refusal), before its original goes back to
+the queue (Confirms._failed)."""
+
+NACKED = (
+    "basic.nack from the broker (a queue at its length limit with overflow "
+    "reject-publish, or a queue that cannot take it now)"
+)
+RETURNED = "returned by the broker (basic.return: no queue took it)"
+REFUSALS = ("ACCESS_REFUSED", "AccessRefused", "(403", "403,", "RESOURCE_ERROR", "(506")
+"""A channel closed with one of these refused the publish: not a chance loss."""
 
 Emit = Callable[[Stage, Tracked, str], None]
 
@@ -57,7 +70,7 @@ class Confirms:
         self._originals: dict[int, Tracked] = {}
         self._acts: dict[int, Republish] = {}
         self._token = 0
-        self._nacked_in_row = 0
+        self.flow: Flow | None = None  # the listener's gate, told of refusals (set after)
         self.hold = hold
         # restamp id -> None while its copy is awaited, the copy once it arrived early
         self.held: dict[str, Tracked | None] = {}
@@ -73,8 +86,6 @@ class Confirms:
         if t.carry:
             hdrs = {**t.carry, **hdrs}
         self._ledger.take(t)
-        if purpose is CopyPurpose.DEAD_LETTER:
-            self._counters.counts[Stage.DEAD_LETTERED] += 1
         self._token += 1
         act = Republish(self._token, t.tag, "", queue, hdrs, purpose=purpose, source=t.payload)
         self._originals[self._token] = t
@@ -113,10 +124,17 @@ class Confirms:
             return True  # the broker forgot the original on send: the copy is all there is
         return self._ledger.current(t)
 
-    def confirmed(self, token: int, ok: bool, unroutable: bool, error: str | None) -> list[Action]:
+    def confirmed(
+        self,
+        token: int,
+        ok: bool,
+        unroutable: bool,
+        error: str | None,
+        lost: str | None = None,
+    ) -> list[Action]:
         """See ListenerCore.republished."""
         act = self._acts.get(token)
-        acts = self._confirmed(token, ok, unroutable, error)
+        acts = self._confirmed(token, ok, unroutable, error, lost)
         if act is None or not self.held or act.purpose is not CopyPurpose.RESTAMP:
             return acts
         rid = str(act.set_headers.get(H.RESTAMP_ID))
@@ -127,11 +145,15 @@ class Confirms:
             return acts
         return [*acts, Start(early)]  # after the original's settle
 
-    def _confirmed(self, token: int, ok: bool, unroutable: bool, error: str | None) -> list[Action]:
+    def _confirmed(
+        self, token: int, ok: bool, unroutable: bool, error: str | None, lost: str | None
+    ) -> list[Action]:
         t = self._originals.pop(token, None)
         act = self._acts.pop(token, None)
         if t is None:
             return []
+        if ok and act is not None:
+            self._accepted(t, act)
         ledger = self._ledger
         if t.generation != ledger.generation and self.mode is AckMode.NONE:
             return []
@@ -144,39 +166,58 @@ class Confirms:
                 return [again]
         if self.mode is AckMode.NONE:
             if not ok:
-                self._emit(Stage.REJECTED, t, "lost: no-ack delivery and the DLQ publish failed")
+                why = error or lost or (RETURNED if unroutable else NACKED)
+                self._emit(Stage.REJECTED, t, f"lost: no-ack delivery and its copy failed: {why}")
+                if error is None and act is not None and self.flow is not None:
+                    self.flow.copy_refused(act.routing_key, why)  # lose no more meanwhile
             return []
         if not ok:
-            return self._failed(t, act, unroutable, error)
-        self._nacked_in_row = 0
+            return self._failed(t, act, unroutable, error, lost)
         if self.mode is AckMode.TRANSACTED:
             return ledger.ack(t)
         return ledger.ack_now(t)
 
-    def _failed(
-        self, t: Tracked, act: Republish | None, unroutable: bool, error: str | None
-    ) -> list[Action]:
-        """The bounded rule for a copy that was not published.
+    def _accepted(self, t: Tracked, act: Republish) -> None:
+        """The broker confirmed `act`: a dead letter counts now (it is in the queue), and a
+        destination that refused copies takes them again."""
+        if act.purpose is CopyPurpose.DEAD_LETTER:
+            self._emit(Stage.DEAD_LETTERED, t, str(act.set_headers.get(H.REASON, "")))
+        if self.flow is not None:
+            self.flow.copy_accepted(act.routing_key)
 
-        1. The broker refused a copy that was sent (a nack, e.g. a full delay queue
-           that rejects publishes; or returned although its queue was just declared):
-           the original is requeued, while at most MAX_NACKS_IN_ROW copies in a row
-           were refused on this listener (a confirmed copy resets the count).
-        2. Otherwise (not encodable, the client raised, or refused too often):
-           one more copy, minimal (the body and ackkit's headers; the original's
-           properties and headers left off), to the same queue.
-        3. A minimal copy that fails: the original is rejected without requeue
-           (the queue's own dead-letter exchange takes it, if it has one).
+    def _failed(
+        self,
+        t: Tracked,
+        act: Republish | None,
+        unroutable: bool,
+        error: str | None,
+        lost: str | None,
+    ) -> list[Action]:
+        """The bounded rule for a copy that was not published. Per message, never a budget
+        shared with the listener's other messages:
+
+        1. The channel it went out on closed before the broker answered, for another
+           reason than a refusal (another publish's error, a connection cut): the same
+           copy once more (the original stays unsettled), up to MAX_LOST_COPIES times
+           for this message; then as 2.
+        2. The broker refused it (basic.nack, e.g. a full queue with reject-publish; a
+           return although its queue was just declared; a 403 channel close): never the
+           original's loss. A restamp copy (its own queue is full): the original runs
+           now without it (`Start`, consumers) at the attempt it has. Any other: the
+           original goes back to its queue (its redelivery is not an attempt) and the
+           listener waits a while before it consumes again (`Flow.copy_refused`).
+        3. The client could not build or send it (`error`): one more copy, minimal (the
+           body and ackkit's headers), to the same queue; when that cannot be built
+           either (frame_max too small for ackkit's headers), the original is rejected
+           without requeue (the queue's own dead-letter exchange takes it, if any).
         """
-        if error is None:
-            why = "returned by the broker (unroutable)" if unroutable else "nacked by the broker"
-            self._nacked_in_row += 1
-            if self._nacked_in_row <= MAX_NACKS_IN_ROW:
-                self._ledger.window.mark_gone(t.tag)
-                self._emit(Stage.REQUEUED, t, f"copy {why}")
-                return [Reject(t.tag, requeue=True)]
-        else:
-            why = error
+        if error is None and act is not None:
+            if lost is not None and not refused(lost) and t.lost_copies < MAX_LOST_COPIES:
+                t.lost_copies += 1
+                return [self._again(t, act)]
+            why = lost if lost is not None else RETURNED if unroutable else NACKED
+            return self._refused(t, act, why)
+        why = error or NACKED
         if act is not None and not act.minimal:
             hdrs = {**act.set_headers, H.COPY_NOTE: f"minimal copy: the full copy failed: {why}"}
             return [self._again(t, act, minimal=True, set_headers=hdrs)]
@@ -188,6 +229,26 @@ class Confirms:
             f"{purpose} copy could not be published ({why}), not even a minimal one",
         )
         return [Reject(t.tag, requeue=False)]
+
+    def _refused(self, t: Tracked, act: Republish, why: str) -> list[Action]:
+        """The broker refused `act`, a copy of `t` (rule 2 of `_failed`)."""
+        where = f"{act.purpose} copy to {act.routing_key!r} refused: {why}"
+        early = self.held.get(str(act.set_headers.get(H.RESTAMP_ID)))
+        if act.purpose is CopyPurpose.RESTAMP and self.hold and early is None:
+            # Its own queue is full: requeueing would bring it straight back for another
+            # restamp; it runs now, with the attempt number the copy was to carry. (When
+            # the copy arrived all the same, that one runs: `confirmed` starts it.)
+            self._ledger.untake(t)
+            self._emit(Stage.COPY_REFUSED, t, f"{where}; the message runs without it")
+            return [Start(t)]
+        self._ledger.window.mark_gone(t.tag)
+        self._emit(Stage.COPY_REFUSED, t, f"{where}; the message goes back to its queue")
+        self._emit(Stage.REQUEUED, t, f"{act.purpose} copy refused by the broker")
+        if self.flow is not None:
+            self.flow.owe(t.message_id)  # its redelivery is not an attempt
+            if act.purpose is not CopyPurpose.RESTAMP:
+                self.flow.copy_refused(act.routing_key, why)
+        return [Reject(t.tag, requeue=True)]
 
     def _declaring_again(self, t: Tracked, act: Republish) -> Republish | None:
         """A refused copy to one of our own queues: publish it once more, declaring the
@@ -208,3 +269,9 @@ class Confirms:
         self._originals[self._token] = t
         self._acts[self._token] = again
         return again
+
+
+def refused(why: str) -> bool:
+    """Does the text of a channel's close say the broker refused what was published on it
+    (403 ACCESS_REFUSED, 506 RESOURCE_ERROR)?"""
+    return any(r in why for r in REFUSALS)

@@ -20,6 +20,7 @@ class Tracked:
         "generation",
         "headers",
         "lost",
+        "lost_copies",
         "message_id",
         "parked",
         "payload",
@@ -57,6 +58,7 @@ class Tracked:
         # A redelivery that may have been lost while its handler ran (max_attempts=1):
         # the handler runs on a copy counting one more lost run (`ListenerCore.start`).
         self.lost: int | None = None
+        self.lost_copies = 0  # copies of it sent again after their channel closed (republish)
 
     def attach(self, payload: Any) -> None:
         """Attach the runtime's object for this delivery (its Delivery).

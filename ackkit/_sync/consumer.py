@@ -48,8 +48,7 @@ class Host(Protocol):
     stopping: bool
     stop_event: threading.Event
 
-    @property
-    def publisher(self) -> Publisher: ...
+    def channels_lost(self, reason: BaseException, /) -> None: ...
 
     def call_soon(self, fn: Callable[[], None], /) -> object: ...
 
@@ -95,6 +94,9 @@ class Consumer(Executor):
             from ..inbox._sync import SyncInbox
 
             self.tx = SyncInbox(spec.inbox, self)
+        # this listener's own confirm channel for its copies: another listener's refused
+        # copy, or a handler's publish to a missing exchange, never closes it
+        self.copies = Publisher(rt)
 
     # -- I/O thread ----------------------------------------------------------
 
@@ -258,14 +260,14 @@ class Consumer(Executor):
     def tick(self) -> None:
         if self.channel is not None:
             self.decide(self.core.tick)
-            if self.core.flow.breaker is not None:
+            if self.core.flow.ticking:  # a breaker, or copies the broker refuses
                 with self.lock:
                     step = self.core.flow.tick()
                 if step:
                     flowing.carry_out(self, step)
 
     def _publish(self, gen: int, a: Republish) -> None:
-        self.rt.publisher.publish(self, gen, a)
+        self.copies.publish(self, gen, a)
 
     def original(self, a: Republish) -> tuple[Any, bytes]:
         d: Delivery = a.source

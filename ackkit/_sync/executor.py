@@ -72,9 +72,12 @@ class Executor:
                 self.outbox.append((self.core.generation, acts))
         self.flush()
 
-    def republished(self, gen: int, token: int, ok: bool, unroutable: bool = False) -> None:
-        """The broker confirmed (ok) or refused a copy: the core decides what now."""
-        self.decide(lambda: self.core.republished(token, ok, unroutable=unroutable))
+    def republished(
+        self, gen: int, token: int, ok: bool, unroutable: bool = False, lost: str | None = None
+    ) -> None:
+        """The broker confirmed (ok) or refused a copy, or (`lost`: why) its channel closed
+        before the broker answered: the core decides what now."""
+        self.decide(lambda: self.core.republished(token, ok, unroutable=unroutable, lost=lost))
 
     def republish_failed(self, token: int, why: str) -> None:
         """The copy could not be sent at all: the core decides what now."""

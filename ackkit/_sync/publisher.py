@@ -1,8 +1,10 @@
 """The confirm-mode channel that publishes the copies the core asks for, and the app's
 own messages (`App.publish`, `Delivery.publish` / `reply`).
 
-One per connection, shared by every listener on it (the App's consumers, the
-Spark source). Retry copies and dead letters are published with `mandatory`,
+One for each listener's copies (the App's consumers, the Spark source), and one for
+the app's own messages: a handler's publish the broker answers with a channel
+close (a missing exchange: 404) closes that channel only, never the one another
+listener's copies are waiting on. Retry copies and dead letters are published with `mandatory`,
 so a copy no queue takes comes back with basic.return; each publish is then
 confirmed (basic.ack) or refused (basic.nack), and the listener's core decides
 what that means for the original (`ListenerCore.republished`). An app message
@@ -46,9 +48,9 @@ class Host(Protocol):
 @dataclass(slots=True)
 class Pending:
     """A publish not yet confirmed; `done(confirmed, returned, lost)` is called once: when
-    the broker answered, or (lost) when the channel closed first."""
+    the broker answered, or when the channel closed first (lost: the close's reason)."""
 
-    done: Callable[[bool, bool, bool], None]
+    done: Callable[[bool, bool, str | None], None]
     exchange: str
     routing_key: str
     body: bytes
@@ -172,7 +174,7 @@ class Publisher:
             return
         self.seq += 1
         self.pending[self.seq] = Pending(
-            lambda ok, returned, lost: t.finish(ok, returned, LOST if lost else ""),
+            lambda ok, returned, lost: t.finish(ok, returned, f"{LOST}: {lost}" if lost else ""),
             m.exchange,
             m.routing_key,
             m.body,
@@ -211,13 +213,16 @@ class Publisher:
             )
             ch.basic_publish(a.exchange, a.routing_key, body, copy, mandatory=True)
         except Exception as exc:  # never lose the I/O thread over one copy
+            if not ch.is_open:  # closed under us: not sent; the core sends it once more
+                owner.republished(gen, a.token, False, lost=f"not sent: {short(exc)}")
+                return
             why = f"{a.purpose} copy not publishable: {short(exc)}"
             owner.log.error("%s: %s", owner.name, why)
             owner.republish_failed(a.token, why)
             return
         self.seq += 1
         self.pending[self.seq] = Pending(
-            lambda ok, returned, _lost: owner.republished(gen, a.token, ok, returned),
+            lambda ok, returned, lost: owner.republished(gen, a.token, ok, returned, lost),
             a.exchange,
             a.routing_key,
             body,
@@ -244,7 +249,7 @@ class Publisher:
         for s in tags:
             p = self.pending.pop(s, None)
             if p is not None:
-                p.done(ok and not p.returned, p.returned, False)
+                p.done(ok and not p.returned, p.returned, None)
 
     def _on_closed(self, ch: Any, reason: BaseException) -> None:
         if self.channel is not None and ch is not self.channel:
@@ -258,10 +263,11 @@ class Publisher:
             self.host.channels_lost(reason)
         pending, self.pending = self.pending, {}
         declaring, self.declaring = self.declaring, []
+        why = short(reason)
         for p in pending.values():
-            p.done(False, False, True)
+            p.done(False, False, why)
         for owner, gen, a in declaring:
-            owner.republished(gen, a.token, False)
+            owner.republished(gen, a.token, False, lost=why)
         if not self.host.stopping and conn is not None and conn.is_open:
             log.warning("publisher channel closed: %s; reopening", reason)
             conn.ioloop.call_later(0.5, lambda: self._reopen(conn))

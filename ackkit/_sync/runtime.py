@@ -58,7 +58,7 @@ class Runtime(Engine):
         # `observers` on a thread of their own, off the listeners' locks (`_observers`).
         observer, self.events = observing(observer, observers)
         self.consumers = [Consumer(self, s, observer, instruments) for s in specs]
-        self.publisher = Publisher(self)
+        self.publisher = Publisher(self)  # the app's own messages (each listener has its copies')
         self.stop_event = threading.Event()
         self.ready = threading.Event()
         self._ready: set[str] = set()  # listeners that consume (or stand by) on this connection
@@ -240,6 +240,7 @@ class Runtime(Engine):
         self._ready.clear()
         self.publisher.open(conn)
         for c in self.consumers:
+            c.copies.open(conn)
             c.open(conn)
 
     def consumer_ready(self, c: Consumer) -> None:
@@ -256,8 +257,9 @@ class Runtime(Engine):
 
     def closed(self, reason: BaseException) -> None:
         self.channels_lost(reason)
-        if self.publisher.channel is not None:
-            self.publisher._on_closed(self.publisher.channel, reason)
+        for p in (self.publisher, *(c.copies for c in self.consumers)):
+            if p.channel is not None:
+                p._on_closed(p.channel, reason)
 
     def tick(self) -> None:
         for c in self.consumers:

@@ -242,7 +242,7 @@ def test_more_listeners_than_channel_max_fail_start_naming_the_numbers(
         for q in qs:
             runtime.listen(app, q, Seen().behaviour(), dict, dead_letter=None)
         t = time.monotonic()
-        with pytest.raises(FatalConnectError, match=r"needs 4 channels .*channel_max=3"):
+        with pytest.raises(FatalConnectError, match=r"needs 7 channels .*channel_max=3"):
             start(runtime, app)
         assert time.monotonic() - t < 5
     finally:

@@ -120,9 +120,10 @@ def test_any_sequence_logs_at_most_one_line_per_episode_and_never_loops(
 def test_channel_check_names_the_numbers(listeners: int, channel_max: int) -> None:
     why = check_channels(listeners, channel_max, "amqp://h/")
     limit = channel_max or 65535
-    assert (why is None) == (listeners + 1 <= limit)
+    need = 2 * listeners + 1  # a consumer and a copies channel each, one publisher
+    assert (why is None) == (need <= limit)
     if why is not None:
-        assert f"needs {listeners + 1} channels" in why and f"channel_max={limit}" in why
+        assert f"needs {need} channels" in why and f"channel_max={limit}" in why
 
 
 @settings(max_examples=200, deadline=None)

@@ -16,7 +16,8 @@ from ackkit import Retry
 from ackkit._core import copies, wire
 from ackkit._core import headers as H
 from ackkit._core.actions import Reject, Republish
-from ackkit._core.listener import MAX_NACKS_IN_ROW, ListenerCore
+from ackkit._core.events import Stage
+from ackkit._core.listener import ListenerCore
 from ackkit._core.policy import ListenerPolicy
 
 text = st.text(alphabet=st.characters(codec=None, exclude_categories=()), max_size=40)
@@ -196,24 +197,14 @@ def test_an_unpublishable_copy_gets_one_minimal_copy_then_a_reject() -> None:
     assert c.republishing == 0 and c.outstanding == 0
 
 
-def test_broker_nacks_requeue_only_a_few_in_a_row() -> None:
+def test_broker_nacks_requeue_every_original_however_many_in_a_row() -> None:
+    """There is no listener-wide budget of refusals any more: the fifth, the fiftieth
+    refused copy returns its original like the first (it used to be rejected)."""
     c = _core(retry=Retry(max_attempts=3, initial_interval=0.05))
-    tag = 0
-    seen = []
-    for _ in range(MAX_NACKS_IN_ROW + 1):
-        tag += 1
+    for tag in range(1, 51):
         t = c.receive(tag)
         t.attach("d")
         (a,) = c.finish(t, ValueError("x"))
-        seen.append(c.republished(a.token, False))
-    assert seen[:MAX_NACKS_IN_ROW] == [
-        [Reject(i + 1, requeue=True)] for i in range(MAX_NACKS_IN_ROW)
-    ]
-    (minimal,) = seen[-1]
-    assert isinstance(minimal, Republish) and minimal.minimal
-    assert c.republished(minimal.token, True)  # confirmed: acked, and the count starts over
-    tag += 1
-    t = c.receive(tag)
-    t.attach("d")
-    (a,) = c.finish(t, ValueError("x"))
-    assert c.republished(a.token, False) == [Reject(tag, requeue=True)]
+        assert c.republished(a.token, False) == [Reject(tag, requeue=True)]
+    assert c.counters.counts[Stage.COPY_REFUSED] == 50
+    assert c.counters.counts[Stage.REJECTED] == 0

@@ -52,6 +52,7 @@ def test_sync_runtime_sends_frames_in_decision_order() -> None:
         publisher=SimpleNamespace(publish=lambda c, gen, a: published.append(a)),
     )
     c = Consumer(rt, app.specs[0], None)  # type: ignore[arg-type]
+    c.copies = rt.publisher  # type: ignore[assignment]
     ch = FakeChannel(broker)
     c.channel = ch
     c.core.channel_opened()
@@ -121,6 +122,7 @@ def test_async_runtime_sends_frames_in_decision_order() -> None:
 
         rt = SimpleNamespace(app=app, publisher=SimpleNamespace(submit=lambda c, a: None))
         c = AsyncConsumer(rt, app.specs[0], None)  # type: ignore[arg-type]
+        c.copies = rt.publisher  # type: ignore[assignment]
         c.channel = SlowChannel(broker, {2: 0.05})  # type: ignore[assignment]
         core = c.core
         core.channel_opened()

@@ -42,6 +42,13 @@ def started(app: App) -> tuple[ListenerSpec, ListenerCore, Any]:
 # -- core: what observers and counters see ----------------------------------------------
 
 
+def confirm(c: ListenerCore, acts: list[Any]) -> None:
+    """The broker confirms every copy in `acts`."""
+    for a in acts:
+        if isinstance(a, Republish):
+            c.republished(a.token, True)
+
+
 def test_an_observer_that_is_not_hot_sees_no_healthy_message() -> None:
     seen: list[Event] = []
 
@@ -57,7 +64,10 @@ def test_an_observer_that_is_not_hot_sees_no_healthy_message() -> None:
         c.finish(c.receive(tag, message_id=f"m{tag}"))
     assert seen == []
     t = c.receive(101, message_id="poison")
-    c.finish(t, DeadLetterMessage("bad"))
+    (copy,) = c.finish(t, DeadLetterMessage("bad"))
+    assert seen == []  # not dead-lettered until the broker confirms the copy
+    assert isinstance(copy, Republish)
+    c.republished(copy.token, True)
     assert [(e.stage, e.message_id, e.reason) for e in seen] == [
         (Stage.DEAD_LETTERED, "poison", "bad")
     ]
@@ -145,9 +155,9 @@ def test_dead_letter_unsettled_stale_lines_carry_structured_context(
     _, c, _ = started(app)
     caplog.set_level(logging.INFO, logger="ackkit")
     poison = c.receive(1, message_id="m-1")
-    c.finish(poison, DeadLetterMessage("cannot parse amqp://alice:s3cret@db.example/x"))
+    confirm(c, c.finish(poison, DeadLetterMessage("cannot parse amqp://alice:s3cret@db.example/x")))
     forgot = c.receive(2, message_id="m-2")
-    c.finish(forgot)  # MANUAL: returned without settling
+    confirm(c, c.finish(forgot))  # MANUAL: returned without settling
     late = c.receive(3, message_id="m-3")
     c.channel_closed()
     c.channel_opened()
@@ -185,7 +195,7 @@ def test_lifecycle_lines_are_throttled_per_kind(caplog: pytest.LogCaptureFixture
     _, c, _ = started(app)
     caplog.set_level(logging.INFO, logger="ackkit")
     for tag in range(1, 51):
-        c.finish(c.receive(tag), DeadLetterMessage("poison"))
+        confirm(c, c.finish(c.receive(tag), DeadLetterMessage("poison")))
     lines = [r for r in caplog.records if getattr(r, "outcome", "") == "dead_lettered"]
     assert 1 <= len(lines) <= 20  # 10 a second
 
@@ -247,7 +257,7 @@ def test_prometheus_metrics_read_the_core_at_scrape_time() -> None:
 
     assert value("ackkit_delivered_total") == 6
     assert value("ackkit_acked_total") == 4
-    assert value("ackkit_dead_lettered_total") == 1
+    assert value("ackkit_dead_lettered_total") == 0  # counted once the broker confirms it
     assert value("ackkit_retried_total") == 0
     assert value("ackkit_in_flight") == 1
     assert value("ackkit_republishing") == 1  # the dead letter awaits its confirm

@@ -25,13 +25,17 @@ class Owner:
         self.core = SimpleNamespace(publishable=lambda token: True)
         self.log = SimpleNamespace(error=lambda *a: None)
         self.reports: dict[int, tuple[bool, bool]] = {}
+        self.lost: dict[int, str | None] = {}
 
     def original(self, a: Republish) -> tuple[Any, bytes]:
         return None, a.source
 
-    def republished(self, gen: int, token: int, ok: bool, unroutable: bool = False) -> None:
+    def republished(
+        self, gen: int, token: int, ok: bool, unroutable: bool = False, lost: str | None = None
+    ) -> None:
         assert token not in self.reports, "a copy reported twice"
         self.reports[token] = (ok, unroutable)
+        self.lost[token] = lost
 
     def republish_failed(self, token: int, why: str) -> None:
         raise AssertionError(why)
@@ -136,4 +140,5 @@ def test_a_copy_waiting_for_its_queue_is_reported_when_the_channel_closes() -> N
     assert owner.reports == {}
     pub._on_closed(pub.channel, ConnectionError("406"))
     assert owner.reports == {7: (False, False)}
+    assert owner.lost == {7: "ConnectionError: 406"}  # the close's reason, for the core
     assert pub.declaring == []

@@ -1,0 +1,342 @@
+"""A copy the broker refuses never costs its original, on a real broker (issue 20).
+
+Each case sets up what an operator or a policy does to a running consumer and reads
+the result from the broker: queue counts and the dead-letter queue's contents.
+Before the fix (RabbitMQ 3.10.8 and 4.3.6, both runtimes): 30 of 30 failing
+messages lost with a max-length / reject-publish policy on the DLQ; the restamp
+copy of a redelivery refused by the listener's own full queue dropped its
+original; a user without write permission to the DLQ lost every failing message
+and the log said "nacked by the broker"; a handler's publish to a missing exchange
+closed the channel another listener's dead letters were waiting on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import logging
+import threading
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from _apps import Runner, proxied
+from _retry_support import drain, header_text, publish, wait_until
+
+from ackkit import (
+    App,
+    AsyncApp,
+    AsyncDelivery,
+    DeadLetterMessage,
+    Delivery,
+    FlowState,
+    PublishError,
+    Retry,
+)
+
+pytestmark = pytest.mark.integration
+
+RUNTIMES = ["sync", "async"]
+
+
+def make_app(runtime: str, url: str) -> App | AsyncApp:
+    if runtime == "sync":
+        return App(url, reconnect_max_interval=1.0)
+    return AsyncApp(url, reconnect_max_interval=1.0)
+
+
+def listen(app: App | AsyncApp, queue: str, fn: Callable[[Delivery], Any], **kw: Any) -> None:
+    """`fn` as the listener's handler, a `def` on App, an `async def` on AsyncApp."""
+    if isinstance(app, App):
+        app.listener(queue, **kw)(fn)
+        return
+
+    async def handle(d: Delivery) -> None:
+        out = fn(d)
+        if inspect.isawaitable(out):
+            await out
+
+    handle.__name__ = f"handle_{queue.replace('.', '_')}"
+    app.listener(queue, **kw)(handle)
+
+
+@contextlib.contextmanager
+def policy(broker: Any, pattern: str, definition: dict[str, Any]) -> Iterator[str]:
+    name = f"ackkit-test-{uuid.uuid4().hex[:8]}"
+    broker.ctl(
+        "set_policy",
+        "-p",
+        broker.vhost,
+        "--apply-to",
+        "queues",
+        "--priority",
+        "100",
+        name,
+        pattern,
+        json.dumps(definition),
+    )
+    try:
+        yield name
+    finally:
+        with contextlib.suppress(Exception):
+            broker.ctl("clear_policy", "-p", broker.vhost, name)
+
+
+def total(broker: Any, queue: str) -> int:
+    c = broker.counts(queue)
+    return int(c.ready + c.unacked)
+
+
+def flow_state(app: App | AsyncApp) -> FlowState:
+    (state,) = app.flow_state().values()
+    return state
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_full_dlq_with_reject_publish_loses_nothing(
+    rabbitmq: Any, fresh_queue: str, runtime: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """30 poison messages, a DLQ that takes 2: before, all 30 were gone (2 in the DLQ, 28
+    rejected without requeue). Now 2 are in the DLQ, 28 wait in their queue, the
+    listener waits visibly (FlowState.REFUSED) without spinning; once the DLQ has room
+    again every message reaches it."""
+    q, n, room = fresh_queue, 30, 2
+    caplog.set_level(logging.INFO, logger="ackkit")
+    runs: list[str] = []
+    app = make_app(runtime, rabbitmq.url)
+
+    def handle(d: Delivery) -> None:
+        runs.append(d.message_id or "")
+        raise DeadLetterMessage("poison")
+
+    listen(app, q, handle, prefetch=50)
+    with policy(rabbitmq, f"^{q}\\.dlq$", {"max-length": room, "overflow": "reject-publish"}):
+        runner = Runner(app)
+        runner.start()
+        try:
+            for i in range(n):
+                publish(rabbitmq.url, q, b"{}", message_id=f"m{i}")
+            assert wait_until(lambda: total(rabbitmq, f"{q}.dlq") == room, timeout=20)
+            time.sleep(4.0)
+            kept = total(rabbitmq, q)
+            assert (total(rabbitmq, f"{q}.dlq"), kept) == (room, n - room), "originals lost"
+            assert flow_state(app) is FlowState.REFUSED
+            assert len(runs) <= 4 * n, f"{len(runs)} handler runs in ~4 s: a hot loop"
+            stats = app.stats()[next(iter(app.stats()))]
+            assert stats["dead_lettered"] == room  # only what the broker confirmed
+            assert stats["copy_refused"] >= n - room and stats["rejected"] == 0
+        except BaseException:
+            runner.stop()
+            raise
+    # the policy is gone: the DLQ takes everything; the listener consumes again
+    try:
+        assert wait_until(lambda: total(rabbitmq, f"{q}.dlq") == n, timeout=60)
+        rabbitmq.wait_for(q, ready=0, unacked=0, timeout=15)
+        assert flow_state(app) is FlowState.CONSUMING
+    finally:
+        runner.stop()
+    ids = sorted(header_text(p.message_id) for p, _ in drain(rabbitmq.url, f"{q}.dlq"))
+    assert ids == sorted(f"m{i}" for i in range(n))
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "refuses copies" in text and "nacked by the broker" not in text
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_capped_delay_queues_lose_nothing(rabbitmq: Any, fresh_queue: str, runtime: str) -> None:
+    """The delay queues take 2 copies each: before, 21-27 of 30 failing messages were
+    lost. Now each refused retry copy's original waits in its queue and every message
+    ends in the DLQ after its attempts."""
+    q, n = fresh_queue, 30
+    app = make_app(runtime, rabbitmq.url)
+
+    def handle(d: Delivery) -> None:
+        raise ValueError("fails")
+
+    listen(app, q, handle, prefetch=50, retry=Retry(max_attempts=3, initial_interval=0.2))
+    with policy(rabbitmq, f"^{q}\\.retry\\.", {"max-length": 2, "overflow": "reject-publish"}):
+        runner = Runner(app)
+        runner.start()
+        try:
+            for i in range(n):
+                publish(rabbitmq.url, q, b"{}", message_id=f"m{i}")
+            done = wait_until(lambda: total(rabbitmq, f"{q}.dlq") == n, timeout=150)
+            assert done, (total(rabbitmq, f"{q}.dlq"), total(rabbitmq, q))
+            rabbitmq.wait_for(q, ready=0, unacked=0, timeout=15)
+        finally:
+            runner.stop()
+    dead = drain(rabbitmq.url, f"{q}.dlq")
+    assert sorted(header_text(p.message_id) for p, _ in dead) == sorted(f"m{i}" for i in range(n))
+    reasons = {header_text((p.headers or {}).get("ackkit-reason")) for p, _ in dead}
+    assert reasons == {"attempts exhausted (3 of 3)"}, reasons  # every attempt ran, none lost
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_full_listener_queue_keeps_a_redelivery_whose_restamp_is_refused(
+    rabbitmq: Any, queue_factory: Any, runtime: str
+) -> None:
+    """The listener's own classic queue holds 3 (reject-publish); 2 deliveries are in
+    their handlers when the connection drops. Their redeliveries are restamped (a copy
+    carrying the attempt, back to the same queue), which the full queue refuses: ackkit
+    then dropped the original the broker had kept. Now the original runs without it."""
+    q = queue_factory("bounded")
+    args = {"x-max-length": 3, "x-overflow": "reject-publish", "x-queue-type": "classic"}
+    proxy, url = proxied(rabbitmq.url)
+    gate = threading.Event()
+    ran: list[tuple[str, int]] = []
+    app = make_app(runtime, url)
+
+    def handle(d: Delivery) -> Any:
+        ran.append((d.message_id or "", d.attempt))
+        if not gate.is_set():
+            if isinstance(app, App):
+                gate.wait(20)
+            else:
+                return asyncio.get_running_loop().run_in_executor(None, gate.wait, 20)
+        return None
+
+    listen(
+        app,
+        q,
+        handle,
+        prefetch=2,
+        retry=Retry(max_attempts=3, initial_interval=0.2),
+        queue_arguments=args,
+        **({"concurrency": 2} if runtime == "sync" else {"max_concurrency": 2}),
+    )
+    runner = Runner(app)
+    runner.start()
+    try:
+        for i in range(3):
+            publish(rabbitmq.url, q, b"{}", message_id=f"m{i}")
+        assert wait_until(lambda: len(ran) >= 2, timeout=15)
+        for i in range(3, 5):  # the queue is full again: 3 ready (+2 unacked)
+            publish(rabbitmq.url, q, b"{}", message_id=f"m{i}")
+        rabbitmq.wait_for(q, ready=3, unacked=2, timeout=10)
+        assert proxy.cut() >= 1  # both come back, redelivered: the queue holds 5 now
+        gate.set()
+        ok = wait_until(lambda: {m for m, a in ran if a >= 2} >= {"m0", "m1"}, timeout=30)
+        assert ok, ran
+        rabbitmq.wait_for(q, ready=0, unacked=0, timeout=30)
+    finally:
+        runner.stop()
+        proxy.close()
+    assert {m for m, _ in ran} == {f"m{i}" for i in range(5)}, ran
+    assert total(rabbitmq, f"{q}.dlq") == 0
+
+
+@pytest.fixture
+def reader(rabbitmq: Any) -> Iterator[str]:
+    """A user who may read and declare, but not write to any exchange (the default one,
+    where dead letters go, included)."""
+    user = f"reader-{uuid.uuid4().hex[:6]}"
+    try:
+        rabbitmq.ctl("add_user", user, "pw")
+        rabbitmq.ctl("set_permissions", "-p", rabbitmq.vhost, user, ".*", "^$", ".*")
+    except Exception as exc:
+        pytest.skip(f"cannot add a user on this broker: {exc}")
+    p = urllib.parse.urlsplit(rabbitmq.url)
+    yield urllib.parse.urlunsplit(p._replace(netloc=f"{user}:pw@{p.hostname}:{p.port}"))
+    with contextlib.suppress(Exception):
+        rabbitmq.ctl("delete_user", user)
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_consumer_that_may_not_publish_keeps_its_failing_messages(
+    rabbitmq: Any, fresh_queue: str, reader: str, runtime: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before, 4 of 4 failing messages were gone and the log said "nacked by the broker";
+    on AsyncApp the handlers ran over and over. Now the 403 is named, the messages stay
+    in their queue, and the listener waits (no hot loop)."""
+    q, n = fresh_queue, 4
+    caplog.set_level(logging.INFO, logger="ackkit")
+    runs: list[str] = []
+    app = make_app(runtime, reader)
+
+    def handle(d: Delivery) -> None:
+        runs.append(d.message_id or "")
+        raise DeadLetterMessage("poison")
+
+    listen(app, q, handle)
+    runner = Runner(app)
+    runner.start()
+    try:
+        for i in range(n):
+            publish(rabbitmq.url, q, b"{}", message_id=f"m{i}")
+        assert wait_until(lambda: len(runs) >= n, timeout=15)
+        time.sleep(4.0)
+        assert (total(rabbitmq, q), total(rabbitmq, f"{q}.dlq")) == (n, 0), "originals lost"
+        assert flow_state(app) is FlowState.REFUSED
+        assert len(runs) <= 4 * n, f"{len(runs)} handler runs in ~5 s: a hot loop"
+    finally:
+        runner.stop()
+    assert wait_until(lambda: rabbitmq.counts(q).ready == n, timeout=15)
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "ACCESS_REFUSED" in text, text[-3000:]
+    assert "nacked by the broker" not in text
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_handlers_publish_to_a_missing_exchange_hurts_no_other_listener(
+    rabbitmq: Any, queue_factory: Any, runtime: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Listener A's handler publishes to an exchange that does not exist (404 closes the
+    channel it was published on); listener B dead-letters 200 messages meanwhile.
+    Before: on App 101-203 of B's dead letters lost their message id and headers; on
+    AsyncApp the connection was closed again and again and messages were lost. Now
+    every dead letter is whole and A's publish raises naming the missing exchange."""
+    qa, qb, n = queue_factory("a"), queue_factory("b"), 200
+    missing = f"no-such-exchange-{uuid.uuid4().hex[:6]}"
+    errors: list[str] = []
+    b_runs: list[str] = []
+    app = make_app(runtime, rabbitmq.url)
+
+    if isinstance(app, App):
+
+        def handle_a(d: Delivery) -> None:
+            try:
+                d.publish("x", b"{}", exchange=missing, timeout=5)
+            except PublishError as exc:
+                errors.append(str(exc))
+
+        app.listener(qa, concurrency=4)(handle_a)
+    else:
+
+        async def ahandle_a(d: AsyncDelivery) -> None:
+            try:
+                await d.publish("x", b"{}", exchange=missing, timeout=5)
+            except PublishError as exc:
+                errors.append(str(exc))
+
+        app.listener(qa, max_concurrency=4)(ahandle_a)
+
+    def handle_b(d: Delivery) -> None:
+        b_runs.append(d.message_id or "")
+        raise DeadLetterMessage("poison")
+
+    listen(app, qb, handle_b)
+    runner = Runner(app)
+    runner.start()
+    try:
+        for i in range(n):
+            publish(rabbitmq.url, qb, b"{}", message_id=f"b{i}", headers={"h": "v"})
+            if i % 2 == 0:
+                publish(rabbitmq.url, qa, b"{}", message_id=f"a{i}")
+        assert wait_until(lambda: total(rabbitmq, f"{qb}.dlq") == n, timeout=60)
+        assert wait_until(lambda: len(errors) == n // 2, timeout=60), errors
+        rabbitmq.wait_for(qa, ready=0, unacked=0, timeout=15)
+        rabbitmq.wait_for(qb, ready=0, unacked=0, timeout=15)
+        assert runner.alive()
+    finally:
+        runner.stop()
+    dead = drain(rabbitmq.url, f"{qb}.dlq")
+    assert sorted(header_text(p.message_id) for p, _ in dead) == sorted(f"b{i}" for i in range(n))
+    assert all(header_text((p.headers or {}).get("h")) == "v" for p, _ in dead)
+    assert len(b_runs) <= n + 20, f"{len(b_runs)} runs for {n} messages"
+    assert all(missing in e and "NOT_FOUND" in e for e in errors), errors[:3]
+    lines = [r.getMessage() for r in caplog.records]
+    assert not [x for x in lines if "reconnecting" in x or "CHANNEL_ERROR" in x]
