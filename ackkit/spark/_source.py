@@ -31,6 +31,7 @@ from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 from .._core.batches import BatchPlan
 from ._checkpoint import committed_end
 from ._consumer import SourceConsumer
+from ._deploy import check_offset
 from ._faults import crash_point
 from ._ipc import IpcServer
 from ._options import SourceOptions
@@ -97,7 +98,7 @@ class RabbitMQStreamReader(SimpleDataSourceStreamReader):
         return _offset(self.opts.queue, 0)
 
     def read(self, start: dict[str, Any]) -> tuple[Iterator[pa.RecordBatch], dict[str, Any]]:
-        return self._run().read(int(start["seq"]))
+        return self._run().read(check_offset(self.opts.queue, start, "start offset"))
 
     def readBetweenOffsets(
         self, start: dict[str, Any], end: dict[str, Any]
@@ -105,12 +106,15 @@ class RabbitMQStreamReader(SimpleDataSourceStreamReader):
         if self._rows is None:
             self._rows = _schema(self.opts)
         rows = self._rows
+        q = self.opts.queue
+        s, e = check_offset(q, start, "start offset"), check_offset(q, end, "end offset")
         wal = WriteAheadLog(self.opts.wal_dir)  # on an executor: read from the store
-        return iter([rows.rows(b) for b in wal.read(int(start["seq"]), int(end["seq"]))])
+        return iter([rows.rows(b) for b in wal.read(s, e)])
 
     def commit(self, end: dict[str, Any]) -> None:
+        seq = check_offset(self.opts.queue, end, "committed offset")
         if self._runner is not None:
-            self._runner.commit(int(end["seq"]))
+            self._runner.commit(seq)
 
 
 class _Runner:
