@@ -117,3 +117,14 @@ def committed_end(checkpoint: str | os.PathLike[str] | Store, queue: str) -> int
         if ends:
             return max(ends)
     return 0
+
+
+def query_id(checkpoint: str | os.PathLike[str] | Store) -> str | None:
+    """Spark's id of the query this checkpoint belongs to (`<checkpoint>/metadata`, written
+    when the query first starts; a new checkpoint gets a new id), None when absent."""
+    try:
+        meta = json.loads(_store(checkpoint).read("metadata").decode() or "{}")
+    except (FileNotFoundError, ValueError):
+        return None
+    qid = meta.get("id") if isinstance(meta, dict) else None
+    return str(qid) if qid else None

@@ -7,13 +7,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 pytest.importorskip("pyspark")
 
-from ackkit.spark._checkpoint import batch_offsets, recorded_queues
+from ackkit.spark._checkpoint import batch_offsets, query_id, recorded_queues
 from ackkit.spark._deploy import (
     ChannelVerdict,
     DeploymentChanged,
@@ -26,6 +27,7 @@ from ackkit.spark._deploy import (
     source_order,
     wal_owner,
 )
+from ackkit.spark._wal import WriteAheadLog
 
 pytestmark = pytest.mark.spark
 
@@ -195,3 +197,23 @@ def test_another_exclusive_consumer_is_waited_for_saying_so_once_then_fails():
 def test_other_closes_are_retried(code, exclusive):
     v = channel_verdict("q", code, "x", exclusive=exclusive, refused_for=100, patience=1)
     assert v.retry and v.fail is None
+
+
+def test_a_log_on_disk_records_its_checkpoint_and_refuses_another(tmp_path: Path):
+    wal = WriteAheadLog(tmp_path / "wal")
+    wal.create()
+    wal.claim(ME, checkpoint_has_offsets=False)
+    assert wal.owner() == ME
+    wal.write(0, 2, pa.record_batch({"x": [1, 2]}))
+    wal.claim(ME, checkpoint_has_offsets=True)  # a restart of the same query
+    with pytest.raises(DeploymentChanged) as e:
+        WriteAheadLog(tmp_path / "wal").claim(OTHER, checkpoint_has_offsets=False)
+    assert "/ck/one" in str(e.value) and "/ck/two" in str(e.value)
+    assert wal.owner() == ME  # the refused query changed nothing
+    assert wal.batches() == [(0, 2)]
+
+
+def test_query_id_is_sparks_checkpoint_metadata(tmp_path: Path):
+    assert query_id(tmp_path) is None
+    (tmp_path / "metadata").write_text('{"id":"2f6c0d1e-aaaa"}')
+    assert query_id(tmp_path) == "2f6c0d1e-aaaa"
