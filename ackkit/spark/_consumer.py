@@ -89,9 +89,7 @@ class SourceConsumer(Engine, Executor):
         self._waiting = 0
         self._ready = threading.Event()
         self._refused_since: float | None = None
-        self.waiting_for: str | None = None
-        """Why the source is not consuming (in `stats`): "exclusive" while another
-        consumer holds the queue."""
+        self.waiting_for: str | None = None  # "exclusive": another consumer holds the queue
         self.connections = 0
         self.received = 0
         self.invalid = 0
@@ -309,8 +307,7 @@ class SourceConsumer(Engine, Executor):
     def _on_consuming(self, _frame: Any) -> None:
         if self._refused_since is not None:
             log.warning("ackkit.spark: %r: consuming now", self.opts.queue)
-        self._refused_since = None
-        self.waiting_for = None
+        self._refused_since = self.waiting_for = None
         self._ready.set()
 
     def _on_channel_closed(self, ch: Any, reason: BaseException) -> None:
@@ -322,31 +319,25 @@ class SourceConsumer(Engine, Executor):
             self.buffer.clear()
         if dropped:
             log.info("ackkit.spark: channel closed, %d unacked deliveries requeued", dropped)
-        code = getattr(reason, "reply_code", 0)
+        code, now = getattr(reason, "reply_code", 0), time.monotonic()
         text = mask_text(str(getattr(reason, "reply_text", reason)))
-        now = time.monotonic()
-        if code != 403:
-            self._refused_since = None
-        elif self._refused_since is None:
-            self._refused_since = now
+        since = self._refused_since = (self._refused_since or now) if code == 403 else None
         v = channel_verdict(
             self.opts.queue,
             code,
             text,
             exclusive=self.opts.exclusive,
-            refused_for=0.0 if self._refused_since is None else now - self._refused_since,
+            refused_for=0.0 if since is None else now - since,
             patience=self.opts.exclusive_wait,
         )
-        if v.fail is not None:
+        self.waiting_for = "exclusive" if since is not None and v.retry else None
+        if v.fail is not None:  # the query fails on the reader's next call
             log.error("ackkit.spark: %s", v.fail)
             self.fatal = SourceFailed(v.fail)
-            self.waiting_for = None
-            with self.cond:
-                self.cond.notify_all()
+            self.finished()
             return
         if v.log is not None:
             log.warning("ackkit.spark: %s", v.log)
-            self.waiting_for = "exclusive"
         elif code not in (0, 200, 320, 403):
             log.error("ackkit.spark: channel closed by the broker: %s", text)
         conn = self.connection
