@@ -16,8 +16,10 @@ Source options (`spark.readStream.format("rabbitmq").option(...)`): `url`, `queu
 ("package.module:Class" of a pydantic model; its fields become columns),
 `on_invalid` ("fail" | "dead_letter"), `dead_letter_queue` ("{queue}.dlq"), `key`
 ("message_id" | "body" | "none"), `max_wait_ms` (500), `linger_ms` (50), `heartbeat`
-(30), `exclusive` (true), `declare` (true), `fsync` (true), `retain_batches` (10),
-`wal_location` (inside the checkpoint). The checkpoint may be a path or a URI (s3a://,
+(30), `exclusive` (true), `exclusive_wait_ms` (60000: how long another consumer may
+hold the queue before the query fails), `declare` (true), `fsync` (true),
+`retain_batches` (10), `wal_location` (inside the checkpoint; a log serves one
+checkpoint). The checkpoint may be a path or a URI (s3a://,
 gs://, abfss://, hdfs://: the source's files go through pyarrow.fs). `read_stream` also
 takes `queues=[...]` or `exchange=`/`shards=` (one source per queue, unioned).
 
