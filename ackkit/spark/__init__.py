@@ -151,7 +151,8 @@ def read_stream(
     # anything is declared on the broker.
     store = Store(checkpoint)
     recorded = recorded_queues(store)
-    by_name = _source_evolution(spark) and (recorded is None or recorded.by_name)
+    named = _source_evolution(spark)  # then Spark wants every source named
+    by_name = named and (recorded is None or recorded.by_name)
     rec = recorded.queues if recorded is not None else None
     where = masked(store.location)
     if exchange is not None and shards is not None:
@@ -168,7 +169,7 @@ def read_stream(
             r = r.option("model", model if isinstance(model, str) else model_path(model))
         for k, v in options.items():
             r = r.option(k, str(v).lower() if isinstance(v, bool) else str(v))
-        if by_name:
+        if named:
             r = r.name(source_name(q))
         return r.load()
 
