@@ -111,10 +111,11 @@ def killed(amqp_url: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
     # reorder: two queues, restarted below with queues= in the other order
     qa, qb = f"t.deploy.{tag}.a", f"t.deploy.{tag}.b"
     base = tmp_path_factory.mktemp("deploy-reorder")
+    # (b much shorter, so that the two queues' offsets differ when the driver dies)
     specs["reorder"] = (
         {"queues": [qa, qb], "base": str(base)},
         [qa, qb],
-        _publish(amqp_url, [qa, qb], N),
+        _publish(amqp_url, [qa], N) + _publish(amqp_url, [qb], 30, first=100_000),
     )
     # wal: the write-ahead log outside the checkpoint, later claimed by a new checkpoint
     qw = f"t.deploy.{tag}.wal"
