@@ -13,7 +13,7 @@ STAMP   := .venv/.ackkit-installed
 RABBITMQ ?= 3.10
 VERSIONS := 3.10 4.0 4.3
 # Suites that talk to a broker; unit tests need no second run.
-BROKER_SUITES := tests/contract tests/integration tests/adversarial \
+BROKER_SUITES := tests/contract tests/integration tests/adversarial tests/inbox \
                  tests/chaos/test_chaos_quick.py tests/spark
 # make test's 4.3 leg leaves out the Spark crash scenarios (SIGKILLed drivers, several
 # minutes of Spark start-ups): they run on 3.10 in make test and on every version in

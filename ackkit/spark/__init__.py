@@ -16,8 +16,10 @@ Source options (`spark.readStream.format("rabbitmq").option(...)`): `url`, `queu
 ("package.module:Class" of a pydantic model; its fields become columns),
 `on_invalid` ("fail" | "dead_letter"), `dead_letter_queue` ("{queue}.dlq"), `key`
 ("message_id" | "body" | "none"), `max_wait_ms` (500), `linger_ms` (50), `heartbeat`
-(30), `exclusive` (true), `declare` (true), `fsync` (true), `retain_batches` (10),
-`wal_location` (inside the checkpoint). The checkpoint may be a path or a URI (s3a://,
+(30), `exclusive` (true), `exclusive_wait_ms` (60000: how long another consumer may
+hold the queue before the query fails), `declare` (true), `fsync` (true),
+`retain_batches` (10), `wal_location` (inside the checkpoint; a log serves one
+checkpoint). The checkpoint may be a path or a URI (s3a://,
 gs://, abfss://, hdfs://: the source's files go through pyarrow.fs). `read_stream` also
 takes `queues=[...]` or `exchange=`/`shards=` (one source per queue, unioned).
 
@@ -83,14 +85,15 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from pydantic import BaseModel
 
 from ..shards import ShardKind, ShardLayout, ShardPublisher, declare_shards, shard_queues
-from ._checkpoint import AckFailed, batch_offsets
+from ._checkpoint import AckFailed, batch_offsets, recorded_queues
 from ._consumer import SourceFailed
+from ._deploy import DeploymentChanged, shard_order, source_name, source_order
 from ._ipc import request
 from ._options import KeyFrom, OnInvalid, SourceOptions, ipc_address
 from ._schema import RowSchema, model_path
 from ._sink import AckAfterCommit, ack_after_commit, parquet_batches
 from ._source import RabbitMQDataSource, RabbitMQStreamReader
-from ._store import normalize_location
+from ._store import Store, masked, normalize_location
 from ._wal import WalError
 
 FORMAT = "rabbitmq"
@@ -121,11 +124,16 @@ def read_stream(
     `ackkit.shards.declare_shards`). With several queues, each is read by a source of its
     own (its own runner process, connection, write-ahead log and acks) and the sources
     are unioned; a `queue` column then says which queue a row came from ((queue, seq) is
-    unique)."""
+    unique).
+
+    On a checkpoint that has offsets, the sources are unioned in the order it recorded
+    (Spark hands offsets back by position; each names its queue), so `queues=` may be
+    given in any order; adding or removing a queue, or changing `shards=`, raises
+    `DeploymentChanged` before anything is declared on the broker."""
     if exchange is not None or shards is not None:
         if exchange is None or shards is None or queue is not None or queues is not None:
             raise ValueError("give exchange= and shards= together, without queue/queues")
-        names = list(declare_shards(url, exchange, shards, kind=shard_kind).queues)
+        names = list(shard_queues(exchange, shards))
     elif queues is not None:
         if queue is not None:
             raise ValueError("give queue= or queues=, not both")
@@ -138,6 +146,20 @@ def read_stream(
         names = [queue]
     else:
         raise ValueError("read_stream needs queue=, queues= or exchange= with shards=")
+    # Spark hands each source the offset recorded at its position: union the sources in
+    # the order the checkpoint recorded (each offset names its queue), decided before
+    # anything is declared on the broker.
+    store = Store(checkpoint)
+    recorded = recorded_queues(store)
+    named = _source_evolution(spark)  # then Spark wants every source named
+    by_name = named and (recorded is None or recorded.by_name)
+    rec = recorded.queues if recorded is not None else None
+    where = masked(store.location)
+    if exchange is not None and shards is not None:
+        names = shard_order(exchange, names, rec, checkpoint=where)
+        declare_shards(url, exchange, shards, kind=shard_kind)
+    else:
+        names = source_order(names, rec, checkpoint=where, by_name=by_name)
     register(spark)
 
     def one(q: str) -> Any:
@@ -147,6 +169,8 @@ def read_stream(
             r = r.option("model", model if isinstance(model, str) else model_path(model))
         for k, v in options.items():
             r = r.option(k, str(v).lower() if isinstance(v, bool) else str(v))
+        if named:
+            r = r.name(source_name(q))
         return r.load()
 
     if queue is not None:
@@ -155,6 +179,18 @@ def read_stream(
 
     frames = [one(q).withColumn("queue", F.lit(q)) for q in names]
     return functools.reduce(lambda a, b: a.union(b), frames)
+
+
+EVOLUTION = "spark.sql.streaming.queryEvolution.enableSourceEvolution"
+
+
+def _source_evolution(spark: Any) -> bool:
+    """Whether this session names streaming sources (Spark 4.2+): offsets are then
+    matched by name, not by position."""
+    try:
+        return str(spark.conf.get(EVOLUTION, "false")).strip().lower() == "true"
+    except Exception:  # an older Spark without the setting
+        return False
 
 
 def source_stats(
@@ -168,6 +204,7 @@ __all__ = [
     "FORMAT",
     "AckAfterCommit",
     "AckFailed",
+    "DeploymentChanged",
     "KeyFrom",
     "OnInvalid",
     "RabbitMQDataSource",

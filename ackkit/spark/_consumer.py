@@ -41,6 +41,7 @@ from .._sync.executor import Executor
 from .._sync.publisher import Publisher
 from .._url import mask_text, mask_url
 from . import _rows as rows
+from ._deploy import channel_verdict
 from ._options import OnInvalid, SourceOptions
 from ._rows import Item
 
@@ -87,6 +88,8 @@ class SourceConsumer(Engine, Executor):
         self._consumer_tag: str | None = None
         self._waiting = 0
         self._ready = threading.Event()
+        self._refused_since: float | None = None
+        self.waiting_for: str | None = None  # "exclusive": another consumer holds the queue
         self.connections = 0
         self.received = 0
         self.invalid = 0
@@ -221,6 +224,7 @@ class SourceConsumer(Engine, Executor):
                 "pending_acks": self.core.pending_acks,
                 "copies": self.copies,
                 "republishing": self.core.republishing,
+                "waiting_exclusive": int(self.waiting_for == "exclusive"),
             }
 
     # -- the engine's hooks (I/O thread) ----------------------------------------------
@@ -294,8 +298,16 @@ class SourceConsumer(Engine, Executor):
 
     def _consume(self, ch: Any) -> None:
         self._consumer_tag = ch.basic_consume(
-            self.opts.queue, self._on_message, exclusive=self.opts.exclusive
+            self.opts.queue,
+            self._on_message,
+            exclusive=self.opts.exclusive,
+            callback=self._on_consuming,
         )
+
+    def _on_consuming(self, _frame: Any) -> None:
+        if self._refused_since is not None:
+            log.warning("ackkit.spark: %r: consuming now", self.opts.queue)
+        self._refused_since = self.waiting_for = None
         self._ready.set()
 
     def _on_channel_closed(self, ch: Any, reason: BaseException) -> None:
@@ -307,16 +319,27 @@ class SourceConsumer(Engine, Executor):
             self.buffer.clear()
         if dropped:
             log.info("ackkit.spark: channel closed, %d unacked deliveries requeued", dropped)
-        code = getattr(reason, "reply_code", 0)
-        if code == 403 and self.opts.exclusive:
-            log.warning(
-                "ackkit.spark: %r has another consumer (a previous runner still shutting "
-                "down?); retrying: %s",
-                self.opts.queue,
-                mask_text(str(reason)),
-            )
-        elif code not in (0, 200, 320):
-            log.error("ackkit.spark: channel closed by the broker: %s", mask_text(str(reason)))
+        code, now = getattr(reason, "reply_code", 0), time.monotonic()
+        text = mask_text(str(getattr(reason, "reply_text", reason)))
+        since = self._refused_since = (self._refused_since or now) if code == 403 else None
+        v = channel_verdict(
+            self.opts.queue,
+            code,
+            text,
+            exclusive=self.opts.exclusive,
+            refused_for=0.0 if since is None else now - since,
+            patience=self.opts.exclusive_wait,
+        )
+        self.waiting_for = "exclusive" if since is not None and v.retry else None
+        if v.fail is not None:  # the query fails on the reader's next call
+            log.error("ackkit.spark: %s", v.fail)
+            self.fatal = SourceFailed(v.fail)
+            self.finished()
+            return
+        if v.log is not None:
+            log.warning("ackkit.spark: %s", v.log)
+        elif code not in (0, 200, 320, 403):
+            log.error("ackkit.spark: channel closed by the broker: %s", text)
         conn = self.connection
         if not self.stopping and conn is not None and conn.is_open:
             conn.ioloop.call_later(1.0, lambda: self._reopen(conn))

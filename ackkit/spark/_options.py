@@ -105,6 +105,9 @@ class SourceOptions:
     """Written batches whose rows stay in the write-ahead log (deduplication window)."""
     wal_location: str | None = None
     """Where the write-ahead logs live, when not inside the checkpoint (a path or a URI)."""
+    exclusive_wait: float = 60.0
+    """Seconds to wait while another consumer holds the queue exclusively (a previous
+    runner shutting down, or another query) before the query fails."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -134,6 +137,7 @@ class SourceOptions:
             "fsync",
             "retain_batches",
             "wal_location",
+            "exclusive_wait_ms",
             "path",
         }
         unknown = sorted(set(opts) - known)
@@ -166,6 +170,7 @@ class SourceOptions:
             fsync=_flag(opts.get("fsync", "true")),
             retain_batches=_int(opts, "retain_batches", 10, 0),
             wal_location=check_location(opts["wal_location"]) if opts.get("wal_location") else None,
+            exclusive_wait=_int(opts, "exclusive_wait_ms", 60_000, 0, 86_400_000) / 1000,
         )
 
     @property

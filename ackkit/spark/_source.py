@@ -29,14 +29,15 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 
 from .._core.batches import BatchPlan
-from ._checkpoint import committed_end
+from ._checkpoint import committed_end, query_id, recorded_queues
 from ._consumer import SourceConsumer
+from ._deploy import Owner, check_offset
 from ._faults import crash_point
 from ._ipc import IpcServer
 from ._options import SourceOptions
 from ._rows import Item
 from ._schema import KEY_COLUMN, RowSchema, load_model
-from ._store import masked
+from ._store import Store, masked
 from ._wal import WalError, WriteAheadLog
 
 log = logging.getLogger("ackkit.spark")
@@ -97,7 +98,7 @@ class RabbitMQStreamReader(SimpleDataSourceStreamReader):
         return _offset(self.opts.queue, 0)
 
     def read(self, start: dict[str, Any]) -> tuple[Iterator[pa.RecordBatch], dict[str, Any]]:
-        return self._run().read(int(start["seq"]))
+        return self._run().read(check_offset(self.opts.queue, start, "start offset"))
 
     def readBetweenOffsets(
         self, start: dict[str, Any], end: dict[str, Any]
@@ -105,12 +106,15 @@ class RabbitMQStreamReader(SimpleDataSourceStreamReader):
         if self._rows is None:
             self._rows = _schema(self.opts)
         rows = self._rows
+        q = self.opts.queue
+        s, e = check_offset(q, start, "start offset"), check_offset(q, end, "end offset")
         wal = WriteAheadLog(self.opts.wal_dir)  # on an executor: read from the store
-        return iter([rows.rows(b) for b in wal.read(int(start["seq"]), int(end["seq"]))])
+        return iter([rows.rows(b) for b in wal.read(s, e)])
 
     def commit(self, end: dict[str, Any]) -> None:
+        seq = check_offset(self.opts.queue, end, "committed offset")
         if self._runner is not None:
-            self._runner.commit(int(end["seq"]))
+            self._runner.commit(seq)
 
 
 class _Runner:
@@ -121,6 +125,14 @@ class _Runner:
         self.rows = _schema(opts)
         self.wal = WriteAheadLog(opts.wal_dir, fsync=opts.fsync, cache=True)
         self.wal.create()
+        # The log is this checkpoint's alone: another query's batches are never handed out.
+        ckpt = Store(opts.checkpoint)
+        qid = query_id(ckpt) or f"path:{masked(ckpt.location)}"
+        rec = recorded_queues(ckpt)
+        self.wal.claim(
+            Owner(qid, masked(ckpt.location)),
+            checkpoint_has_offsets=rec is not None and opts.queue in rec.queues,
+        )
         # Spark's commit log says a batch's sink returned: written, even if this log missed
         # it (a sink without ack_after_commit, acked only through commit()).
         self._persisted = max(self.wal.written_upto(), committed_end(opts.checkpoint, opts.queue))

@@ -20,12 +20,14 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.ipc
 
+from ._deploy import Owner, WalVerdict, wal_owner
 from ._store import Store, masked
 
 log = logging.getLogger("ackkit.spark")
 _NAME = re.compile(r"^batch-(\d+)-(\d+)\.arrow$")
 _WRITTEN = re.compile(r"^written-(\d+)$")
 KEEP_MARKERS = 2
+OWNER = "owner.json"
 
 
 class WalError(RuntimeError):
@@ -130,9 +132,38 @@ class WriteAheadLog:
             self._known = [b for b in self._known if b not in doomed]
         return doomed
 
+    # -- which checkpoint the log belongs to (see `_deploy.wal_owner`) ------------------
+
+    def owner(self) -> Owner | None:
+        try:
+            return Owner.from_json(json.loads(self.store.read(OWNER).decode()))
+        except FileNotFoundError:
+            return None
+
+    def claim(self, me: Owner, *, checkpoint_has_offsets: bool) -> None:
+        """Record `me` as the log's owner, or raise `DeploymentChanged` when the log is
+        another checkpoint's (before any of its batches is read)."""
+        verdict = wal_owner(
+            masked(self.location),
+            me,
+            self.owner(),
+            has_batches=bool(self.batches()),
+            checkpoint_has_offsets=checkpoint_has_offsets,
+        )
+        if verdict is WalVerdict.CLAIM:
+            self.store.put(OWNER, json.dumps(me.to_json()).encode())
+            # Two queries claiming at once: the one whose claim did not stick stops here.
+            wal_owner(
+                masked(self.location),
+                me,
+                self.owner(),
+                has_batches=True,
+                checkpoint_has_offsets=checkpoint_has_offsets,
+            )
+
     def wipe(self) -> None:
         for name in self.store.names():
-            if _NAME.match(name) or _WRITTEN.match(name) or name == "state.json":
+            if _NAME.match(name) or _WRITTEN.match(name) or name in ("state.json", OWNER):
                 self.store.delete(name)
         self._known = None
 
