@@ -39,7 +39,7 @@ from ._url import check_url, mask_text
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds")
 
 
 # -- pika I/O ------------------------------------------------------------------------

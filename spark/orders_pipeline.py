@@ -53,7 +53,7 @@ def order_messages(
     n: int, *, poison_every: int = 0, start: int = 0
 ) -> Iterator[tuple[str, bytes, bool]]:
     """(message_id, body, valid) for orders start .. start+n-1; every poison_every-th is bad."""
-    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    t0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     currencies = ("EUR", "USD", "GBP")
     for i in range(start, start + n):
         oid = f"order-{i:07d}"

@@ -27,7 +27,7 @@ ERROR_TEXT_LIMIT = 1000
 
 def iso(ts: float) -> str:
     """A wall-clock timestamp as the ISO 8601 text the failure headers carry (UTC, ms)."""
-    return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).isoformat(timespec="milliseconds")
+    return _dt.datetime.fromtimestamp(ts, _dt.UTC).isoformat(timespec="milliseconds")
 
 
 def _origin(t: Tracked, hdrs: dict[str, Any]) -> None:

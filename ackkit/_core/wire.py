@@ -86,7 +86,7 @@ def _long(b: bytes) -> bytes:
 def _stamp(value: Any) -> int:
     if isinstance(value, _dt.datetime):
         if value.tzinfo is None:
-            value = value.replace(tzinfo=_dt.timezone.utc)
+            value = value.replace(tzinfo=_dt.UTC)
         return int(value.timestamp())
     if isinstance(value, time.struct_time):
         import calendar

@@ -115,7 +115,7 @@ def traceback_text(props: Any) -> str | None:
 def when(ts: float | None) -> str:
     if ts is None:
         return "-"
-    return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return _dt.datetime.fromtimestamp(ts, _dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 @dataclass(frozen=True, slots=True)

@@ -98,7 +98,7 @@ def failure_time(dl: DeadLetter, received: float) -> float:
             except ValueError:
                 continue
             if t.tzinfo is None:
-                t = t.replace(tzinfo=_dt.timezone.utc)
+                t = t.replace(tzinfo=_dt.UTC)
             return t.timestamp()
     return received
 

@@ -288,7 +288,7 @@ class RowSchema:
         )
 
 
-_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC)
 _MICRO = _dt.timedelta(microseconds=1)
 _TS = pa.timestamp("us", tz="UTC")
 
@@ -298,7 +298,7 @@ def _micros(v: _dt.datetime | None) -> int | None:
     if v is None:
         return None
     if v.tzinfo is None:
-        v = v.replace(tzinfo=_dt.timezone.utc)
+        v = v.replace(tzinfo=_dt.UTC)
     return (v - _EPOCH) // _MICRO
 
 

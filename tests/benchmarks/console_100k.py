@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pika
 
@@ -44,7 +44,7 @@ def fill(url: str, queue: str, n: int) -> float:
     ch.queue_declare(queue, durable=True)
     ch.queue_declare("orders.parking", durable=True)
     t0 = time.monotonic()
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     for i in range(n):
         listener = LISTENERS[i % len(LISTENERS)]
         etype, msg = ERRORS[(i // len(LISTENERS)) % len(ERRORS)]

@@ -351,7 +351,7 @@ def collect_meta(cfg: Config) -> dict[str, Any]:
     except Exception as exc:
         info = {"product": "", "version": f"unknown ({type(exc).__name__})"}
     return {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "loadavg_start": _loadavg(),
         "broker": info.get("version"),
         "broker_product": info.get("product"),

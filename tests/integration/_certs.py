@@ -27,7 +27,7 @@ class CA:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.key = ec.generate_private_key(ec.SECP256R1())
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-        now = dt.datetime.now(dt.timezone.utc)
+        now = dt.datetime.now(dt.UTC)
         self.cert_obj = (
             x509.CertificateBuilder()
             .subject_name(subject)
@@ -58,7 +58,7 @@ class CA:
 
     def issue(self, name: str, *, server: bool, hosts: tuple[str, ...] = ()) -> Issued:
         key = ec.generate_private_key(ec.SECP256R1())
-        now = dt.datetime.now(dt.timezone.utc)
+        now = dt.datetime.now(dt.UTC)
         sans: list[x509.GeneralName] = []
         for h in hosts:
             try:

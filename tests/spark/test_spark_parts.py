@@ -133,7 +133,7 @@ def test_rows_convert_to_the_exact_arrow_schema_spark_expects():
     s = Sample(
         name="x",
         price=1.5,
-        when=dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
+        when=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
         color=Color.RED,
         tier="a",
         lines=[Line(sku="s", qty=2)],

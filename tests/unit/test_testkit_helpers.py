@@ -40,7 +40,7 @@ def test_publish_encodes_models_json_text_and_bytes(broker: InMemoryBroker) -> N
         correlation_id="c-1",
         reply_to="replies",
         priority=3,
-        headers={"ratio": 0.25, "n": 7, "when": dt.datetime(2026, 1, 2, tzinfo=dt.timezone.utc)},
+        headers={"ratio": 0.25, "n": 7, "when": dt.datetime(2026, 1, 2, tzinfo=dt.UTC)},
     )
     model, lst, text, raw = broker.messages("q", take=True)
     assert model.model(Item) == Item(id=1, name="a")
