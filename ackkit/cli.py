@@ -24,6 +24,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
+from ._cli_console import add_console
 from ._cli_output import OutputFormat
 from ._cli_run import (
     LOG_LEVELS,
@@ -343,50 +344,7 @@ def build_cli() -> typer.Typer:
         else:
             sys.stdout.write(text)
 
-    @cli.command("console")
-    def console(
-        url: str | None = typer.Option(None, "--url", envvar="AMQP_URL", help="AMQP URL."),
-        dlq_names: list[str] = typer.Option(  # noqa: B008 - typer's way
-            [], "--dlq", help="A dead-letter queue to show (repeatable)."
-        ),
-        target: str | None = typer.Option(
-            None, "--app", help="module:app: show the dead-letter queues of its listeners."
-        ),
-        host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
-        port: int = typer.Option(8470, "--port", min=0, max=65535, help="Port to listen on."),
-        token: str | None = typer.Option(
-            None, "--token", envvar="ACKKIT_CONSOLE_TOKEN", help="Require this token."
-        ),
-        basic_auth: str | None = typer.Option(
-            None, "--basic-auth", envvar="ACKKIT_CONSOLE_BASIC_AUTH", help="USER:PASSWORD."
-        ),
-        read_only: bool = typer.Option(False, "--read-only", help="No replay, no delete."),
-        max_held: int = typer.Option(
-            100_000, "--max-held", min=1, help="Dead letters held per DLQ (the rest wait)."
-        ),
-    ) -> None:
-        """A web console for dead letters: overview, failure groups, replay, delete, export."""
-        try:
-            from .console._serve import from_options, serve
-
-            broker, names, access = from_options(
-                url=url,
-                dlqs=dlq_names,
-                app_target=target,
-                host=host,
-                token=token,
-                basic_auth=basic_auth,
-                read_only=read_only,
-            )
-        except Exception as exc:
-            raise fail(str(exc), url or "", 2) from None
-        err().print(f"ackkit: console on http://{host}:{port}/ ({mask_url(broker)})", markup=False)
-        try:
-            serve(broker, names, access=access, port=port, max_held=max_held)
-        except KeyboardInterrupt:
-            pass
-        except Exception as exc:
-            raise fail(safe_error(exc, broker), broker) from None
+    add_console(cli, err=err, fail=fail)
 
     return cli
 
