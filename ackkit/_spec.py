@@ -6,7 +6,6 @@ import dataclasses
 import logging
 import ssl
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ._core import checks as C
@@ -31,14 +30,15 @@ from ._listener_options import check_queue_arguments as _check_queue_arguments
 from ._listener_options import consumer_arguments as _consumer_arguments
 from ._listener_options import flow_policy as _flow_policy
 from ._listener_options import queue_type as _queue_type
+from ._listener_spec import Instrument as Instrument
+from ._listener_spec import ListenerSpec as ListenerSpec
+from ._listener_spec import probe_for as probe_for
 from ._logs import LifecycleLog
 from ._settings import DEFAULT_URL, Settings, SettingsView
 from ._tls import TLS
 
 if TYPE_CHECKING:
     from ._core.listener import ListenerCore
-    from ._delivery import Delivery
-    from ._invocation import HandlerDone, HandlerProbe
     from .inbox import Inbox
 
 log = logging.getLogger("ackkit")
@@ -46,60 +46,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 # RabbitMQ's default consumer_timeout (30 min); in-process retries must end well before it.
 CONSUMER_TIMEOUT = 30 * 60.0
-
-
-@dataclass(frozen=True)
-class ListenerSpec:
-    """One registered listener: its policy, its handler binding and how it runs."""
-
-    policy: ListenerPolicy
-    binding: Binding
-    concurrency: int = 1
-    batch_size: int | None = None
-    batch_timeout: float = 0.2
-    declare: bool = True
-    queue_arguments: dict[str, Any] = field(default_factory=dict)
-    binds: tuple[Bind, ...] = ()
-    consumer_arguments: dict[str, Any] = field(default_factory=dict)
-    """basic.consume arguments (x-priority, x-consumer-timeout, ...)."""
-    exclusive: bool = False
-    """basic.consume exclusive: no other consumer on the queue while this one is."""
-    inbox: Inbox | None = None
-    """Exactly-once database effects: the handler runs in the inbox's transaction."""
-
-    @property
-    def single_active(self) -> bool:
-        """Is the queue declared with x-single-active-consumer? (Then a consumer that
-        receives nothing may simply be the standby, which is not an error.)"""
-        return bool(self.queue_arguments.get("x-single-active-consumer"))
-
-    @property
-    def name(self) -> str:
-        return self.policy.name
-
-    @property
-    def queue(self) -> str:
-        return self.policy.queue
-
-
-Instrument = Callable[[ListenerSpec, "ListenerCore"], "HandlerProbe | None"]
-"""Called when a runtime has built a listener's core: the handler probe for it, or None."""
-
-
-def _combine(probes: Sequence[HandlerProbe]) -> HandlerProbe:
-    if len(probes) == 1:
-        return probes[0]
-
-    def start(ds: Sequence[Delivery]) -> HandlerDone:
-        dones = [p(ds) for p in probes]
-
-        def done(exc: BaseException | None) -> None:
-            for d in reversed(dones):
-                d(exc)
-
-        return done
-
-    return start
 
 
 BindOption = Bind | str | Exchange | tuple[str | Exchange, str] | Sequence[Any] | None
@@ -119,14 +65,6 @@ class RunState(Protocol):
 
     @property
     def fatal(self) -> BaseException | None: ...
-
-
-def probe_for(
-    instruments: Sequence[Instrument], spec: ListenerSpec, core: ListenerCore
-) -> HandlerProbe | None:
-    """The probe a runtime calls around `spec`'s handler: every instrument's, or None."""
-    probes = [p for f in instruments if (p := f(spec, core)) is not None]
-    return _combine(probes) if probes else None
 
 
 class AppBase(SettingsView):
