@@ -12,8 +12,8 @@ import logging
 import queue as _queue
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from .._core.actions import Action, Republish, TxSelect
 from .._core.consume import ConsumeMove, Consuming
@@ -33,32 +33,13 @@ from . import _frames as frames
 from . import flowing
 from ._pika import quiet_refusals
 from .executor import Executor
+from .host import Host as Host
 from .publisher import Publisher
 
 if TYPE_CHECKING:
     from ..inbox._sync import SyncInbox
 
 log = logging.getLogger("ackkit")
-
-
-class Host(Protocol):
-    """What a consumer needs of the runtime that runs it (`Runtime`)."""
-
-    connection: Any
-    stopping: bool
-    stop_event: threading.Event
-
-    def channels_lost(self, reason: BaseException, /) -> None: ...
-
-    def call_soon(self, fn: Callable[[], None], /) -> object: ...
-
-    def consumer_ready(self, c: Consumer, /) -> None: ...
-
-    def redeclare(self, c: Consumer, /) -> None: ...
-
-    def fail(self, exc: BaseException, what: str, /) -> None: ...
-
-    def publish(self, msg: Outgoing, /) -> None: ...
 
 
 class Consumer(Executor):
