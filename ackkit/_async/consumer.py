@@ -36,9 +36,9 @@ import contextlib
 import functools
 import logging
 from collections import deque
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import aiormq.exceptions
 from aiormq.abc import AbstractChannel, AbstractConnection, DeliveredMessage
@@ -59,8 +59,9 @@ from . import flowing, handlers, refusals
 from ._amqp import CHANNEL_GONE, ChannelNumbers
 from .batching import Batcher
 from .delivery import AsyncDelivery
+from .host import ConsumerHost as ConsumerHost
 from .publisher import AsyncPublisher
-from .settling import ChannelSettler, SettlerHost
+from .settling import ChannelSettler
 
 if TYPE_CHECKING:
     from ..inbox._aio import AsyncInbox
@@ -71,25 +72,6 @@ CHANNEL_REOPEN_DELAY = RETRY_DELAY
 
 Unit = Delivery | list[Delivery]
 """What one handler invocation gets: a delivery, or a batch of them."""
-
-
-class ConsumerHost(SettlerHost, Protocol):
-    """What an AsyncConsumer needs from the runtime that owns it."""
-
-    @property
-    def stopping(self) -> bool: ...
-    @property
-    def amqp(self) -> AbstractConnection | None: ...
-    @property
-    def numbers(self) -> ChannelNumbers: ...
-
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]: ...
-    def fail(self, exc: BaseException, what: str) -> None: ...
-    async def pause(self, delay: float) -> bool: ...
-    async def publish(self, msg: Outgoing) -> None: ...
-    async def declare_for(
-        self, conn: AbstractConnection, consumers: Sequence[AsyncConsumer]
-    ) -> None: ...
 
 
 class AsyncConsumer(ChannelSettler):
