@@ -30,35 +30,46 @@ def test_a_message_that_kills_its_consumer_ends_in_the_dlq_with_one_attempt(
     worker_args = ["--max-attempts", "1", "--succeed-at", "1", "--die-on", "killer"]
     worker_args += ["--queue-type", queue_type, "--prefetch", "10"]
     w: Worker | None = None
+    # Each run of the killer kills one worker; restart workers until every message has
+    # ended somewhere. A kill between a charged copy's confirm and its original's ack
+    # can leave a twin, which may kill one more worker before it is dead-lettered too.
+    max_starts = 4 * (1 + H.LOST_BOUND)
+    starts = 0
+    deadline = time.monotonic() + 180
     try:
-        for _ in range(2 * (1 + H.LOST_BOUND)):
-            try:
-                w = Worker(rabbitmq.url, q, log, *worker_args).start()
-            except RuntimeError as exc:  # killed by the message before it said "ready"
-                assert "exited with -9" in str(exc), exc
-                continue
-            deadline = time.monotonic() + 20
-            while w.proc is not None and w.proc.poll() is None and not rabbitmq.counts(dlq).ready:
-                assert time.monotonic() < deadline, "neither died nor dead-lettered"
-                time.sleep(0.05)
-            if rabbitmq.counts(dlq).ready:
+        while True:
+            if w is None or w.proc is None or w.proc.poll() is not None:
+                if starts >= max_starts:
+                    runs = [
+                        (e["mid"], e["pid"] % 1000, e["redelivered"])
+                        for e in read_log(log)
+                        if "mid" in e
+                    ]
+                    raise AssertionError(f"the message loops: {runs}")
+                starts += 1
+                try:
+                    w = Worker(rabbitmq.url, q, log, *worker_args).start()
+                except RuntimeError as exc:  # killed by the message before it said "ready"
+                    assert "exited with -9" in str(exc), exc
+                    w = None
+                    continue
+            c = rabbitmq.counts(q)
+            if c.ready == 0 and c.unacked == 0 and rabbitmq.counts(dlq).ready:
                 break
-        else:
-            runs = [
-                (e["mid"], e["pid"] % 1000, e["redelivered"]) for e in read_log(log) if "mid" in e
-            ]
-            raise AssertionError(f"the message loops: {runs}")
-        rabbitmq.wait_for(q, ready=0, unacked=0, timeout=20)  # the others handled
+            assert time.monotonic() < deadline, f"not drained: {c}"
+            time.sleep(0.05)
     finally:
         if w is not None:
             w.stop()
     runs = [e["mid"] for e in read_log(log) if "attempt" in e]
     # 1 + LOST_BOUND when each of its runs after a redelivery is the charged one; a run
     # while another redelivered message's charged copy was pending goes uncounted
-    assert 1 + H.LOST_BOUND <= runs.count("killer") <= 2 * (1 + H.LOST_BOUND)
+    assert 1 + H.LOST_BOUND <= runs.count("killer") <= max_starts
     assert sorted(m for m in set(runs) if m != "killer") == [f"ok{i}" for i in range(5)]
-    [(props, _)] = drain(rabbitmq.url, dlq)
-    assert props.message_id == "killer"
-    assert header_text(props.headers[H.REASON]) == (
-        f"consumer died or lost its connection {H.LOST_BOUND} times while handling it"
-    )
+    letters = drain(rabbitmq.url, dlq)
+    assert 1 <= len(letters) <= 2, letters  # a twin at most (see above)
+    for props, _ in letters:
+        assert props.message_id == "killer"
+        assert header_text(props.headers[H.REASON]) == (
+            f"consumer died or lost its connection {H.LOST_BOUND} times while handling it"
+        )
