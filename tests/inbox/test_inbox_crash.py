@@ -99,15 +99,24 @@ def test_every_effect_exactly_once_under_sigkill(
         kills += 1
         workers[0] = _spawn(args)
 
+        last: list[Any] = []
+
         def drained() -> bool:
             a, b = rabbitmq.counts(qa), rabbitmq.counts(qb)
+            outbox = _one(postgres_dsn, "SELECT count(*) FROM ackkit_outbox")
+            effects_b = _one(postgres_dsn, "SELECT count(*) FROM effects_b")
+            last[:] = [a, b, f"outbox={outbox}", f"effects_b={effects_b}"]
             return (
                 a.ready == a.unacked == b.ready == b.unacked == 0
-                and _one(postgres_dsn, "SELECT count(*) FROM ackkit_outbox") == 0
-                and _one(postgres_dsn, "SELECT count(*) FROM effects_b") >= N
+                and outbox == 0
+                and (effects_b >= N)
             )
 
-        eventually(drained, timeout=60 + N / 20, what="queues drained, outbox empty")
+        try:
+            eventually(drained, timeout=60 + N / 20, what="queues drained, outbox empty")
+        except AssertionError as exc:
+            alive = [w.poll() is None for w in workers]
+            raise AssertionError(f"{exc}; last: {last}; workers alive: {alive}") from None
     finally:
         for w in workers:
             _kill(w, signal.SIGTERM)
