@@ -9,6 +9,7 @@
     ackkit docs module:app [--format json|yaml] [--output FILE]
     ackkit console (--dlq NAME ... | --app module:app) [--url URL] [--host H] [--port P]
                    [--token T | --basic-auth USER:PASSWORD] [--read-only]
+    ackkit outbox relay --dsn DSN [--url URL] [--table T] [--once]
     ackkit --version
 
 The broker URL comes from --url or AMQP_URL; passwords are masked in all output.
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 from ._cli_console import add_console
+from ._cli_outbox import add_outbox
 from ._cli_output import OutputFormat
 from ._cli_run import (
     LOG_LEVELS,
@@ -346,6 +348,7 @@ def build_cli() -> typer.Typer:
 
     add_console(cli, err=err, fail=fail)
 
+    add_outbox(cli, DEFAULT_URL, fail)
     return cli
 
 

@@ -89,15 +89,23 @@ async def aenqueue(
     return str(msg.properties.get("message_id", ""))
 
 
-def relay_once(conn: Any, table: str, publish: Callable[[Outgoing], None]) -> int:
+def relay_once(
+    conn: Any,
+    table: str,
+    publish: Callable[[Outgoing], None],
+    stop: Callable[[], bool] | None = None,
+) -> int:
     """Send what the outbox holds, oldest first, in batches; delete each batch once the
-    broker confirmed it. Another relay holding the lock: nothing (0). A publish that
-    fails stops the round (the rest waits, in order, for the next one) and raises."""
+    broker confirmed it (`stop()` true: no further batch). Another relay holding the
+    lock: nothing (0). A publish that fails stops the round (the rest waits, in order,
+    for the next one) and raises."""
     if not conn.execute(RELAY_LOCK, (table,)).fetchone()[0]:
         return 0
     total = 0
     try:
         while True:
+            if total and stop is not None and stop():
+                return total
             rows = conn.execute(pending(table), (BATCH,)).fetchall()
             if not rows:
                 return total

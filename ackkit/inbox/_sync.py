@@ -14,16 +14,12 @@ from .._publish import Outgoing
 from .._wire import describe
 from ._options import Inbox
 from ._outbox import relay_once, to_row
+from ._relay import RELAY_POLL, relay_connection
 from ._run import DatabaseDown, duplicate, guard_key, log, set_db
-from ._sql import SCHEMA_LOCK, schema
 from ._sql import enqueue as enqueue_sql
 
 if TYPE_CHECKING:
     from .._sync.consumer import Consumer
-
-
-RELAY_POLL = 1.0
-"""Seconds between the relay's looks at the outbox when no commit woke it."""
 
 
 class _Duplicate(Exception):
@@ -151,8 +147,6 @@ class SyncInbox:
         return True
 
     def _relay_loop(self) -> None:
-        import psycopg
-
         conn: Any = None
         fails = 0
         while not self.stop.is_set():
@@ -162,11 +156,7 @@ class SyncInbox:
                 break
             try:
                 if conn is None or conn.closed or conn.broken:
-                    conn = psycopg.connect(self.inbox.dsn, autocommit=True, connect_timeout=5)
-                    if self.inbox.create_tables:
-                        with conn.transaction():
-                            conn.execute(SCHEMA_LOCK)
-                            conn.execute(schema(self.inbox.table, self.inbox.outbox_table))
+                    conn = relay_connection(self.inbox)
                 relay_once(conn, self.inbox.outbox_table, self.c.rt.publish)
                 fails = 0
             except Exception as exc:

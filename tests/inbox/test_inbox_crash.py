@@ -113,7 +113,7 @@ def test_every_effect_exactly_once_under_sigkill(
             )
 
         try:
-            eventually(drained, timeout=60 + N / 20, what="queues drained, outbox empty")
+            eventually(drained, timeout=60 + N / 10, what="queues drained, outbox empty")
         except AssertionError as exc:
             alive = [w.poll() is None for w in workers]
             raise AssertionError(f"{exc}; last: {last}; workers alive: {alive}") from None

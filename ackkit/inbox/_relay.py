@@ -1,0 +1,85 @@
+"""The outbox relay on its own (`ackkit outbox relay`): the rounds of `relay_once` over
+one PostgreSQL connection and one confirming AMQP connection, until told to stop, or
+one round (`once`). Failures are logged and retried with backoff: rows stay in the
+outbox until the broker confirmed them."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any
+
+from .._core.inbox import probe_delay
+from .._wire import describe
+from ._options import Inbox
+from ._outbox import log, relay_once
+from ._sql import SCHEMA_LOCK, schema
+
+RELAY_POLL = 1.0
+"""Seconds between the relay's looks at the outbox when no commit woke it."""
+
+
+def relay_connection(inbox: Inbox) -> Any:
+    """An autocommit psycopg connection for the relay (the tables made if missing and
+    `inbox.create_tables`)."""
+    import psycopg
+
+    conn = psycopg.connect(inbox.dsn, autocommit=True, connect_timeout=5)
+    if inbox.create_tables:
+        try:
+            with conn.transaction():
+                conn.execute(SCHEMA_LOCK)  # concurrent CREATE IF NOT EXISTS can collide
+                conn.execute(schema(inbox.table, inbox.outbox_table))
+        except BaseException:
+            conn.close()
+            raise
+    return conn
+
+
+def run_relay(
+    url: str,
+    inbox: Inbox,
+    *,
+    once: bool = False,
+    stop: threading.Event | None = None,
+    poll: float = RELAY_POLL,
+) -> int:
+    """Send `inbox`'s outbox rows to the broker at `url` with confirms until `stop` is
+    set (after the round in progress), or send what is there and return (`once`: a
+    failure then raises). Returns how many messages were sent."""
+    from .._sync.pull import PullConnection
+
+    halt = stop if stop is not None else threading.Event()
+    db: Any = None
+    amqp: PullConnection | None = None
+    total = fails = 0
+    try:
+        while not halt.is_set():
+            try:
+                if db is None or db.closed or db.broken:
+                    db = relay_connection(inbox)
+                if amqp is None:
+                    amqp = PullConnection(url)
+                n = relay_once(db, inbox.outbox_table, amqp.publish_message, halt.is_set)
+                total += n
+                fails = 0
+                if n:
+                    log.info("outbox relay: %d sent", n)
+            except Exception as exc:
+                if once:
+                    raise
+                fails += 1
+                log.warning("outbox relay: %s (rows kept, sent later)", describe(exc))
+                if amqp is not None:
+                    with contextlib.suppress(Exception):
+                        amqp.close()
+                    amqp = None
+            if once or halt.wait(probe_delay(fails) if fails else poll):
+                break
+    finally:
+        if amqp is not None:
+            with contextlib.suppress(Exception):
+                amqp.close()
+        if db is not None:
+            db.close()
+    return total
