@@ -91,7 +91,7 @@ def run_workers(
     workers: int,
     url: str | None,
     metrics_port: int | None = None,
-    metrics_addr: str = "0.0.0.0",
+    metrics_addr: str = "127.0.0.1",
     options: Sequence[str] = (),
 ) -> int:
     """Run `target` in `workers` processes; SIGINT/SIGTERM stop them all gracefully.

@@ -273,7 +273,9 @@ def build_cli() -> typer.Typer:
             help="Serve Prometheus metrics on this port (worker i of --workers: port + i).",
         ),
         metrics_addr: str = typer.Option(
-            "0.0.0.0", "--metrics-addr", help="Address the metrics server listens on."
+            "127.0.0.1",
+            "--metrics-addr",
+            help="Address the metrics server listens on (loopback unless you say otherwise).",
         ),
     ) -> None:
         """Run an app until SIGINT/SIGTERM, then shut down gracefully (flush acks, requeue)."""

@@ -312,9 +312,10 @@ class PrometheusMetrics:
 
         return start
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> MetricsServer:
+    def serve(self, port: int, addr: str = "127.0.0.1") -> MetricsServer:
         """Serve the registry's /metrics over HTTP from a background thread (port 0: any
-        free port, see `.port`)."""
+        free port, see `.port`), on loopback unless `addr` says otherwise (e.g. "0.0.0.0"
+        for a scraper on another host)."""
         server, thread = start_http_server(port, addr, registry=self.registry)
         return MetricsServer(server, thread)
 
