@@ -7,7 +7,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from .._core.errors import DeadLetterMessage
-from .._core.inbox import KeyVerdict, key_verdict
+from .._core.inbox import TRANSACTION_RETRY, Fault, KeyVerdict, key_verdict
 from .._wire import describe
 from ._options import Inbox
 
@@ -50,3 +50,25 @@ def duplicate(core: ListenerCore, name: str, d: Delivery, key: str) -> None:
 def set_db(ds: list[Delivery], db: Any) -> None:
     for d in ds:
         d.db = db
+
+
+def retry_after(name: str, fault: Fault, exc: Exception, tries: int) -> float:
+    """How long to wait before the transaction's next try, after its `tries`-th failed
+    with `exc` (the core's `fault` reading of it). Raises `exc` again for the handler's
+    own error, DatabaseDown when the database is gone or the tries are used up; a
+    transient error is logged and never counts as an attempt of the message."""
+    if fault is Fault.HANDLER:
+        raise exc
+    if fault is Fault.DOWN:
+        raise DatabaseDown(describe(exc)) from exc
+    wait = TRANSACTION_RETRY.delay(tries)
+    if wait is None:
+        raise DatabaseDown(f"{tries} tries failed, last: {describe(exc)}") from exc
+    log.warning(
+        "%s: transient database error (try %d, again in %.2f s, not an attempt of the message): %s",
+        name,
+        tries,
+        wait,
+        describe(exc),
+    )
+    return wait

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from .._core.inbox import TRANSACTION_RETRY, Fault, probe_delay, retention_batches
+from .._core.inbox import probe_delay, retention_batches
 from .._core.outcome import Outcome
 from .._invocation import Invocation
 from .._publish import Outgoing
@@ -15,7 +15,7 @@ from .._wire import describe
 from ._options import Inbox
 from ._outbox import relay_once, to_row
 from ._relay import RELAY_POLL, relay_connection
-from ._run import DatabaseDown, duplicate, guard_key, log, set_db
+from ._run import DatabaseDown, duplicate, guard_key, log, retry_after, set_db
 from ._sql import enqueue as enqueue_sql
 
 if TYPE_CHECKING:
@@ -95,23 +95,9 @@ class SyncInbox:
                     duplicate(self.c.core, self.name, d, key or "")
                 return None
             except Exception as exc:
-                fault = self.fault(exc, tx_ref[0] if tx_ref else None)
-                if fault is Fault.HANDLER:
-                    raise
-                if fault is Fault.DOWN:
-                    raise DatabaseDown(describe(exc)) from exc
                 done += 1
-                wait = TRANSACTION_RETRY.delay(done)
-                if wait is None:
-                    raise DatabaseDown(f"{done} tries failed, last: {describe(exc)}") from exc
-                log.warning(
-                    "%s: transient database error (try %d, again in %.2f s, not an "
-                    "attempt of the message): %s",
-                    self.name,
-                    done,
-                    wait,
-                    describe(exc),
-                )
+                fault = self.fault(exc, tx_ref[0] if tx_ref else None)
+                wait = retry_after(self.name, fault, exc, done)  # or raises
                 if self.c.rt.stop_event.wait(wait):
                     raise DatabaseDown("the app is stopping") from exc
 
