@@ -34,8 +34,9 @@ from .._core.events import Observer
 from .._core.exchanges import plan
 from .._core.outcome import EXIT_SIGNALS
 from .._core.stop_budget import CONFIRM_WAIT, StopBudget
+from .._declaring import declaration
 from .._io import TICK, ConnectFailed, FatalConnectError, reconnect_logger, reconnect_wait
-from .._logs import log_dropped_arguments, log_stop
+from .._logs import log_stop
 from .._observers import observing
 from .._publish import Outgoing, not_confirmed
 from .._settings import Settings
@@ -226,17 +227,9 @@ class AsyncRuntime:
     ) -> None:
         """Declare (or check) the queues, exchanges and bindings of `consumers`: all of
         them when a connection opens; one whose queue was deleted, later."""
-        own = [q for c in consumers for q in c.core.topology()]
-        user = []
-        for c in consumers:
-            if c.spec.declare:
-                args, dropped = c.core.queue_arguments(c.spec.queue_arguments)
-                log_dropped_arguments(log, c.spec.queue, dropped)
-                user.append((c.spec.queue, args))
-        existing = [c.spec.queue for c in consumers if not c.spec.declare]
-        exchanges = self.exchanges
-        if len(consumers) < len(self.consumers):
-            exchanges = plan((c.spec.queue, c.spec.binds) for c in consumers)
+        own, user, existing, exchanges = declaration(
+            consumers, self.exchanges, len(self.consumers), log
+        )
         await declare_queues(amqp, self.numbers, own, user, existing, exchanges)
 
     async def _tick_forever(self) -> None:

@@ -22,9 +22,10 @@ from .._core.events import Observer
 from .._core.exchanges import plan
 from .._core.outcome import EXIT_SIGNALS
 from .._core.stop_budget import CONFIRM_WAIT, StopBudget
+from .._declaring import declaration
 from .._delivery import Delivery
 from .._io import ConnectFailed, FatalConnectError
-from .._logs import log_dropped_arguments, log_stop
+from .._logs import log_stop
 from .._observers import observing
 from .._publish import Outgoing, not_confirmed
 from .._settings import Settings
@@ -196,17 +197,9 @@ class Runtime(Engine):
         self._declare_for(conn, self.consumers)
 
     def _declare_for(self, conn: Any, consumers: Sequence[Consumer]) -> None:
-        own = [q for c in consumers for q in c.core.topology()]
-        user = []
-        for c in consumers:
-            if c.spec.declare:
-                args, dropped = c.core.queue_arguments(c.spec.queue_arguments)
-                log_dropped_arguments(log, c.spec.queue, dropped)
-                user.append((c.spec.queue, args))
-        existing = [c.spec.queue for c in consumers if not c.spec.declare]
-        exchanges = self.exchanges
-        if len(consumers) < len(self.consumers):
-            exchanges = plan((c.spec.queue, c.spec.binds) for c in consumers)
+        own, user, existing, exchanges = declaration(
+            consumers, self.exchanges, len(self.consumers), log
+        )
         # TopologyConflict: fatal, from start()
         declare_queues(conn, own, user, existing, exchanges)
 
