@@ -22,7 +22,8 @@ Nothing here is imported until a test asks for one of these; the fixtures and
 
 from __future__ import annotations
 
-from ._docker_image import ensure_local_image
+from typing import Any
+
 from ._own import find_rabbitmq_server, own_node
 from ._postgres import PostgresHandle, PostgresUnavailable, provision_postgres, wait_postgres
 
@@ -35,3 +36,12 @@ __all__ = [
     "provision_postgres",
     "wait_postgres",
 ]
+
+
+def ensure_local_image(client: Any, version: str = "4.3") -> str:
+    """Name of the kit's image ``ackkit-test/rabbitmq:<version>`` on the engine of the
+    docker ``client``, imported from a Debian root first when it is missing (root)."""
+    # imported here: ``python -m ackkit_testkit._docker_image`` runs that module as a script
+    from ._docker_image import ensure_local_image as ensure
+
+    return ensure(client, version)

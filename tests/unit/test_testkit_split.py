@@ -10,9 +10,16 @@ from typing import Any
 
 import pytest
 
-from ackkit.testing import BrokerUnavailable, InMemoryBroker, NodeTLS, provision_broker
+from ackkit.testing import (
+    BrokerUnavailable,
+    InMemoryBroker,
+    NodeTLS,
+    _docker_engine,
+    _kit,
+    _pg,
+    provision_broker,
+)
 from ackkit.testing import _broker as broker_mod
-from ackkit.testing import _docker_engine, _kit, _pg
 
 
 @pytest.fixture
