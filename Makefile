@@ -25,7 +25,7 @@ RESULTS_SUFFIX := $(if $(filter 3.10,$(RABBITMQ)),,-$(RABBITMQ))
 
 .PHONY: demo docs docs-serve test test-matrix test-docker unit fuzz check bench bench-quick chaos clean
 
-$(STAMP): pyproject.toml .ci/bootstrap
+$(STAMP): pyproject.toml testkit/pyproject.toml .ci/bootstrap
 	bash .ci/bootstrap
 	@touch $(STAMP)
 
@@ -67,9 +67,9 @@ fuzz: $(STAMP)
 	ACKKIT_FUZZ=$(FUZZ) $(PYTEST) $(FUZZ_SUITES) -m "not bench" -p no:cacheprovider
 
 check: $(STAMP)
-	.venv/bin/ruff check ackkit examples spark tests
-	.venv/bin/ruff format --check ackkit examples spark tests
-	.venv/bin/mypy ackkit examples
+	.venv/bin/ruff check ackkit testkit examples spark tests
+	.venv/bin/ruff format --check ackkit testkit examples spark tests
+	.venv/bin/mypy ackkit testkit/ackkit_testkit examples
 
 bench: $(STAMP)
 	$(call leg_env,$(RABBITMQ)) $(PY) -m tests.benchmarks $(if $(RESULTS_SUFFIX),--own-broker) \
@@ -83,4 +83,4 @@ chaos: $(STAMP)
 	$(call leg_env,$(RABBITMQ)) $(PY) -m tests.chaos --json bench-results/chaos$(RESULTS_SUFFIX).json
 
 clean:
-	rm -rf .venv build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .venv build dist *.egg-info testkit/build testkit/*.egg-info .pytest_cache .mypy_cache .ruff_cache

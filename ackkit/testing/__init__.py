@@ -27,9 +27,17 @@ Where the broker comes from (first that applies):
    (image ``ACKKIT_TEST_RABBITMQ_IMAGE``, default ``rabbitmq:4.3``; on an engine
    without a bridge network the container shares the host's network and binds
    to 127.0.0.1 on ports of its own, see ``ACKKIT_TEST_DOCKER_NETWORK``).
-3. ``rabbitmq-server`` is installed: a throwaway node with its own data
+3. ackkit-testkit is installed (``pip install ackkit-testkit``, a distribution of
+   its own) and ``rabbitmq-server`` is: a throwaway node with its own data
    directory, ports, node name and Erlang cookie, removed on exit.
-4. Otherwise :class:`BrokerUnavailable`, saying how to get a broker.
+4. Otherwise :class:`BrokerUnavailable`, saying how to get a broker (without
+   ackkit-testkit: ``pip install ackkit-testkit``, or set ``AMQP_URL``).
+
+The kit's own nodes (3), the 4.x nodes in a Debian root, the kit's Docker image
+for an engine that cannot pull one and the ``postgres`` fixture's throwaway
+PostgreSQL all come with ackkit-testkit; this package keeps the in-memory broker,
+the helpers, :class:`BrokerHandle`, the fixtures, the ``AMQP_URL`` broker and the
+testcontainers one.
 
 The kit's own brokers (2 and 3) run the ``rabbitmq_consistent_hash_exchange``
 plugin (so ``x-consistent-hash`` shard layouts work on every version), instead
@@ -42,7 +50,8 @@ Environment knobs: ``ACKKIT_TEST_BROKER=auto|url|docker|own`` forces a way;
 as when the tests run as root; default ``rabbitmq``);
 ``ACKKIT_TEST_RABBITMQ=3.10|4.0|4.3`` the version of the kit's own nodes (3.10,
 the default, is the machine's ``rabbitmq-server``; 4.x nodes run in a Debian root
-built once, as root, under ``ACKKIT_ROOTFS_DIR``, default /var/cache/ackkit/rootfs).
+built once, as root, under ``ACKKIT_ROOTFS_DIR``, default /var/cache/ackkit/rootfs;
+both need ackkit-testkit).
 
 The pytest fixtures (``rabbitmq``, ``amqp_url``, ``queue_factory``,
 ``fresh_queue``, ``own_rabbitmq``) live in :mod:`ackkit.testing.plugin`, which
@@ -54,7 +63,7 @@ from ._errors import BrokerError, BrokerNotOwned, BrokerUnavailable, QueueNotFou
 from ._handle import BrokerHandle
 from ._helpers import NotRouted, QueuedMessage, wait_until, wait_until_async
 from ._memory import InMemoryBroker
-from ._provider_node import NodeTLS
+from ._options import NodeTLS
 from ._queries import QueueCounts
 from ._util import mask_url
 

@@ -5,30 +5,32 @@ Order (see ``provision_broker``):
 1. ``AMQP_URL`` is set: use that broker (``own=False``; ``_provider_url``).
 2. A Docker engine answers: a RabbitMQ container through testcontainers
    (``own=True``; ``_provider_docker``, with ``_docker_engine`` choosing the image
-   and the network, and ``_docker_image`` building the kit's own image if needed).
+   and the network; ackkit-testkit builds the kit's own image when one is needed).
 3. A throwaway node of the kit's own, with its own data directory, ports, node
    name and Erlang cookie (``own=True``): from the machine's ``rabbitmq-server``
-   (``_provider_node``) for the default version "3.10", or inside a Debian root
-   holding RabbitMQ 4.0 / 4.3 (``_provider_chroot``, ``_rootfs``).
-4. Otherwise :class:`BrokerUnavailable` says how to get a broker.
+   for the default version "3.10", or inside a Debian root holding RabbitMQ 4.0 /
+   4.3. Those nodes come with the separate distribution ackkit-testkit
+   (``ackkit_testkit.own_node``; :mod:`._kit` finds it).
+4. Otherwise :class:`BrokerUnavailable` says how to get a broker (``pip install
+   ackkit-testkit`` first when that is what is missing).
 
 ``ACKKIT_TEST_BROKER=url|docker|own`` forces one of the ways (``auto`` is the default).
 ``ACKKIT_TEST_RABBITMQ=3.10|4.0|4.3`` picks the version of the kit's own brokers
 (3.10, the default, means the machine's own ``rabbitmq-server``, whatever its version).
 
-Only the standard library is imported at module level; pika, docker and
-testcontainers are imported when they are needed.
+Only the standard library is imported at module level; pika, docker,
+testcontainers and ackkit_testkit are imported when they are needed.
 
-The probes and the reaper are looked up in this module's namespace when a broker
-is provisioned, so a test can replace them here (``monkeypatch.setattr(_broker,
-"_docker_engine", ...)``); the private provider classes are importable from here too.
+The probes are looked up in this module's namespace when a broker is
+provisioned, so a test can replace them here (``monkeypatch.setattr(_broker,
+"_docker_engine", ...)``).
 """
 
 from __future__ import annotations
 
 import os
-import threading
 
+from . import _kit
 from ._docker_engine import docker_settings as _docker_settings
 from ._env import (
     _SBIN_DIRS,
@@ -42,14 +44,10 @@ from ._env import (
 )
 from ._errors import BrokerError, BrokerNotOwned, BrokerUnavailable, QueueNotFound
 from ._handle import BrokerHandle
-from ._node_os import _find_rabbitmq_server as _find_rabbitmq_server
-from ._node_os import _reap_dead_runs
-from ._provider_chroot import _ChrootNode as _ChrootNode
+from ._options import NodeTLS
 from ._provider_docker import _docker_engine as _docker_engine
 from ._provider_docker import _DockerBroker as _DockerBroker
 from ._provider_docker import _rabbitmq_container_class as _rabbitmq_container_class
-from ._provider_node import NodeTLS
-from ._provider_node import _OwnNode as _OwnNode
 from ._provider_url import _UrlBroker as _UrlBroker
 from ._queries import QueueCounts
 
@@ -67,33 +65,23 @@ __all__ = [
     "provision_broker",
 ]
 
-# Nodes that dead test runs left behind are reaped once per process and data
-# directory parent, before the first node of the kit's own boots there (a test
-# empties ``_reaped`` to reap again).
-_reaped: set[str] = set()
-_reap_lock = threading.Lock()
+_OWN_NODE = "a RabbitMQ node of the kit's own"
 
 
-def _reap_orphans(parent: str) -> None:
-    """Kill nodes (and remove data directories) left behind by dead test runs; once."""
-    with _reap_lock:
-        if parent in _reaped:
-            return
-        _reaped.add(parent)
-    _reap_dead_runs(parent)
+def _find_rabbitmq_server() -> str | None:
+    """The machine's ``rabbitmq-server`` (None: not installed, or no ackkit-testkit
+    to start a node from it)."""
+    kit = _kit.testkit()
+    if kit is None:
+        return None
+    found: str | None = kit.find_rabbitmq_server()
+    return found
 
 
-def _own_node(version: str, tls: NodeTLS | None = None) -> BrokerHandle:
-    """A throwaway node of the kit's own of RabbitMQ ``version``."""
-    if version != DEFAULT_VERSION:
-        return _ChrootNode(version, reap_orphans=_reap_orphans, tls=tls)
-    server = _find_rabbitmq_server()
-    if server is None:
-        raise BrokerUnavailable(
-            "a node of the kit's own needs rabbitmq-server, which is not installed.\n"
-            + HOW_TO_GET_A_BROKER
-        )
-    return _OwnNode(server, reap_orphans=_reap_orphans, tls=tls)
+def _own_node(version: str, tls: NodeTLS | None = None, server: str | None = None) -> BrokerHandle:
+    """A throwaway node of the kit's own of RabbitMQ ``version`` (ackkit-testkit)."""
+    node: BrokerHandle = _kit.require(_OWN_NODE).own_node(version, server=server, tls=tls)
+    return node
 
 
 def provision_broker(
@@ -154,11 +142,14 @@ def provision_broker(
             raise BrokerUnavailable(f"{ENV_MODE}=docker but {why}.\n{HOW_TO_GET_A_BROKER}")
         tried.append(f"Docker: {why}")
 
+    if _kit.testkit() is None:
+        tried.append(f"{_OWN_NODE}: ackkit-testkit is not installed")
+        raise _kit.missing(_OWN_NODE, tried=tried)
     if version != DEFAULT_VERSION:
         return _own_node(version)
     server = _find_rabbitmq_server()
     if server is not None:
-        return _OwnNode(server, reap_orphans=_reap_orphans)
+        return _own_node(version, server=server)
     tried.append("rabbitmq-server: not found on PATH or in " + ", ".join(_SBIN_DIRS[:4]))
     raise BrokerUnavailable(
         "no RabbitMQ broker for the tests. Tried:\n  - "

@@ -18,6 +18,7 @@ import socket
 import warnings
 from typing import Any
 
+from . import _kit
 from ._env import DEFAULT_VERSION, DOCKER_DEFAULT_VERSION, ENV_DOCKER_NETWORK, ENV_IMAGE
 from ._util import pid_alive
 
@@ -25,6 +26,7 @@ log = logging.getLogger("ackkit.testing")
 
 NETWORK_MODES = ("auto", "host", "bridge")
 CONTAINER_PREFIX = "ackkit-test-"
+LOCAL_REPOSITORY = "ackkit-test/rabbitmq"  # the kit's own image (ackkit-testkit builds it)
 
 
 def _docker_engine(timeout: float = 3.0) -> tuple[bool, str]:
@@ -94,22 +96,57 @@ def docker_version(version: str = DEFAULT_VERSION) -> str:
     return DOCKER_DEFAULT_VERSION if version == DEFAULT_VERSION else version
 
 
+def local_image_name(version: str = DOCKER_DEFAULT_VERSION) -> str:
+    return f"{LOCAL_REPOSITORY}:{version}"
+
+
+def local_image_version(image: str) -> str | None:
+    """The version of a kit-made image name (``ackkit-test/rabbitmq:4.3`` -> "4.3"), else None."""
+    repo, sep, tag = image.rpartition(":")
+    return tag if sep and repo == LOCAL_REPOSITORY and tag else None
+
+
+def image_exists(client: Any, name: str) -> bool:
+    import docker.errors
+
+    try:
+        client.images.get(name)
+    except docker.errors.ImageNotFound:
+        return False
+    return True
+
+
+def _kit_image(client: Any, version: str, *, required: bool) -> str | None:
+    """The kit's own image for ``version``: built when missing by ackkit-testkit if it
+    is installed; without it, the image when it exists, else None (or, ``required``,
+    :class:`~._kit.TestkitMissing` saying how to install it)."""
+    name = local_image_name(version)
+    kit = _kit.testkit()
+    if kit is not None:
+        built: str = kit.ensure_local_image(client, version)
+        return built
+    if image_exists(client, name):
+        return name
+    if required:
+        raise _kit.missing(f"the Docker image {name} (made from a Debian root)")
+    return None
+
+
 def choose_image(client: Any, mode: str, version: str = DOCKER_DEFAULT_VERSION) -> str:
     """The image to run for RabbitMQ ``version``.
 
     ``ACKKIT_TEST_RABBITMQ_IMAGE`` when set (the kit's own ``ackkit-test/rabbitmq:<v>``
-    is built when missing; any other name is pulled as usual). Otherwise the kit's
-    image when it exists or the engine has no bridge (an engine set up locally,
-    which need not reach a registry), else the official ``rabbitmq:<version>``.
+    is built when missing, which needs ackkit-testkit; any other name is pulled as
+    usual). Otherwise the kit's image when it exists or the engine has no bridge (an
+    engine set up locally, which need not reach a registry; without ackkit-testkit
+    to build it, the official image), else the official ``rabbitmq:<version>``.
     """
-    from . import _docker_image as images  # (also runs as a script: imported late)
-
     explicit = os.environ.get(ENV_IMAGE, "").strip()
     if explicit:
-        local = images.local_image_version(explicit)
-        return images.ensure_local_image(client, local) if local else explicit
-    if mode == "host" or images.image_exists(client, images.local_image_name(version)):
-        return images.ensure_local_image(client, version)
+        local = local_image_version(explicit)
+        return (_kit_image(client, local, required=True) or explicit) if local else explicit
+    if mode == "host" or image_exists(client, local_image_name(version)):
+        return _kit_image(client, version, required=False) or f"rabbitmq:{version}"
     return f"rabbitmq:{version}"
 
 

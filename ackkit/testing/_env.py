@@ -15,6 +15,7 @@ ENV_NODE_USER = "ACKKIT_TEST_NODE_USER"  # user an own node runs as when we are 
 ENV_NODE_DIR = "ACKKIT_TEST_NODE_DIR"  # parent directory of own nodes' data directories
 ENV_BOOT_TIMEOUT = "ACKKIT_TEST_BOOT_TIMEOUT"  # seconds, default 60
 ENV_VERSION = "ACKKIT_TEST_RABBITMQ"  # 3.10 | 4.0 | 4.3: version of the kit's own brokers
+ENV_POSTGRES_DSN = "ACKKIT_TEST_POSTGRES_DSN"  # a PostgreSQL the tests may use
 
 DEFAULT_VERSION = "3.10"  # the machine's own rabbitmq-server
 VERSIONS = ("3.10", "4.0", "4.3")
@@ -37,8 +38,9 @@ _SBIN_DIRS = (
 HOW_TO_GET_A_BROKER = """\
 How to get a broker for the tests (any one of):
   * point the tests at a running broker:  export AMQP_URL=amqp://guest:guest@127.0.0.1:5672/%2f
-  * start a Docker engine (the kit then runs the rabbitmq:4.3 image through testcontainers)
-  * install the RabbitMQ server so the kit can start a throwaway node of its own:
+  * start a Docker engine (with testcontainers installed, the kit runs the rabbitmq:4.3 image)
+  * let the kit start throwaway nodes of its own: pip install ackkit-testkit, and install
+    the RabbitMQ server:
         sudo apt-get update && sudo apt-get install -y rabbitmq-server   (Debian/Ubuntu)
         brew install rabbitmq                                           (macOS)
 Force one way with ACKKIT_TEST_BROKER=url|docker|own."""

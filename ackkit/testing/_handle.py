@@ -2,7 +2,7 @@
 
 :class:`BrokerHandle` talks AMQP (connect, ping, purge, delete), reads counts
 (:mod:`._queries`) and refuses node control; the providers
-(``_provider_url``, ``_provider_docker``, ``_provider_node``) override what
+(``_provider_url``, ``_provider_docker``, and ackkit-testkit's nodes) override what
 their kind of broker can do.
 """
 

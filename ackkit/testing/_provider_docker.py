@@ -28,7 +28,7 @@ from ._docker_engine import container_name, engine_is_local, rabbitmq_conf
 from ._env import ENV_BOOT_TIMEOUT, ENV_DOCKER_NETWORK, ENV_IMAGE, ENV_MODE, _env_float
 from ._errors import BrokerError, BrokerUnavailable
 from ._handle import BrokerHandle
-from ._node_files import PLUGINS
+from ._options import PLUGINS
 from ._registry import _register, _unregister
 from ._util import free_port, mask_secrets
 

@@ -23,6 +23,8 @@ Fixtures:
 ``rabbitmq_version``  the session broker's version as it announces itself ("4.3.6")
 ``amqp_broker``    ``memory_broker``, or ``rabbitmq`` with ``--real-broker`` /
                    ``ACKKIT_TEST_REAL_BROKER=1``: one test suite, both brokers
+``postgres``, ``postgres_dsn``  a PostgreSQL (``ACKKIT_TEST_POSTGRES_DSN``, or a throwaway
+                   cluster of ackkit-testkit's) and a fresh database on it per test
 ``memory_broker``  a fresh :class:`~ackkit.testing.InMemoryBroker` for the test (no
                    network); ``App(memory_broker.url)`` runs on it. It follows RabbitMQ
                    3.13's rules, or those of the version ``--rabbitmq`` /
@@ -30,7 +32,8 @@ Fixtures:
 
 Which RabbitMQ: ``--rabbitmq=3.10|4.0|4.3`` (or ``ACKKIT_TEST_RABBITMQ``) picks the
 version of the kit's own brokers (3.10, the default, is the machine's own
-``rabbitmq-server``; 4.x runs in a Debian root built on first use, as root). With
+``rabbitmq-server``; 4.x runs in a Debian root built on first use, as root; both
+come with ``pip install ackkit-testkit``). With
 ``AMQP_URL`` set, that broker is used whatever its version. A test marked
 ``@pytest.mark.rabbitmq(min="4.0")`` / ``(max="3.13")`` / ``("4.3", "4.0")`` is
 skipped, with the reason, on a broker of another version.
@@ -55,6 +58,7 @@ from ._env import ENV_MODE, ENV_URL, ENV_VERSION, VERSIONS, wanted_version
 from ._errors import BrokerError
 from ._handle import BrokerHandle
 from ._memory import InMemoryBroker
+from ._pg import fresh_database, provision_postgres
 from ._util import mask_url
 
 ENV_REAL = "ACKKIT_TEST_REAL_BROKER"
@@ -66,6 +70,8 @@ __all__ = [
     "fresh_queue",
     "memory_broker",
     "own_rabbitmq",
+    "postgres",
+    "postgres_dsn",
     "queue_factory",
     "rabbitmq",
     "rabbitmq_version",
@@ -379,11 +385,9 @@ def fresh_queue(queue_factory: QueueFactory) -> str:
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[Any]:
-    """A session-scoped :class:`~ackkit.testing.PostgresHandle`: ``ACKKIT_TEST_POSTGRES_DSN``,
-    or a throwaway cluster made with the machine's PostgreSQL binaries (127.0.0.1, a free
-    port; stopped and deleted at the end)."""
-    from ._postgres import provision_postgres
-
+    """A session-scoped PostgreSQL (``.dsn``): ``ACKKIT_TEST_POSTGRES_DSN``, or a throwaway
+    cluster made with the machine's PostgreSQL binaries by ackkit-testkit (127.0.0.1, a
+    free port; stopped and deleted at the end)."""
     h = provision_postgres()
     try:
         yield h
@@ -394,20 +398,5 @@ def postgres() -> Iterator[Any]:
 @pytest.fixture
 def postgres_dsn(postgres: Any, request: pytest.FixtureRequest) -> Iterator[str]:
     """The DSN of a fresh database for this test (dropped afterwards)."""
-    import psycopg
-    from psycopg import sql
-
     slug = _slug(request.node.name, 40).replace(".", "_").replace("-", "_")
-    name = f"t_{slug}_{secrets.token_hex(3)}"
-    with psycopg.connect(postgres.dsn, autocommit=True) as c:
-        c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    info = psycopg.conninfo.conninfo_to_dict(postgres.dsn)
-    info["dbname"] = name
-    yield psycopg.conninfo.make_conninfo(**info)  # type: ignore[arg-type]
-    try:
-        with psycopg.connect(postgres.dsn, autocommit=True) as c:
-            c.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
-    except psycopg.Error:
-        pass  # a server the test stopped: its cluster goes at the end anyway
+    yield from fresh_database(postgres.dsn, slug)

@@ -19,17 +19,18 @@ import pika
 import pika.exceptions
 import pytest
 
+import ackkit_testkit
 from ackkit.testing import (
     BrokerError,
     BrokerHandle,
     QueueCounts,
     _docker_engine,
-    _docker_image,
     provision_broker,
 )
 from ackkit.testing import _broker as broker_mod
 from ackkit.testing._env import wanted_version
 from ackkit.testing.plugin import QueueFactory
+from ackkit_testkit import _docker_image
 
 pytestmark = pytest.mark.integration
 
@@ -301,8 +302,8 @@ def test_image_version_must_match_the_root(tmp_path: pathlib.Path) -> None:
     root = _fake_root(tmp_path, "4.0.5")
     with pytest.raises(broker_mod.BrokerUnavailable, match=r"RabbitMQ 4\.0\.5, not 4\.3"):
         _docker_image.build_image(None, root, name="ackkit-test/rabbitmq:4.3")
-    assert _docker_image.local_image_version("ackkit-test/rabbitmq:4.3") == "4.3"
-    assert _docker_image.local_image_version("rabbitmq:4.3") is None
+    assert _docker_engine.local_image_version("ackkit-test/rabbitmq:4.3") == "4.3"
+    assert _docker_engine.local_image_version("rabbitmq:4.3") is None
 
 
 class _Engine:
@@ -343,7 +344,7 @@ def test_image_choice(monkeypatch: pytest.MonkeyPatch) -> None:
         built.append(version)
         return f"ackkit-test/rabbitmq:{version}"
 
-    monkeypatch.setattr(_docker_image, "ensure_local_image", fake_ensure)
+    monkeypatch.setattr(ackkit_testkit, "ensure_local_image", fake_ensure)
     monkeypatch.delenv("ACKKIT_TEST_RABBITMQ_IMAGE", raising=False)
     bare, with_local = _Engine([], set()), _Engine([], {"ackkit-test/rabbitmq:4.3"})
     assert _docker_engine.choose_image(bare, "bridge") == "rabbitmq:4.3"  # official, pulled

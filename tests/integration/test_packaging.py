@@ -43,14 +43,21 @@ def _pip(*args: str, python: Path | None = None, timeout: float = 240) -> str:
     return res.stdout
 
 
-def _build_wheel(tmp: Path) -> Path:
+# The test kit's provisioning: ackkit-testkit's (testkit/), never in ackkit's wheel.
+PROVISIONING = ("_rootfs", "_provider_node", "_provider_chroot", "_node_os", "_node_files")
+PROVISIONING += ("_docker_image", "_postgres", "_own", "_proc")
+
+
+def _build_wheel(tmp: Path, project: str = ".") -> Path:
+    """The wheel of ackkit (``project="."``) or of ackkit-testkit (``"testkit"``)."""
     src = tmp / "src"
-    src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(REPO / name, src / name)
-    shutil.copytree(
-        REPO / "ackkit", src / "ackkit", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
-    )
+    if not src.exists():
+        src.mkdir()
+        for name in ("pyproject.toml", "README.md"):
+            shutil.copy2(REPO / name, src / name)
+        for tree in ("ackkit", "testkit"):
+            ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build")
+            shutil.copytree(REPO / tree, src / tree, ignore=ignore)
     dist = tmp / "dist"
     try:
         offline = Version(md.version("setuptools")) >= Version("77")
@@ -59,8 +66,8 @@ def _build_wheel(tmp: Path) -> Path:
     # With a recent enough setuptools here (the `test` extra has it) the build needs no
     # network; otherwise pip fetches the build backend from the package index.
     flags = ["--no-build-isolation", "--no-index"] if offline else []
-    _pip("wheel", "--no-deps", *flags, "-w", str(dist), str(src))
-    (wheel,) = dist.glob("ackkit-*.whl")
+    _pip("wheel", "--no-deps", *flags, "-w", str(dist), str(src / project))
+    (wheel,) = dist.glob("ackkit-*.whl" if project == "." else "ackkit_testkit-*.whl")
     return wheel
 
 
@@ -183,7 +190,11 @@ def test_wheel_installs_and_runs_in_a_fresh_venv(
     assert "ackkit/py.typed" in names
     assert "ackkit/console/templates/base.html" in names  # the console's pages (package data)
     assert "ackkit/metrics.py" in names and "ackkit/testing/plugin.py" in names
-    assert not any(n.startswith(("tests/", "examples/")) for n in names)
+    assert not any(
+        n.startswith(("tests/", "examples/", "testkit/", "ackkit_testkit")) for n in names
+    )
+    shipped = {n.removeprefix("ackkit/testing/").removesuffix(".py") for n in names}
+    assert not shipped & set(PROVISIONING), "provisioning belongs to ackkit-testkit"
     assert "License-Expression: MIT" in meta
     for extra in ("async", "metrics", "tracing", "cli", "spark", "console"):
         assert f"Provides-Extra: {extra}" in meta
@@ -231,3 +242,53 @@ def test_wheel_installs_and_runs_in_a_fresh_venv(
     assert out["loaded"] == []
     assert out["typed"]
     rabbitmq.wait_for(fresh_queue, ready=0, unacked=0, consumers=0)
+
+
+OWN_NODE = """
+import json, ackkit_testkit
+from ackkit.testing import provision_broker
+with provision_broker("own") as broker:
+    print(json.dumps({"kind": broker.kind, "up": broker.ping(), "kit": ackkit_testkit.__file__}))
+"""
+
+
+def test_testkit_wheel_brings_the_kits_own_nodes(tmp_path: Path) -> None:
+    """ackkit-testkit's wheel holds the provisioning, and installed beside ackkit's it
+    gives provision_broker("own") its throwaway node again."""
+    if shutil.which("rabbitmq-server", path=os.environ.get("PATH", "") + ":/usr/sbin") is None:
+        pytest.skip("needs the machine's rabbitmq-server")
+    wheel = _build_wheel(tmp_path)
+    kit = _build_wheel(tmp_path, "testkit")
+    with zipfile.ZipFile(kit) as z:
+        names = set(z.namelist())
+        meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert {f"ackkit_testkit/{m}.py" for m in PROVISIONING} <= names
+    assert "ackkit_testkit/py.typed" in names
+    assert not any(n.startswith("ackkit/") for n in names)
+    assert "Requires-Dist: ackkit==" in meta
+
+    house = tmp_path / "wheelhouse"
+    house.mkdir()
+    for dist in _dependency_closure("ackkit", set()):
+        _repack(dist, house)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    _pip("install", "--no-index", "--find-links", str(house), str(wheel), str(kit), python=python)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "AMQP_URL"))}
+    env.pop("ACKKIT_TEST_BROKER", None)
+    env["ACKKIT_TEST_RABBITMQ"] = "3.10"
+    script = tmp_path / "own_node.py"
+    script.write_text(OWN_NODE)
+    res = subprocess.run(
+        [str(python), "-I", str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out == {"kind": "own", "up": True, "kit": out["kit"]}
+    assert Path(out["kit"]).is_relative_to(venv), out["kit"]

@@ -32,8 +32,11 @@ from ackkit.testing import (
     provision_broker,
 )
 from ackkit.testing import _broker as broker_mod
-from ackkit.testing._util import iter_processes, mask_secrets, pid_alive
+from ackkit.testing._util import mask_secrets, pid_alive
 from ackkit.testing.plugin import QueueFactory
+from ackkit_testkit import _own as own_mod
+from ackkit_testkit._proc import iter_processes
+from ackkit_testkit._provider_node import _OwnNode
 
 pytestmark = pytest.mark.integration
 
@@ -368,7 +371,7 @@ def test_boot_failure_shows_log_tail(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_own_node_leaves_nothing_behind(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AMQP_URL", raising=False)
     broker = provision_broker("own")
-    assert isinstance(broker, broker_mod._OwnNode)
+    assert isinstance(broker, _OwnNode)
     base = broker._base
     with broker:
         assert broker.ping()
@@ -408,8 +411,8 @@ def test_reaper_kills_nodes_of_dead_runs(monkeypatch: pytest.MonkeyPatch) -> Non
             while not any(pid == fake_node.pid and base in cmd for pid, cmd in iter_processes()):
                 assert time.monotonic() < deadline, "fake node never showed its command line"
                 time.sleep(0.01)
-            monkeypatch.setattr(broker_mod, "_reaped", set())
-            broker_mod._reap_orphans(parent)
+            monkeypatch.setattr(own_mod, "_reaped", set())
+            own_mod._reap_orphans(parent)
             assert fake_node.wait(10) != 0
         finally:
             if fake_node.poll() is None:

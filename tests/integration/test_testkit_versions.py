@@ -24,11 +24,12 @@ import pika
 import pytest
 
 from ackkit.testing import BrokerHandle, QueueCounts, provision_broker
-from ackkit.testing import _broker as broker_mod
 from ackkit.testing import _env as env_mod
-from ackkit.testing import _rootfs as rootfs_mod
-from ackkit.testing._util import iter_processes, pid_alive
+from ackkit.testing._util import pid_alive
 from ackkit.testing.plugin import QueueFactory, _version_skip_reason
+from ackkit_testkit import _rootfs as rootfs_mod
+from ackkit_testkit._proc import iter_processes
+from ackkit_testkit._provider_chroot import _ChrootNode
 
 pytestmark = pytest.mark.integration
 
@@ -302,7 +303,7 @@ def test_the_environment_picks_the_version(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("ACKKIT_TEST_BROKER", "own")
     monkeypatch.setenv("ACKKIT_TEST_RABBITMQ", "4.0")
     with provision_broker() as broker:
-        assert isinstance(broker, broker_mod._ChrootNode)
+        assert isinstance(broker, _ChrootNode)
         assert broker.server_version().startswith("4.0.")
 
 
@@ -409,7 +410,7 @@ def test_a_killed_build_leaves_no_root_and_the_next_one_builds_it(
 ) -> None:
     monkeypatch.setenv("SLEEP", "60")
     code = (
-        "import ackkit.testing._rootfs as r; r._check_mirror = lambda *a: None; "
+        "import ackkit_testkit._rootfs as r; r._check_mirror = lambda *a: None; "
         "r.ensure_root('4.3')"
     )
     proc = subprocess.Popen([sys.executable, "-c", code])

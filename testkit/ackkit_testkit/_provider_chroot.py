@@ -28,11 +28,12 @@ import subprocess
 import time
 from collections.abc import Callable
 
-from ._errors import BrokerUnavailable
-from ._node_files import NodeTLS
+from ackkit.testing._errors import BrokerUnavailable
+from ackkit.testing._options import NodeTLS
+from ackkit.testing._util import free_port
+
 from ._provider_node import _OwnNode
 from ._rootfs import _pdeathsig, ensure_root, root_version
-from ._util import free_port
 
 log = logging.getLogger("ackkit.testing")
 

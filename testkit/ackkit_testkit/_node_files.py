@@ -10,34 +10,14 @@ where the node sees it (the same for a node from the machine's own
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import glob
 import os
 import secrets
 import shutil
 
-from ._util import tail
+from ackkit.testing._options import PLUGINS, NodeTLS
 
-PLUGINS = ("rabbitmq_consistent_hash_exchange",)
-"""Plugins every node of the kit's own runs: the x-consistent-hash exchange (bundled
-with every RabbitMQ 3.x and 4.x, off by default), so that shard layouts
-(:mod:`ackkit.shards`) run against it on every version the kit provides."""
-
-
-@dataclasses.dataclass(frozen=True)
-class NodeTLS:
-    """PEM files for a TLS (amqps) listener on a broker node of the kit's own.
-
-    ``verify_peer``: ask clients for a certificate and check it against ``ca_file``;
-    ``fail_if_no_peer_cert``: refuse clients that present none (client certificates
-    required). The node copies the files into its data directory.
-    """
-
-    ca_file: str
-    cert_file: str
-    key_file: str
-    verify_peer: bool = True
-    fail_if_no_peer_cert: bool = False
+from ._proc import tail
 
 
 class _NodeFiles:

@@ -23,15 +23,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._commands import _check, _run
-from ._env import ENV_BOOT_TIMEOUT, ENV_NODE_DIR, _env_float
-from ._errors import BrokerError, BrokerUnavailable
-from ._handle import BrokerHandle
-from ._node_files import NodeTLS as NodeTLS
+from ackkit.testing._commands import _check, _run
+from ackkit.testing._env import ENV_BOOT_TIMEOUT, ENV_NODE_DIR, _env_float
+from ackkit.testing._errors import BrokerError, BrokerUnavailable
+from ackkit.testing._handle import BrokerHandle
+from ackkit.testing._options import NodeTLS
+from ackkit.testing._registry import _register, _unregister
+from ackkit.testing._util import free_port, pid_alive
+
 from ._node_files import _NodeFiles
 from ._node_os import _find_erl_call, _node_user, _owner_watchdog
-from ._registry import _register, _unregister
-from ._util import free_port, iter_processes, kill_pid, pid_alive
+from ._proc import iter_processes, kill_pid
 
 log = logging.getLogger("ackkit.testing")
 

@@ -3,12 +3,12 @@
 ``ackkit-test/rabbitmq:<version>`` is imported (``docker import``) from a Debian
 root file system that holds the broker: no registry and no Dockerfile build are
 needed, only root (to read the root file system) and a Docker engine. The root
-comes from ``ackkit.testing._rootfs.ensure_root(version)``, which makes and
+comes from ``ackkit_testkit._rootfs.ensure_root(version)``, which makes and
 caches it (debootstrap); :func:`build_image` takes any such root as a parameter.
 
 Build it by hand (prints how long it took)::
 
-    python -m ackkit.testing._docker_image [--version 4.3] [--root DIR] [--force]
+    python -m ackkit_testkit._docker_image [--version 4.3] [--root DIR] [--force]
 """
 
 from __future__ import annotations
@@ -26,9 +26,14 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ._errors import BrokerUnavailable
+from ackkit.testing._docker_engine import (
+    LOCAL_REPOSITORY,
+    image_exists,
+    local_image_name,
+    local_image_version,
+)
+from ackkit.testing._errors import BrokerUnavailable
 
-LOCAL_REPOSITORY = "ackkit-test/rabbitmq"
 DEFAULT_VERSION = "4.3"
 
 # Left out of the image: mount points the engine provides, the data and Erlang
@@ -55,16 +60,6 @@ _CHANGES = (
 )
 
 
-def local_image_name(version: str = DEFAULT_VERSION) -> str:
-    return f"{LOCAL_REPOSITORY}:{version}"
-
-
-def local_image_version(image: str) -> str | None:
-    """The version of a kit-made image name (``ackkit-test/rabbitmq:4.3`` -> "4.3"), else None."""
-    repo, sep, tag = image.rpartition(":")
-    return tag if sep and repo == LOCAL_REPOSITORY and tag else None
-
-
 def rabbitmq_version_in(root: pathlib.Path) -> str:
     """The RabbitMQ version installed in a Debian root (from its lib directory)."""
     found = sorted((root / "usr/lib/rabbitmq/lib").glob("rabbitmq_server-*"))
@@ -88,16 +83,6 @@ def _build_lock(name: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def image_exists(client: Any, name: str) -> bool:
-    import docker.errors
-
-    try:
-        client.images.get(name)
-    except docker.errors.ImageNotFound:
-        return False
-    return True
 
 
 def build_image(client: Any, root: pathlib.Path, *, name: str) -> float:
@@ -153,7 +138,7 @@ def _ensure_root(version: str) -> pathlib.Path:
         raise NoRootBuilder(
             f"the image {local_image_name(version)} is missing and this version of the kit "
             "cannot make a Debian root for it; build it from an existing root with\n"
-            "    python -m ackkit.testing._docker_image --root DIR"
+            "    python -m ackkit_testkit._docker_image --root DIR"
         ) from exc
     return pathlib.Path(ensure_root(version))
 
@@ -170,7 +155,7 @@ def ensure_local_image(client: Any, version: str = DEFAULT_VERSION) -> str:
     if os.geteuid() != 0:
         raise BrokerUnavailable(
             f"the Docker image {name} is missing, and building it needs root. Build it once "
-            "with `sudo python -m ackkit.testing._docker_image`, or set "
+            "with `sudo python -m ackkit_testkit._docker_image`, or set "
             "ACKKIT_TEST_RABBITMQ_IMAGE=rabbitmq:4.3 to pull the official image"
         )
     with _build_lock(name):
@@ -181,8 +166,8 @@ def ensure_local_image(client: Any, version: str = DEFAULT_VERSION) -> str:
 
 def _image_for_tests(client: Any, version: str) -> str | None:
     """The image the test kit would run here when it is not the kit's own, else None."""
-    from ._docker_engine import network_mode
-    from ._env import ENV_IMAGE
+    from ackkit.testing._docker_engine import network_mode
+    from ackkit.testing._env import ENV_IMAGE
 
     explicit = os.environ.get(ENV_IMAGE, "").strip()
     if explicit:
@@ -194,7 +179,7 @@ def _image_for_tests(client: Any, version: str) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m ackkit.testing._docker_image",
+        prog="python -m ackkit_testkit._docker_image",
         description=f"Build the test kit's RabbitMQ image ({LOCAL_REPOSITORY}:<version>).",
     )
     parser.add_argument("--version", default=DEFAULT_VERSION, help="RabbitMQ version (4.3)")
@@ -217,8 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         if args.for_tests:
-            from ._docker_engine import docker_version
-            from ._env import wanted_version
+            from ackkit.testing._docker_engine import docker_version
+            from ackkit.testing._env import wanted_version
 
             args.version = docker_version(wanted_version())
             other = _image_for_tests(client, args.version)

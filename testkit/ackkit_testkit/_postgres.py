@@ -15,9 +15,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from ._util import free_port, mask_url
+from ackkit.testing._env import ENV_POSTGRES_DSN as ENV_DSN
+from ackkit.testing._util import free_port, mask_url
 
-ENV_DSN = "ACKKIT_TEST_POSTGRES_DSN"
 BIN_GLOB = "/usr/lib/postgresql/*/bin"
 
 

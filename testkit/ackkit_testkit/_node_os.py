@@ -12,9 +12,11 @@ import re
 import shutil
 import sys
 
-from ._env import _SBIN_DIRS, ENV_NODE_USER, ENV_SERVER
-from ._errors import BrokerUnavailable
-from ._util import iter_processes, kill_pid, pid_alive
+from ackkit.testing._env import _SBIN_DIRS, ENV_NODE_USER, ENV_SERVER
+from ackkit.testing._errors import BrokerUnavailable
+from ackkit.testing._util import pid_alive
+
+from ._proc import iter_processes, kill_pid
 
 log = logging.getLogger("ackkit.testing")
 
