@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import pika.exceptions
 from pika.spec import Basic
 
 from .._core.actions import Republish
@@ -271,3 +272,25 @@ class Publisher:
         if not self.host.stopping and conn is not None and conn.is_open:
             log.warning("publisher channel closed: %s; reopening", reason)
             conn.ioloop.call_later(0.5, lambda: self._reopen(conn))
+
+
+def carry(ch: Any, msg: Outgoing) -> None:
+    """The blocking carrier: publish a built message on a pika BlockingChannel in confirm
+    mode (pull mode, the test kit) and wait for the broker's answer; the PublishError its
+    outcome means (`failure`), if any. (The App's messages take `Publisher.send`.)"""
+    confirmed, returned = True, False
+    try:
+        ch.basic_publish(
+            msg.exchange,
+            msg.routing_key,
+            msg.body,
+            WireProperties(msg.properties),
+            mandatory=msg.mandatory,
+        )
+    except pika.exceptions.UnroutableError:
+        returned = True
+    except pika.exceptions.NackError:
+        confirmed = False
+    error = failure(msg, confirmed=confirmed, returned=returned)
+    if error is not None:
+        raise error
