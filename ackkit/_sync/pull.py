@@ -27,12 +27,10 @@ from .._url import check_url, mask_url
 from . import _frames as frames
 from ._pika import (
     blocking_connection,
-    copy_options,
-    copy_properties,
     declare_queues,
     parameters,
 )
-from .publisher import carry
+from .publisher import BlockingCopies, carry
 
 log = logging.getLogger("ackkit.pull")
 
@@ -98,6 +96,7 @@ class PullConnection:
         self._cores: dict[str, ListenerCore] = {}
         self._lock = threading.RLock()
         self._closed = False
+        self._copies = BlockingCopies()  # retry / dead-letter copies, confirmed
 
     def __repr__(self) -> str:
         return f"<PullConnection {mask_url(self.url)}>"
@@ -251,30 +250,9 @@ class PullConnection:
                 ch.basic_nack(a.tag, a.multiple, a.requeue)
             elif isinstance(a, Reject):
                 ch.basic_reject(a.tag, a.requeue)
-            elif isinstance(a, Republish):
+            elif isinstance(a, Republish):  # on a confirm channel of its own, as the App's
                 d: Delivery = a.source
-                ok, unroutable = True, False
-                if a.declare is not None:
-                    name, args = a.declare
-                    ch.queue_declare(name, durable=True, arguments=args or None)
-                error: str | None = None
-                try:
-                    props = copy_properties(
-                        None if a.minimal else d.properties,
-                        a.set_headers,
-                        **copy_options(a, ch._impl),
-                    )
-                    ch.basic_publish(a.exchange, a.routing_key, d.body, props, mandatory=True)
-                except pika.exceptions.UnroutableError:
-                    ok, unroutable = False, True
-                except pika.exceptions.NackError:
-                    ok = False
-                except (pika.exceptions.AMQPError, ValueError, TypeError) as exc:
-                    if not ch.is_open:
-                        raise
-                    ok, error = False, f"{a.purpose} copy not publishable: {exc!r:.300}"
-                    log.error("%s", error)
-                again = core.republished(a.token, ok, unroutable=unroutable, error=error)
+                again = self._copies.copy(self._conn, core, a, d.properties, d.body)
                 self._execute(core, ch, again)
 
     @publishes
