@@ -148,8 +148,7 @@ class Delivery:
     @publishes
     def publish(self, msg: Outgoing) -> None:
         """Publish a message on the connection this delivery came from, and wait for the
-        broker's confirm (the options and defaults of every publish front: `App.publish`);
-        a PublishError if it fails."""
+        broker's confirm."""
         self._publisher().publish_message(msg)
 
     def reply(self, body: object, **options: Any) -> None:

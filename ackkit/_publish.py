@@ -10,28 +10,8 @@ confirm. A bad option fails here, at the caller's line. `failure(...)` is the
 one rule of what a carrier's outcome means for its caller. No client library
 is imported.
 
-The defaults (the one place they are written down):
-
-==================  ==========================================================
-property            when the caller does not set it
-==================  ==========================================================
-``message_id``      a new ``uuid4().hex`` (32 hex digits): every message has one
-``content_type``    from the body: ``application/json`` for a pydantic model or
-                    any other JSON value; none for ``bytes`` / ``str`` (sent as
-                    they are: a str may already be JSON text)
-``delivery_mode``   2, persistent (``persistent=False``: 1)
-``headers``         none (a dict of AMQP field-table values, checked here)
-``correlation_id``  none (``reply()``: the delivery's correlation_id, else its
-                    message_id)
-mandatory           True: a message no queue takes raises ``MessageUnroutable``
-confirms            always: the call returns once the broker confirmed it;
-                    ``PublishNacked`` when refused, ``PublishNotConfirmed``
-                    when no answer came within ``timeout`` (30 s)
-==================  ==========================================================
-
-Other AMQP properties (``reply_to``, ``expiration``, ``priority``,
-``timestamp``, ``type``, ``user_id``, ``app_id``, ``content_encoding``) are
-keyword arguments, sent only when given.
+The options and their defaults are written down once, in `outgoing`'s docstring;
+each front's docstring is its own first lines followed by that one.
 """
 
 from __future__ import annotations
@@ -55,6 +35,11 @@ if TYPE_CHECKING:
 
 PUBLISH_TIMEOUT = 30.0
 """Seconds a publish waits for the broker's confirm by default."""
+
+MAX_BODY = 512 * 1024 * 1024
+"""The largest body any RabbitMQ takes (its max_message_size cannot be set higher; the
+default is 128 MiB on 3.x, 16 MiB on 4.x, and a larger message closes the channel:
+PublishNotConfirmed with the broker's words). A larger one fails at the call."""
 
 AUTO = "auto"
 """content_type=AUTO: application/json for a model or a JSON value, none for bytes or str."""
@@ -119,8 +104,37 @@ def outgoing(
     timeout: float = PUBLISH_TIMEOUT,
     **properties: Any,
 ) -> Outgoing:
-    """The message a publish sends (the defaults: this module's docstring); ValueError /
-    TypeError for a bad option, at once."""
+    """The message a publish sends; ValueError / TypeError for a bad option, at once.
+
+    Options and defaults (the same on every publish front):
+
+    ==================  ==========================================================
+    property            when the caller does not set it
+    ==================  ==========================================================
+    ``message_id``      a new ``uuid4().hex`` (32 hex digits): every message has one
+    ``content_type``    from the body: ``application/json`` for a pydantic model or
+                        any other JSON value; none for ``bytes`` / ``str`` (sent as
+                        they are: a str may already be JSON text)
+    ``delivery_mode``   2, persistent (``persistent=False``: 1)
+    ``headers``         none (a dict of AMQP field-table values, checked here)
+    ``correlation_id``  none (``reply()``: the delivery's correlation_id, else its
+                        message_id)
+    body                at most 512 MiB (``MAX_BODY``); the broker's own
+                        max_message_size (16 MiB on 4.x) is its to enforce
+    mandatory           True: a message no queue takes raises ``MessageUnroutable``
+    confirms            always: the call returns once the broker confirmed it;
+                        ``PublishNacked`` when refused, ``PublishNotConfirmed``
+                        when no answer came within ``timeout`` (30 s)
+    ==================  ==========================================================
+
+    Other AMQP properties (``reply_to``, ``expiration``, ``priority``,
+    ``timestamp``, ``type``, ``user_id``, ``app_id``, ``content_encoding``) are
+    keyword arguments, sent only when given.
+
+    Errors: ``TypeError`` / ``ValueError`` for a bad option (nothing is sent),
+    ``MessageUnroutable``, ``PublishNacked``, ``PublishNotConfirmed`` (all
+    ``PublishError``).
+    """
     C.text("exchange", exchange, empty=True)
     if len(exchange.encode()) > 255:
         raise ValueError(f"exchange name longer than 255 bytes: {exchange[:40]!r}...")
@@ -137,6 +151,10 @@ def outgoing(
             f"{', '.join(sorted(_EXTRA | set(_SET_BY_ARGUMENT) - {'delivery_mode'}))}"
         )
     data, implied = encode_body(body)
+    if len(data) > MAX_BODY:
+        raise ValueError(
+            f"body of {len(data)} bytes is larger than any RabbitMQ takes ({MAX_BODY} bytes)"
+        )
     for name in ("message_id", "correlation_id", "content_type"):
         value = locals()[name]
         if value is not None and not isinstance(value, str):
@@ -168,6 +186,8 @@ def _front(carrier: Callable[..., Any], front: Callable[..., Any]) -> None:
     `self`), for help(), IDEs and the docs."""
     functools.update_wrapper(front, carrier)
     del front.__wrapped__  # type: ignore[attr-defined]
+    options = (outgoing.__doc__ or "").split("\n", 1)[1]
+    front.__doc__ = inspect.cleandoc(carrier.__doc__ or "") + "\n\n" + inspect.cleandoc(options)
     sig = inspect.signature(outgoing)
     self = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
     front.__signature__ = sig.replace(  # type: ignore[attr-defined]

@@ -159,8 +159,7 @@ class AsyncApp(AppBase):
     @apublishes
     async def publish(self, msg: Outgoing) -> None:
         """Publish a message and wait until the broker confirmed it, while the app runs
-        (handlers included). The options, their defaults and the errors: those of
-        `App.publish`, the same for every publish front."""
+        (handlers included)."""
         rt = self._runtime
         if rt is None:
             raise RuntimeError(NOT_RUNNING.replace("app.run()", "await app.run()"))

@@ -49,8 +49,8 @@ class AsyncDelivery(Delivery):
 
     @apublishes
     async def publish(self, msg: Outgoing) -> None:  # type: ignore[override]
-        """Publish a message and wait for the broker's confirm (the options and defaults of
-        every publish front: `App.publish`); a PublishError if it fails."""
+        """Publish a message on the connection this delivery came from, and wait for the
+        broker's confirm."""
         await self._apublisher().apublish_message(msg)
 
     async def reply(self, body: object, **options: Any) -> None:  # type: ignore[override]

@@ -279,9 +279,7 @@ class AsyncPullConnection:
 
     @apublishes
     async def publish(self, msg: Outgoing) -> None:
-        """Publish and wait for the broker's confirm (the options, defaults and errors of
-        every publish front: `AsyncApp.publish`); also `AsyncDelivery.publish` / `reply`
-        of the deliveries fetched here."""
+        """Publish a message and wait for the broker's confirm."""
         await self.apublish_message(msg)
 
     async def apublish_message(self, msg: Outgoing) -> None:

@@ -115,8 +115,7 @@ class App(AppBase):
     @publishes
     def publish(self, msg: Outgoing) -> None:
         """Publish a message and wait until the broker confirmed it, from any thread
-        (handlers included) while the app runs. The options, their defaults and the
-        errors: `ackkit._publish` (the same for every publish front)."""
+        (handlers included) while the app runs."""
         rt = self._runtime
         if rt is None:
             raise RuntimeError(NOT_RUNNING)

@@ -257,9 +257,7 @@ class PullConnection:
 
     @publishes
     def publish(self, msg: Outgoing) -> None:
-        """Publish and wait for the broker's confirm (the options, defaults and errors of
-        every publish front: `App.publish`); also `Delivery.publish` / `reply` of the
-        deliveries fetched here."""
+        """Publish a message and wait for the broker's confirm."""
         self.publish_message(msg)
 
     def publish_message(self, msg: Outgoing) -> None:
