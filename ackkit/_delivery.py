@@ -10,7 +10,7 @@ from pydantic import BaseModel, ValidationError
 
 from ._core.errors import BadPayload
 from ._core.listener import Tracked
-from ._publish import AUTO, PUBLISH_TIMEOUT, Outgoing, outgoing, reply
+from ._publish import Outgoing, publishes, reply
 
 if TYPE_CHECKING:
     from ._handler import Decoder
@@ -145,36 +145,10 @@ class Delivery:
 
     # -- publishing -----------------------------------------------------------
 
-    def publish(
-        self,
-        routing_key: str,
-        body: object,
-        *,
-        exchange: str = "",
-        headers: Mapping[str, Any] | None = None,
-        message_id: str | None = None,
-        correlation_id: str | None = None,
-        content_type: str | None = AUTO,
-        persistent: bool = True,
-        mandatory: bool = True,
-        timeout: float = PUBLISH_TIMEOUT,
-        **properties: Any,
-    ) -> None:
+    @publishes
+    def publish(self, msg: Outgoing) -> None:
         """Publish a message on the connection this delivery came from, and wait for the
-        broker's confirm (the options of `App.publish`); a PublishError if it fails."""
-        msg = outgoing(
-            routing_key,
-            body,
-            exchange=exchange,
-            headers=headers,
-            message_id=message_id,
-            correlation_id=correlation_id,
-            content_type=content_type,
-            persistent=persistent,
-            mandatory=mandatory,
-            timeout=timeout,
-            **properties,
-        )
+        broker's confirm."""
         self._publisher().publish_message(msg)
 
     def reply(self, body: object, **options: Any) -> None:

@@ -1,19 +1,28 @@
-"""What a publish sends, checked before anything goes out: shared by every publisher.
+"""Publishing: one front, one set of defaults, for every way ackkit publishes.
 
-`outgoing(...)` turns the arguments of `App.publish`, `AsyncApp.publish`,
-`Delivery.publish` / `reply` and the pull connections' `publish` into one
-`Outgoing` value (the body encoded, the AMQP properties by name); a bad option
-fails here, at the caller's line. `failure(...)` is the one rule of what a
-publisher's outcome means for its caller. No client library is imported.
+`App.publish`, `AsyncApp.publish`, `Delivery.publish` / `reply` (and the
+async delivery's), `PullConnection.publish`, `AsyncPullConnection.publish` and
+the test kit's `broker.publish` all build their message with `outgoing(...)`
+(the same call gives the same message on the wire, whichever front takes it);
+`publishes` / `apublishes` give a class that front, in front of a carrier
+that only puts the built `Outgoing` on the wire and waits for the broker's
+confirm. A bad option fails here, at the caller's line. `failure(...)` is the
+one rule of what a carrier's outcome means for its caller. No client library
+is imported.
+
+The options and their defaults are written down once, in `outgoing`'s docstring;
+each front's docstring is its own first lines followed by that one.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from pydantic import BaseModel
 
@@ -26,6 +35,11 @@ if TYPE_CHECKING:
 
 PUBLISH_TIMEOUT = 30.0
 """Seconds a publish waits for the broker's confirm by default."""
+
+MAX_BODY = 512 * 1024 * 1024
+"""The largest body any RabbitMQ takes (its max_message_size cannot be set higher; the
+default is 128 MiB on 3.x, 16 MiB on 4.x, and a larger message closes the channel:
+PublishNotConfirmed with the broker's words). A larger one fails at the call."""
 
 AUTO = "auto"
 """content_type=AUTO: application/json for a model or a JSON value, none for bytes or str."""
@@ -88,10 +102,39 @@ def outgoing(
     persistent: bool = True,
     mandatory: bool = True,
     timeout: float = PUBLISH_TIMEOUT,
-    new_message_id: bool = True,
     **properties: Any,
 ) -> Outgoing:
-    """The message a publish sends; ValueError / TypeError for a bad option, at once."""
+    """The message a publish sends; ValueError / TypeError for a bad option, at once.
+
+    Options and defaults (the same on every publish front):
+
+    ==================  ==========================================================
+    property            when the caller does not set it
+    ==================  ==========================================================
+    ``message_id``      a new ``uuid4().hex`` (32 hex digits): every message has one
+    ``content_type``    from the body: ``application/json`` for a pydantic model or
+                        any other JSON value; none for ``bytes`` / ``str`` (sent as
+                        they are: a str may already be JSON text)
+    ``delivery_mode``   2, persistent (``persistent=False``: 1)
+    ``headers``         none (a dict of AMQP field-table values, checked here)
+    ``correlation_id``  none (``reply()``: the delivery's correlation_id, else its
+                        message_id)
+    body                at most 512 MiB (``MAX_BODY``); the broker's own
+                        max_message_size (16 MiB on 4.x) is its to enforce
+    mandatory           True: a message no queue takes raises ``MessageUnroutable``
+    confirms            always: the call returns once the broker confirmed it;
+                        ``PublishNacked`` when refused, ``PublishNotConfirmed``
+                        when no answer came within ``timeout`` (30 s)
+    ==================  ==========================================================
+
+    Other AMQP properties (``reply_to``, ``expiration``, ``priority``,
+    ``timestamp``, ``type``, ``user_id``, ``app_id``, ``content_encoding``) are
+    keyword arguments, sent only when given.
+
+    Errors: ``TypeError`` / ``ValueError`` for a bad option (nothing is sent),
+    ``MessageUnroutable``, ``PublishNacked``, ``PublishNotConfirmed`` (all
+    ``PublishError``).
+    """
     C.text("exchange", exchange, empty=True)
     if len(exchange.encode()) > 255:
         raise ValueError(f"exchange name longer than 255 bytes: {exchange[:40]!r}...")
@@ -108,11 +151,15 @@ def outgoing(
             f"{', '.join(sorted(_EXTRA | set(_SET_BY_ARGUMENT) - {'delivery_mode'}))}"
         )
     data, implied = encode_body(body)
+    if len(data) > MAX_BODY:
+        raise ValueError(
+            f"body of {len(data)} bytes is larger than any RabbitMQ takes ({MAX_BODY} bytes)"
+        )
     for name in ("message_id", "correlation_id", "content_type"):
         value = locals()[name]
         if value is not None and not isinstance(value, str):
             raise TypeError(f"{name} must be a str or None, got {value!r}")
-    if message_id is None and new_message_id:
+    if message_id is None:
         message_id = uuid.uuid4().hex
     props: dict[str, Any] = {
         **{k: v for k, v in properties.items() if v is not None},
@@ -128,6 +175,63 @@ def outgoing(
     except Exception as exc:
         raise ValueError(f"publish properties cannot be sent: {exc}") from None
     return Outgoing(exchange, routing_key, data, props, mandatory, timeout)
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _front(carrier: Callable[..., Any], front: Callable[..., Any]) -> None:
+    """Give `front` the carrier's name and docstring and outgoing()'s signature (after
+    `self`), for help(), IDEs and the docs."""
+    functools.update_wrapper(front, carrier)
+    del front.__wrapped__  # type: ignore[attr-defined]
+    options = (outgoing.__doc__ or "").split("\n", 1)[1]
+    front.__doc__ = inspect.cleandoc(carrier.__doc__ or "") + "\n\n" + inspect.cleandoc(options)
+    sig = inspect.signature(outgoing)
+    self = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    front.__signature__ = sig.replace(  # type: ignore[attr-defined]
+        parameters=[self, *sig.parameters.values()], return_annotation=None
+    )
+
+
+def _carrying(
+    build: Callable[P, Outgoing],
+) -> Callable[[Callable[[T, Outgoing], None]], Callable[Concatenate[T, P], None]]:
+    def publishes(carrier: Callable[[T, Outgoing], None]) -> Callable[Concatenate[T, P], None]:
+        def publish(self: T, /, *args: P.args, **options: P.kwargs) -> None:
+            carrier(self, build(*args, **options))
+
+        _front(carrier, publish)
+        return publish
+
+    return publishes
+
+
+def _acarrying(
+    build: Callable[P, Outgoing],
+) -> Callable[
+    [Callable[[T, Outgoing], Awaitable[None]]],
+    Callable[Concatenate[T, P], Coroutine[Any, Any, None]],
+]:
+    def apublishes(
+        carrier: Callable[[T, Outgoing], Awaitable[None]],
+    ) -> Callable[Concatenate[T, P], Coroutine[Any, Any, None]]:
+        async def publish(self: T, /, *args: P.args, **options: P.kwargs) -> None:
+            await carrier(self, build(*args, **options))
+
+        _front(carrier, publish)
+        return publish
+
+    return apublishes
+
+
+publishes = _carrying(outgoing)
+"""Decorate a carrier, `def publish(self, msg: Outgoing) -> None` (put `msg` on the wire,
+wait for the broker's confirm, raise what `failure()` says), into the publish front:
+a method that takes outgoing()'s arguments, builds the message, then carries it."""
+apublishes = _acarrying(outgoing)
+"""`publishes` for a coroutine carrier, `async def publish(self, msg: Outgoing)`."""
 
 
 def reply(delivery: Delivery, body: object, **options: Any) -> Outgoing:

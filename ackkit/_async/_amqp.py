@@ -24,7 +24,17 @@ from yarl import URL
 from .._core import copies, wire
 from .._core.actions import Ack, Action, Nack, Reject, Republish
 from .._core.errors import TopologyConflict
-from .._core.exchanges import ExchangeDecl, Plan, conflict
+from .._core.exchanges import (
+    BindingDecl,
+    DeclareQueue,
+    ExchangeDecl,
+    MustExist,
+    Plan,
+    binding_name,
+    conflict,
+    preparation,
+    queue_conflict,
+)
 from .._core.listener import QueueSpec, missing_queue
 from .._delivery import Delivery
 from .._inmemory import broker_for
@@ -286,32 +296,32 @@ async def declare_queues(
     existing: Iterable[str] = (),
     exchanges: Plan = NO_EXCHANGES,
 ) -> None:
-    """Check that the `existing` queues (listeners with declare=False) are there, then
-    declare the exchanges, the user's queues (passively first when they have no
-    arguments) and ackkit's own, then the bindings, each on a throwaway channel: a
-    refusal (406, 403, 404) costs that channel only and raises TopologyConflict, and
-    so does a missing `existing` queue, before anything is declared."""
-    for name in existing:
-        if not await _exists(conn, numbers, name):
-            raise TopologyConflict(missing_queue(name))
-    for d in exchanges.exchanges:
-        await _exchange(conn, numbers, d)
-    for name, args in user:
-        if not args and await _exists(conn, numbers, name):
-            continue
-        await _declare(conn, numbers, name, args, "listener queue")
-    for q in own:
-        await _declare(conn, numbers, q.name, q.arguments, q.purpose)
-    for b in exchanges.bindings:
-        ch = await conn.channel(numbers.take(), publisher_confirms=False)
-        try:
-            await ch.queue_bind(
-                b.queue, b.exchange, routing_key=b.routing_key, arguments=dict(b.arguments) or None
-            )
-        except REFUSED as exc:
-            what = f"binding of {b.queue!r} to {b.exchange!r} with {b.routing_key!r}"
-            raise conflict(what, str(exc)) from None
-        await _close(ch)
+    """Carry out `preparation(...)` (`ackkit._core.exchanges`): the `existing` queues
+    checked, then the exchanges, the listeners' queues, ackkit's own, the bindings, each
+    on a throwaway channel: a refusal (406, 403, 404) costs that channel only and
+    raises TopologyConflict."""
+    for step in preparation(own, user, existing, exchanges):
+        if isinstance(step, MustExist):
+            if not await _exists(conn, numbers, step.name):
+                raise TopologyConflict(missing_queue(step.name))
+        elif isinstance(step, ExchangeDecl):
+            await _exchange(conn, numbers, step)
+        elif isinstance(step, DeclareQueue):
+            if not (step.unless_exists and await _exists(conn, numbers, step.name)):
+                await _declare(conn, numbers, step)
+        else:
+            await _bind(conn, numbers, step)
+
+
+async def _bind(conn: AbstractConnection, numbers: ChannelNumbers, b: BindingDecl) -> None:
+    ch = await conn.channel(numbers.take(), publisher_confirms=False)
+    try:
+        await ch.queue_bind(
+            b.queue, b.exchange, routing_key=b.routing_key, arguments=dict(b.arguments) or None
+        )
+    except REFUSED as exc:
+        raise conflict(binding_name(b), str(exc)) from None
+    await _close(ch)
 
 
 REFUSED = (
@@ -357,21 +367,12 @@ async def _exists(conn: AbstractConnection, numbers: ChannelNumbers, name: str) 
     return True
 
 
-async def _declare(
-    conn: AbstractConnection,
-    numbers: ChannelNumbers,
-    name: str,
-    args: dict[str, Any],
-    what: str,
-) -> None:
+async def _declare(conn: AbstractConnection, numbers: ChannelNumbers, step: DeclareQueue) -> None:
     ch = await conn.channel(numbers.take(), publisher_confirms=False)
     try:
-        await ch.queue_declare(name, durable=True, arguments=args or None)
+        await ch.queue_declare(step.name, durable=True, arguments=step.arguments or None)
     except aiormq.exceptions.ChannelPreconditionFailed as exc:
-        raise TopologyConflict(
-            f"{what} {name!r} already exists with arguments that differ from {args!r}; "
-            f"broker said: {exc}. Delete it or align its arguments."
-        ) from None
+        raise queue_conflict(step, str(exc)) from None
     await _close(ch)
 
 

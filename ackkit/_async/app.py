@@ -9,11 +9,10 @@ import logging
 import signal
 import threading
 import typing
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator
 
 from .._handler import Binding, annotated
-from .._publish import AUTO, NOT_RUNNING, PUBLISH_TIMEOUT, outgoing
+from .._publish import NOT_RUNNING, Outgoing, apublishes
 from .._spec import AppBase
 from . import flowing
 from .delivery import AsyncDelivery
@@ -157,36 +156,10 @@ class AsyncApp(AppBase):
         if rt is not None and rt.fatal is not None:
             raise rt.fatal  # the app stopped itself while the block ran
 
-    async def publish(
-        self,
-        routing_key: str,
-        body: object,
-        *,
-        exchange: str = "",
-        headers: Mapping[str, Any] | None = None,
-        message_id: str | None = None,
-        correlation_id: str | None = None,
-        content_type: str | None = AUTO,
-        persistent: bool = True,
-        mandatory: bool = True,
-        timeout: float = PUBLISH_TIMEOUT,
-        **properties: Any,
-    ) -> None:
-        """Publish a message and wait until the broker confirmed it (the options and
-        errors of `App.publish`), while the app runs; handlers included."""
-        msg = outgoing(
-            routing_key,
-            body,
-            exchange=exchange,
-            headers=headers,
-            message_id=message_id,
-            correlation_id=correlation_id,
-            content_type=content_type,
-            persistent=persistent,
-            mandatory=mandatory,
-            timeout=timeout,
-            **properties,
-        )
+    @apublishes
+    async def publish(self, msg: Outgoing) -> None:
+        """Publish a message and wait until the broker confirmed it, while the app runs
+        (handlers included)."""
         rt = self._runtime
         if rt is None:
             raise RuntimeError(NOT_RUNNING.replace("app.run()", "await app.run()"))

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, Protocol, cast
 
 from .._delivery import Delivery
-from .._publish import AUTO, PUBLISH_TIMEOUT, Outgoing, outgoing, reply
+from .._publish import Outgoing, apublishes, reply
 
 
 class AsyncSettler(Protocol):
@@ -48,36 +47,10 @@ class AsyncDelivery(Delivery):
         """Reject one delivery. requeue=False dead-letters (to the DLQ if there is one)."""
         await self._asettler.asettle(self, "reject", requeue, False)
 
-    async def publish(  # type: ignore[override]
-        self,
-        routing_key: str,
-        body: object,
-        *,
-        exchange: str = "",
-        headers: Mapping[str, Any] | None = None,
-        message_id: str | None = None,
-        correlation_id: str | None = None,
-        content_type: str | None = AUTO,
-        persistent: bool = True,
-        mandatory: bool = True,
-        timeout: float = PUBLISH_TIMEOUT,
-        **properties: Any,
-    ) -> None:
-        """Publish a message and wait for the broker's confirm (the options of
-        `AsyncApp.publish`); a PublishError if it fails."""
-        msg = outgoing(
-            routing_key,
-            body,
-            exchange=exchange,
-            headers=headers,
-            message_id=message_id,
-            correlation_id=correlation_id,
-            content_type=content_type,
-            persistent=persistent,
-            mandatory=mandatory,
-            timeout=timeout,
-            **properties,
-        )
+    @apublishes
+    async def publish(self, msg: Outgoing) -> None:  # type: ignore[override]
+        """Publish a message on the connection this delivery came from, and wait for the
+        broker's confirm."""
         await self._apublisher().apublish_message(msg)
 
     async def reply(self, body: object, **options: Any) -> None:  # type: ignore[override]

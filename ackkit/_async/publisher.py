@@ -16,7 +16,8 @@ from typing import Protocol
 
 from aiormq.abc import AbstractChannel, AbstractConnection
 
-from .._core.actions import Republish
+from .._core.actions import Action, Republish
+from .._core.listener import ListenerCore
 from .._logs import short
 from .._publish import Outgoing, failure, not_confirmed
 from ._amqp import CHANNEL_GONE, ChannelNumbers, WireProperties, confirmed_publish, publish_copy
@@ -69,25 +70,16 @@ class AsyncPublisher:
             ch = await self._channel()
         except (TimeoutError, *CHANNEL_GONE) as exc:
             raise not_confirmed(msg, f"not published: {short(exc)}") from None
-        try:
-            confirmed, returned = await confirmed_publish(
-                ch,
-                msg.body,
-                msg.exchange,
-                msg.routing_key,
-                WireProperties(msg.properties),
-                mandatory=msg.mandatory,
-                timeout=msg.timeout,
-            )
-        except TimeoutError:
-            raise not_confirmed(msg, f"no confirm within {msg.timeout} s") from None
-        except CHANNEL_GONE as exc:
-            raise not_confirmed(msg, f"the channel closed: {short(exc)}") from None
-        error = failure(msg, confirmed=confirmed, returned=returned)
-        if error is not None:
-            raise error
+        await carry(ch, msg)
 
     async def _publish(self, c: ChannelSettler, a: Republish) -> None:
+        acts = await self.copy(c.core, a)
+        if acts:
+            await c.execute(c.core.generation, acts)
+
+    async def copy(self, core: ListenerCore, a: Republish) -> list[Action]:
+        """Publish the copy `a` of one of `core`'s deliveries, confirmed; what the core
+        answers (`ListenerCore.republished`) is the caller's to carry out."""
         ok = unroutable = False
         error: str | None = None
         lost: str | None = None
@@ -99,7 +91,7 @@ class AsyncPublisher:
                 pending = self.declaring.get(a.routing_key)
                 if pending is not None:  # its queue is being declared: publish after that
                     await asyncio.shield(pending)
-            if c.core.publishable(a.token):  # else its channel closed while we waited
+            if core.publishable(a.token):  # else its channel closed while we waited
                 ok, unroutable, error, lost = await publish_copy(ch, a)
         except (TimeoutError, *CHANNEL_GONE) as exc:
             lost = short(exc)
@@ -107,10 +99,7 @@ class AsyncPublisher:
         except Exception as exc:  # the original must still be settled
             log.exception("republish to %r failed", a.routing_key)
             error = f"{a.purpose} copy not publishable: {short(exc)}"
-        core = c.core
-        acts = core.republished(a.token, ok, unroutable=unroutable, error=error, lost=lost)
-        if acts:
-            await c.execute(core.generation, acts)
+        return core.republished(a.token, ok, unroutable=unroutable, error=error, lost=lost)
 
     async def _declare(self, ch: AbstractChannel, a: Republish) -> Republish:
         """Declare the queue a Republish asks for, once at a time per queue; publishes
@@ -129,3 +118,29 @@ class AsyncPublisher:
             if self.declaring.get(name) is done:
                 del self.declaring[name]
         return dataclasses.replace(a, declare=None)
+
+
+async def carry(ch: AbstractChannel, msg: Outgoing) -> None:
+    """The async carrier: publish a built message on confirm channel `ch` and wait for
+    the broker's answer; the PublishError its outcome means (`failure`), if any."""
+    try:
+        confirmed, returned = await confirmed_publish(
+            ch,
+            msg.body,
+            msg.exchange,
+            msg.routing_key,
+            WireProperties(msg.properties),
+            mandatory=msg.mandatory,
+            timeout=msg.timeout,
+        )
+    except TimeoutError:
+        raise not_confirmed(
+            msg,
+            f"no confirm within {msg.timeout:g} s (is the broker blocking publishers? "
+            "a memory or disk alarm)",
+        ) from None
+    except CHANNEL_GONE as exc:
+        raise not_confirmed(msg, f"the channel closed first: {short(exc)}") from None
+    error = failure(msg, confirmed=confirmed, returned=returned)
+    if error is not None:
+        raise error

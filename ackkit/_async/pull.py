@@ -17,25 +17,17 @@ from pamqp import commands as spec
 from .._core import checks as C
 from .._core.actions import Action, Republish
 from .._core.brokers import traits_of
-from .._core.errors import SettleNotAllowed
+from .._core.errors import PublishNotConfirmed, SettleNotAllowed
 from .._core.listener import ListenerCore
 from .._core.policy import DLQ_DEFAULT, AckMode, FlushPolicy, ListenerPolicy
 from .._delivery import Delivery
-from .._publish import Outgoing, failure, not_confirmed, outgoing
+from .._publish import Outgoing, apublishes
 from .._tls import TLS, client_tls
 from .._url import check_url, mask_url
 from . import _frames as frames
-from ._amqp import (
-    CHANNEL_GONE,
-    ChannelNumbers,
-    WireProperties,
-    confirmed_publish,
-    declare_queues,
-    open_connection,
-    publish_copy,
-    send_settles,
-)
+from ._amqp import CHANNEL_GONE, ChannelNumbers, declare_queues, open_connection, send_settles
 from .delivery import AsyncDelivery
+from .publisher import AsyncPublisher, carry
 
 log = logging.getLogger("ackkit.pull")
 
@@ -77,6 +69,20 @@ class AsyncPullConnection:
         self._closed = False
         self._inner: set[asyncio.Future[Any]] = set()
         self._stuck = False  # a publish got no answer: close() does not wait for one
+        self._copies = AsyncPublisher(self)  # retry / dead-letter copies, confirmed
+
+    # PublisherHost: the copy publisher opens its channel on this connection.
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return asyncio.get_running_loop()
+
+    @property
+    def amqp(self) -> AbstractConnection | None:
+        return self._amqp
+
+    @property
+    def numbers(self) -> ChannelNumbers:
+        return self._numbers
 
     def __repr__(self) -> str:
         return f"<AsyncPullConnection {mask_url(self.url)}>"
@@ -266,68 +272,28 @@ class AsyncPullConnection:
         for a in acts:
             if ch is not self._ch or ch.is_closed:
                 return  # tags of a closed channel are worthless: never sent elsewhere
-            if isinstance(a, Republish):
-                ok, unroutable, error, lost = await publish_copy(ch, a)
-                again = core.republished(a.token, ok, unroutable=unroutable, error=error, lost=lost)
-                await self._execute(core, ch, again)
+            if isinstance(a, Republish):  # on the confirm publisher's channel, as the App's
+                await self._execute(core, ch, await self._copies.copy(core, a))
             else:
                 await send_settles(ch, (a,))
 
-    async def publish(
-        self,
-        routing_key: str,
-        body: object,
-        *,
-        exchange: str = "",
-        headers: Mapping[str, Any] | None = None,
-        message_id: str | None = None,
-        content_type: str | None = "application/json",
-        persistent: bool = True,
-        **props: Any,
-    ) -> None:
-        """Publish and wait for the broker's confirm: MessageUnroutable when no queue takes
-        it (mandatory), PublishNacked when refused (the options of `AsyncApp.publish`)."""
-        msg = outgoing(
-            routing_key,
-            body,
-            exchange=exchange,
-            headers=headers,
-            message_id=message_id,
-            content_type=content_type,
-            persistent=persistent,
-            **props,
-        )
+    @apublishes
+    async def publish(self, msg: Outgoing) -> None:
+        """Publish a message and wait for the broker's confirm."""
         await self.apublish_message(msg)
 
     async def apublish_message(self, msg: Outgoing) -> None:
-        """Publish a checked message, confirmed (also `AsyncDelivery.publish` / `reply`)."""
+        """AsyncMessagePublisher protocol: carry a built message, confirmed."""
         async with self._lock:
             self._check_open("publish()")
             ch = await self._channel()
             try:
-                confirmed, returned = await confirmed_publish(
-                    ch,
-                    msg.body,
-                    msg.exchange,
-                    msg.routing_key,
-                    WireProperties(msg.properties),
-                    mandatory=msg.mandatory,
-                    timeout=msg.timeout,
-                )
-            except TimeoutError:
-                # No answer: a broker that blocks publishers (a memory or disk alarm)
-                # reads nothing more from this connection; close() does not wait for it.
-                self._stuck = True
-                raise not_confirmed(
-                    msg,
-                    f"no confirm within {msg.timeout:g} s (is the broker blocking "
-                    "publishers? a memory or disk alarm)",
-                ) from None
-            except CHANNEL_GONE as exc:
-                raise not_confirmed(msg, f"the channel closed first: {exc!r:.300}") from None
-        error = failure(msg, confirmed=confirmed, returned=returned)
-        if error is not None:
-            raise error
+                await carry(ch, msg)
+            except PublishNotConfirmed:
+                # No answer on an open channel: a broker that blocks publishers (a memory
+                # or disk alarm) reads nothing more from it; close() does not wait for one.
+                self._stuck = not ch.is_closed
+                raise
 
     async def declare_queue(self, name: str, arguments: Mapping[str, Any] | None = None) -> None:
         async with self._lock:

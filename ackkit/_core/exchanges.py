@@ -200,3 +200,57 @@ def _describe(e: Exchange) -> str:
 def conflict(what: str, broker_said: str) -> TopologyConflict:
     """The error for an exchange or binding the broker refused (406, 403, 404)."""
     return TopologyConflict(f"{what}: broker said: {broker_said}")
+
+
+# -- preparation: what a runtime declares before it consumes or publishes, in order --------
+
+
+@dataclass(frozen=True, slots=True)
+class MustExist:
+    """A queue only checked (a listener with declare=False): missing is a TopologyConflict."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeclareQueue:
+    """A queue declared durable with `arguments`; `unless_exists`: asked for passively
+    first, and left as it is when it exists (a listener's queue without arguments)."""
+
+    name: str
+    arguments: dict[str, Any]
+    what: str
+    unless_exists: bool = False
+
+
+Step = MustExist | ExchangeDecl | DeclareQueue | BindingDecl
+
+
+def preparation(
+    own: Iterable[Any],
+    user: Iterable[tuple[str, dict[str, Any]]] = (),
+    existing: Iterable[str] = (),
+    exchanges: Plan = Plan(),
+) -> list[Step]:
+    """The steps, in the order a runtime carries them out, each on a throwaway channel (a
+    refusal costs that channel only): the `existing` queues checked before anything is
+    declared, then the exchanges, the listeners' queues (`user`: name, arguments), ackkit's
+    `own` queues (QueueSpec: name, arguments, purpose), then the bindings."""
+    steps: list[Step] = [MustExist(name) for name in existing]
+    steps += exchanges.exchanges
+    steps += [DeclareQueue(n, a, "listener queue", unless_exists=not a) for n, a in user]
+    steps += [DeclareQueue(q.name, q.arguments, q.purpose) for q in own]
+    steps += exchanges.bindings
+    return steps
+
+
+def queue_conflict(step: DeclareQueue, broker_said: str) -> TopologyConflict:
+    """The error for a queue that exists with other arguments (406)."""
+    return TopologyConflict(
+        f"{step.what} {step.name!r} already exists with arguments that differ from "
+        f"{step.arguments!r}; broker said: {broker_said}. Delete it or align its arguments."
+    )
+
+
+def binding_name(b: BindingDecl) -> str:
+    return f"binding of {b.queue!r} to {b.exchange!r} with {b.routing_key!r}"

@@ -15,7 +15,17 @@ import pika.frame
 
 from .._core import copies, wire
 from .._core.errors import TopologyConflict
-from .._core.exchanges import BindingDecl, ExchangeDecl, Plan, conflict
+from .._core.exchanges import (
+    BindingDecl,
+    DeclareQueue,
+    ExchangeDecl,
+    MustExist,
+    Plan,
+    binding_name,
+    conflict,
+    preparation,
+    queue_conflict,
+)
 from .._core.listener import QueueSpec, missing_queue
 from .._inmemory import broker_for
 from .._tls import client_tls
@@ -164,32 +174,21 @@ def declare_queues(
     existing: Iterable[str] = (),
     exchanges: Plan = NO_EXCHANGES,
 ) -> None:
-    """Check that the `existing` queues (listeners with declare=False) are there, then
-    declare the exchanges, the user's queues (passively first) and ackkit's own queues,
-    then the bindings, idempotently.
-
-    A missing `existing` queue raises TopologyConflict before anything is declared; so
-    does a queue that exists with conflicting arguments (the failed declare only costs a
-    throwaway channel).
-    """
-    for name in existing:
-        if not _exists(conn, name):
-            raise TopologyConflict(missing_queue(name))
-    for d in exchanges.exchanges:
-        _on_channel(conn, repr(d.exchange.name), "exchange", partial(_exchange, conn=conn, d=d))
-    for name, args in user:
-        if not args and _exists(conn, name):
-            continue
-        _declare(conn, name, args, "listener queue")
-    for spec in own:
-        _declare(conn, spec.name, spec.arguments, spec.purpose)
-    for b in exchanges.bindings:
-        _on_channel(
-            conn,
-            f"{b.queue!r} to {b.exchange!r} with {b.routing_key!r}",
-            "binding of",
-            partial(_bind, b=b),
-        )
+    """Carry out `preparation(...)` (`ackkit._core.exchanges`): the `existing` queues
+    checked, then the exchanges, the listeners' queues, ackkit's own, the bindings,
+    idempotently, each on a throwaway channel; a refusal is a TopologyConflict."""
+    for step in preparation(own, user, existing, exchanges):
+        if isinstance(step, MustExist):
+            if not _exists(conn, step.name):
+                raise TopologyConflict(missing_queue(step.name))
+        elif isinstance(step, ExchangeDecl):
+            what = repr(step.exchange.name)
+            _on_channel(conn, what, "exchange", partial(_exchange, conn=conn, d=step))
+        elif isinstance(step, DeclareQueue):
+            if not (step.unless_exists and _exists(conn, step.name)):
+                _declare(conn, step)
+        else:
+            _on_channel(conn, binding_name(step), "", partial(_bind, b=step))
 
 
 def _bind(ch: Any, b: BindingDecl) -> None:
@@ -203,7 +202,7 @@ def _on_channel(conn: Any, name: str, what: str, op: Callable[[Any], object]) ->
         op(ch)
     except pika.exceptions.ChannelClosedByBroker as exc:
         if exc.reply_code in (403, 404, 406):
-            raise conflict(f"{what} {name}", exc.reply_text) from None
+            raise conflict(f"{what} {name}".strip(), exc.reply_text) from None
         raise
     if ch.is_open:
         ch.close()
@@ -310,15 +309,12 @@ def _exists(conn: pika.BlockingConnection, name: str) -> bool:
     return True
 
 
-def _declare(conn: pika.BlockingConnection, name: str, args: dict[str, Any], what: str) -> None:
+def _declare(conn: pika.BlockingConnection, step: DeclareQueue) -> None:
     ch = conn.channel()
     try:
-        ch.queue_declare(name, durable=True, arguments=args or None)
+        ch.queue_declare(step.name, durable=True, arguments=step.arguments or None)
     except pika.exceptions.ChannelClosedByBroker as exc:
         if exc.reply_code == 406:
-            raise TopologyConflict(
-                f"{what} {name!r} already exists with arguments that differ from {args!r}; "
-                f"broker said: {exc.reply_text}. Delete it or align its arguments."
-            ) from None
+            raise queue_conflict(step, exc.reply_text) from None
         raise
     ch.close()

@@ -6,12 +6,12 @@ import contextlib
 import logging
 import signal
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
 from .._handler import Binding
-from .._publish import AUTO, NOT_RUNNING, PUBLISH_TIMEOUT, outgoing
+from .._publish import NOT_RUNNING, Outgoing, publishes
 from .._spec import AppBase
 from . import flowing
 from .consumer import Consumer
@@ -112,46 +112,10 @@ class App(AppBase):
         if rt is not None and rt.fatal is not None:
             raise rt.fatal  # the app stopped itself while the block ran
 
-    def publish(
-        self,
-        routing_key: str,
-        body: object,
-        *,
-        exchange: str = "",
-        headers: Mapping[str, Any] | None = None,
-        message_id: str | None = None,
-        correlation_id: str | None = None,
-        content_type: str | None = AUTO,
-        persistent: bool = True,
-        mandatory: bool = True,
-        timeout: float = PUBLISH_TIMEOUT,
-        **properties: Any,
-    ) -> None:
-        """Publish a message and wait until the broker confirmed it (from any thread,
-        handlers included, while the app runs).
-
-        `body`: a pydantic model or a JSON value (sent as JSON, content type
-        application/json), or bytes / str (sent as they are). A new `message_id`
-        is made when none is given. Raises `MessageUnroutable` when no queue takes
-        the message (with `mandatory`, the default), `PublishNacked` when the
-        broker refuses it, `PublishNotConfirmed` when no confirm came within
-        `timeout` (published or not, unknown). Other AMQP properties (`reply_to`,
-        `expiration`, `priority`, `timestamp`, `type`, `user_id`, `app_id`,
-        `content_encoding`) are keyword arguments.
-        """
-        msg = outgoing(
-            routing_key,
-            body,
-            exchange=exchange,
-            headers=headers,
-            message_id=message_id,
-            correlation_id=correlation_id,
-            content_type=content_type,
-            persistent=persistent,
-            mandatory=mandatory,
-            timeout=timeout,
-            **properties,
-        )
+    @publishes
+    def publish(self, msg: Outgoing) -> None:
+        """Publish a message and wait until the broker confirmed it, from any thread
+        (handlers included) while the app runs."""
         rt = self._runtime
         if rt is None:
             raise RuntimeError(NOT_RUNNING)

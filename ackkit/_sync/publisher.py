@@ -20,10 +20,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import pika.exceptions
 from pika.spec import Basic
 
-from .._core.actions import Republish
+from .._core.actions import Action, Republish
 from .._core.errors import PublishError
+from .._core.listener import ListenerCore
 from .._logs import short
 from .._publish import Outgoing, failure
 from . import _frames as frames
@@ -271,3 +273,70 @@ class Publisher:
         if not self.host.stopping and conn is not None and conn.is_open:
             log.warning("publisher channel closed: %s; reopening", reason)
             conn.ioloop.call_later(0.5, lambda: self._reopen(conn))
+
+
+def carry(ch: Any, msg: Outgoing) -> None:
+    """The blocking carrier: publish a built message on a pika BlockingChannel in confirm
+    mode (pull mode, the test kit) and wait for the broker's answer; the PublishError its
+    outcome means (`failure`), if any. (The App's messages take `Publisher.send`.)"""
+    confirmed, returned = True, False
+    try:
+        ch.basic_publish(
+            msg.exchange,
+            msg.routing_key,
+            msg.body,
+            WireProperties(msg.properties),
+            mandatory=msg.mandatory,
+        )
+    except pika.exceptions.UnroutableError:
+        returned = True
+    except pika.exceptions.NackError:
+        confirmed = False
+    error = failure(msg, confirmed=confirmed, returned=returned)
+    if error is not None:
+        raise error
+
+
+class BlockingCopies:
+    """The confirm channel pull mode publishes its copies on (retry delays, dead letters):
+    `Publisher`'s rules on a blocking connection. A channel of its own, as the App's
+    publisher has, so a copy the broker answers with a channel close (a missing exchange:
+    404) never closes the channel the deliveries were fetched on."""
+
+    def __init__(self) -> None:
+        self.channel: Any = None
+
+    def copy(
+        self, conn: Any, core: ListenerCore, a: Republish, props: Any, body: bytes
+    ) -> list[Action]:
+        """Publish the copy `a` (of a delivery with `props` and `body`), confirmed, on
+        blocking connection `conn`; what the core answers (`ListenerCore.republished`)
+        is the caller's to carry out. A lost connection raises."""
+        ok = unroutable = False
+        error = lost = None
+        try:
+            ch = self.channel
+            if ch is None or not ch.is_open:
+                ch = self.channel = conn.channel()
+                ch.confirm_delivery()
+            if a.declare is not None:
+                name, args = a.declare
+                ch.queue_declare(name, durable=True, arguments=args or None)
+            copy = copy_properties(
+                None if a.minimal else props, a.set_headers, **copy_options(a, ch._impl)
+            )
+            ch.basic_publish(a.exchange, a.routing_key, body, copy, mandatory=True)
+            ok = True
+        except pika.exceptions.UnroutableError:
+            unroutable = True
+        except pika.exceptions.NackError:
+            pass
+        except (pika.exceptions.AMQPError, ValueError, TypeError) as exc:
+            if not conn.is_open:
+                raise
+            if self.channel is not None and not self.channel.is_open:
+                lost = short(exc)  # the broker closed the copies' channel: sent again
+            else:
+                error = f"{a.purpose} copy not publishable: {short(exc)}"
+            log.error("copy to %r: %s", a.routing_key, lost or error)
+        return core.republished(a.token, ok, unroutable=unroutable, error=error, lost=lost)

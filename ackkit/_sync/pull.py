@@ -21,18 +21,16 @@ from .._core.listener import ListenerCore
 from .._core.policy import DLQ_DEFAULT, AckMode, FlushPolicy, ListenerPolicy
 from .._delivery import Delivery
 from .._io import FatalConnectError
-from .._publish import Outgoing, failure, not_confirmed, outgoing
+from .._publish import Outgoing, not_confirmed, publishes
 from .._tls import TLS, client_tls, tls_failure
 from .._url import check_url, mask_url
 from . import _frames as frames
 from ._pika import (
-    WireProperties,
     blocking_connection,
-    copy_options,
-    copy_properties,
     declare_queues,
     parameters,
 )
+from .publisher import BlockingCopies, carry
 
 log = logging.getLogger("ackkit.pull")
 
@@ -98,6 +96,7 @@ class PullConnection:
         self._cores: dict[str, ListenerCore] = {}
         self._lock = threading.RLock()
         self._closed = False
+        self._copies = BlockingCopies()  # retry / dead-letter copies, confirmed
 
     def __repr__(self) -> str:
         return f"<PullConnection {mask_url(self.url)}>"
@@ -251,78 +250,24 @@ class PullConnection:
                 ch.basic_nack(a.tag, a.multiple, a.requeue)
             elif isinstance(a, Reject):
                 ch.basic_reject(a.tag, a.requeue)
-            elif isinstance(a, Republish):
+            elif isinstance(a, Republish):  # on a confirm channel of its own, as the App's
                 d: Delivery = a.source
-                ok, unroutable = True, False
-                if a.declare is not None:
-                    name, args = a.declare
-                    ch.queue_declare(name, durable=True, arguments=args or None)
-                error: str | None = None
-                try:
-                    props = copy_properties(
-                        None if a.minimal else d.properties,
-                        a.set_headers,
-                        **copy_options(a, ch._impl),
-                    )
-                    ch.basic_publish(a.exchange, a.routing_key, d.body, props, mandatory=True)
-                except pika.exceptions.UnroutableError:
-                    ok, unroutable = False, True
-                except pika.exceptions.NackError:
-                    ok = False
-                except (pika.exceptions.AMQPError, ValueError, TypeError) as exc:
-                    if not ch.is_open:
-                        raise
-                    ok, error = False, f"{a.purpose} copy not publishable: {exc!r:.300}"
-                    log.error("%s", error)
-                again = core.republished(a.token, ok, unroutable=unroutable, error=error)
+                again = self._copies.copy(self._conn, core, a, d.properties, d.body)
                 self._execute(core, ch, again)
 
-    def publish(
-        self,
-        routing_key: str,
-        body: object,
-        *,
-        exchange: str = "",
-        headers: Mapping[str, Any] | None = None,
-        message_id: str | None = None,
-        content_type: str | None = "application/json",
-        persistent: bool = True,
-        **props: Any,
-    ) -> None:
-        """Publish and wait for the broker's confirm: MessageUnroutable when no queue takes
-        it (mandatory), PublishNacked when refused (the options of `App.publish`)."""
-        msg = outgoing(
-            routing_key,
-            body,
-            exchange=exchange,
-            headers=headers,
-            message_id=message_id,
-            content_type=content_type,
-            persistent=persistent,
-            new_message_id=False,
-            **props,
-        )
+    @publishes
+    def publish(self, msg: Outgoing) -> None:
+        """Publish a message and wait for the broker's confirm."""
         self.publish_message(msg)
 
     def publish_message(self, msg: Outgoing) -> None:
-        """Publish a checked message, confirmed (also `Delivery.publish` / `reply`)."""
+        """MessagePublisher protocol: carry a built message, confirmed."""
         with self._lock:
             self._check_open("publish()")
             ch = self.channel
-            confirmed, returned = True, False
             try:
                 with _within(self._conn, msg.timeout):
-                    ch.basic_publish(
-                        msg.exchange,
-                        msg.routing_key,
-                        msg.body,
-                        WireProperties(msg.properties),
-                        mandatory=msg.mandatory,
-                    )
-            except pika.exceptions.UnroutableError:
-                returned = True
-            except pika.exceptions.NackError:
-                confirmed = False
+                    carry(ch, msg)
             except _Deadline:
                 # The channel has a publish in flight whose answer may never come: the
                 # connection is dropped (deliveries fetched on it go back to their
@@ -333,9 +278,6 @@ class PullConnection:
                     f"no confirm within {msg.timeout:g} s (is the broker blocking publishers? "
                     "a memory or disk alarm); the connection was dropped",
                 ) from None
-        error = failure(msg, confirmed=confirmed, returned=returned)
-        if error is not None:
-            raise error
 
     def _abandon(self) -> None:
         conn, self._conn, self._ch = self._conn, None, None

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from .._core.errors import MessageUnroutable
 from .._dead_letters import DeadLetter, describe
 from ._errors import BrokerError
 from ._queries import QueueCounts
@@ -47,8 +48,9 @@ _PROPERTY_NAMES = (
 )
 
 
-class NotRouted(BrokerError):
-    """A test published a message no queue took (no such queue, or no binding matched)."""
+class NotRouted(BrokerError, MessageUnroutable):
+    """A test published a message no queue took (no such queue, or no binding matched);
+    also a `MessageUnroutable`, what every other publish front raises."""
 
 
 class MessageProperties(dict[str, Any]):
@@ -100,19 +102,6 @@ class QueuedMessage:
         return self.dead_letter.reason if self.dead_letter is not None else None
 
 
-def encode_body(message: Any) -> tuple[bytes, str | None]:
-    """(body, content type) for what a test publishes: bytes as they are, str as
-    text/plain, a pydantic model or any JSON-able value as application/json."""
-    if isinstance(message, (bytes, bytearray, memoryview)):
-        return bytes(message), None
-    if isinstance(message, str):
-        return message.encode("utf-8"), "text/plain"
-    dump = getattr(message, "model_dump_json", None)
-    if callable(dump):
-        return str(dump()).encode("utf-8"), "application/json"
-    return json.dumps(message).encode("utf-8"), "application/json"
-
-
 class KitHelpers:
     """publish / messages / dead_letters / waits, on top of a handle's `connect()` and
     `counts()` (both the real broker's `BrokerHandle` and `InMemoryBroker`)."""
@@ -137,12 +126,15 @@ class KitHelpers:
     ) -> None:
         """Publish one message (with publisher confirms) and return once the broker took it.
 
-        `message`: bytes (sent as they are), str (text/plain), a pydantic model or any
-        JSON-able value (application/json). `properties`: AMQP basic properties by
-        pika's names (content_type, message_id, correlation_id, reply_to,
-        delivery_mode, expiration, ...). With `mandatory` (the default) a message no
-        queue takes raises NotRouted: a test publishing to a queue nobody declared
-        fails at once instead of waiting for nothing.
+        The message is built as `App.publish` builds it (the same call, the same message
+        on the wire; the defaults: `ackkit._publish`): a pydantic model or any JSON-able
+        value as application/json, bytes and str as they are without a content type, a
+        new message_id, persistent. `properties`: the other options of `App.publish`
+        and AMQP basic properties by pika's names (message_id, correlation_id,
+        content_type, reply_to, expiration, ...; `delivery_mode=1` is
+        `persistent=False`). With `mandatory` (the default) a message no queue takes
+        raises NotRouted: a test publishing to a queue nobody declared fails at once
+        instead of waiting for nothing.
         """
         self.publish_many(
             routing_key,
@@ -164,26 +156,30 @@ class KitHelpers:
         **properties: Any,
     ) -> None:
         """`publish` for several messages over one connection, in order."""
-        import pika.exceptions
+        from .._publish import outgoing
+        from .._sync.publisher import carry
 
-        from .._sync._pika import WireProperties
-
-        unknown = set(properties) - set(_PROPERTY_NAMES)
-        if unknown:
-            raise TypeError(f"unknown message properties: {sorted(unknown)}")
+        if "delivery_mode" in properties:
+            properties["persistent"] = properties.pop("delivery_mode") != 1
+        built = [
+            outgoing(
+                routing_key,
+                m,
+                exchange=exchange,
+                headers=headers,
+                mandatory=mandatory,
+                **properties,
+            )
+            for m in messages
+        ]
         conn = self.connect()
         try:
             ch = conn.channel()
             ch.confirm_delivery()
-            for m in messages:
-                body, ctype = encode_body(m)
-                fields = {"content_type": ctype, "delivery_mode": 2, **properties}
-                if headers:
-                    fields["headers"] = dict(headers)
-                props = WireProperties(fields)  # float headers too (pika cannot encode them)
+            for msg in built:
                 try:
-                    ch.basic_publish(exchange, routing_key, body, props, mandatory=mandatory)
-                except pika.exceptions.UnroutableError:
+                    carry(ch, msg)
+                except MessageUnroutable:
                     where = f"exchange {exchange!r}" if exchange else "the default exchange"
                     raise NotRouted(
                         f"no queue took a message published to {where} with routing key "

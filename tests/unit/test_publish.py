@@ -137,3 +137,12 @@ def test_every_public_error_is_named_by_its_public_name() -> None:
         except TypeError:
             exc = cls()
         assert qualname(exc) == f"ackkit.{cls.__name__}", cls
+
+
+def test_a_body_larger_than_any_broker_takes_fails_at_the_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("ackkit._publish.MAX_BODY", 8)
+    assert outgoing("q", b"12345678").body == b"12345678"
+    with pytest.raises(ValueError, match="body of 9 bytes is larger than any RabbitMQ"):
+        outgoing("q", b"123456789")
