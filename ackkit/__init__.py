@@ -30,6 +30,7 @@ from ._dead_letters import DeadLetter, ReplayFilter, ReplayReport
 from ._delivery import Delivery
 from ._dlq import DeadLetterQueue, inspect_dead_letters, replay_dead_letters
 from ._handler import AckIndex
+from ._listener_values import Batch, Consumer, Flow, Queue
 from ._sync.app import App
 from ._sync.pull import PullConnection, connect
 from ._tls import TLS
@@ -74,6 +75,10 @@ def __dir__() -> list[str]:
 
 
 __all__ = [  # noqa: RUF022 - plain sorted() order, see tests/unit/test_public_api.py
+    "Queue",
+    "Flow",
+    "Consumer",
+    "Batch",
     "AckIndex",
     "AckMode",
     "AckkitError",
