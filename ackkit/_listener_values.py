@@ -48,10 +48,10 @@ class Queue:
         arguments: dict[str, Any] | None = None,
         bind: BindOption = None,
     ) -> None:
-        C.queue_name("Queue.name", name, declared=False)
+        C.queue_name("queue", name, declared=False)
         C.flag("Queue.declare", declare)
         if declare:
-            C.queue_name("Queue.name", name)
+            C.queue_name("queue", name)
         args = C.amqp_table("Queue.arguments", arguments)
         check_queue_arguments(name, args)
         object.__setattr__(self, "name", name)

@@ -28,7 +28,7 @@ class AsyncApp(AppBase):
     ```
     app = AsyncApp("amqp://guest:guest@127.0.0.1:5672/%2f")
 
-    @app.listener("orders", ack_mode=AckMode.AUTO, prefetch=100, max_concurrency=50)
+    @app.listener("orders", ack_mode=AckMode.AUTO, consumer=Consumer(prefetch=100, concurrency=50))
     async def on_order(order: Order) -> None: ...
 
     await app.run()                  # until SIGINT/SIGTERM or app.stop()

@@ -24,8 +24,10 @@ from typing import Any
 import pytest
 
 import ackkit
-from ackkit import AsyncPullConnection, Delivery, PublishNotConfirmed, PullConnection
+from ackkit import Delivery
 from ackkit._core.stop_budget import MAX_OVERRUN
+from ackkit.errors import PublishNotConfirmed
+from ackkit.pull import AsyncPullConnection, PullConnection
 from tests.contract.conftest import IO, Broker, Runtime, eventually
 
 pytestmark = pytest.mark.integration
@@ -146,11 +148,11 @@ KIND, URL, QUEUE = os.environ["T_KIND"], os.environ["T_URL"], os.environ["T_QUEU
 app = (App if KIND == "sync" else AsyncApp)(URL, shutdown_timeout=5)
 
 if KIND == "sync":
-    @app.listener(QUEUE, prefetch=10)
+    @app.listener(QUEUE, consumer=Consumer(prefetch=10))
     def fail(d: Delivery) -> None:
         raise ValueError("boom")
 else:
-    @app.listener(QUEUE, prefetch=10)
+    @app.listener(QUEUE, consumer=Consumer(prefetch=10))
     async def fail(d: Delivery) -> None:
         raise ValueError("boom")
 """

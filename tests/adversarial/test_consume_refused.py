@@ -22,8 +22,10 @@ import pika
 import pytest
 from prometheus_client import CollectorRegistry
 
-from ackkit import ConsumeRefused, Delivery, FlowState
+from ackkit import Delivery
 from ackkit._io import FatalConnectError
+from ackkit.errors import ConsumeRefused
+from ackkit.flow import FlowState
 from ackkit.metrics import PrometheusMetrics
 from tests.adversarial.test_handlers import run_until
 from tests.contract.conftest import IO, Broker, Runtime, eventually

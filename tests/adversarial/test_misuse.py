@@ -13,7 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ackkit import AckMode, App, AsyncApp, Delivery, Retry, TopologyConflict
+from ackkit import AckMode, App, AsyncApp, Consumer, Delivery, Retry
+from ackkit.errors import TopologyConflict
 from ackkit.testing import QueueNotFound
 from tests.contract.conftest import IO, Broker, Runtime
 
@@ -115,7 +116,7 @@ def test_an_unannotated_manual_handler_gets_the_delivery_of_a_text_body(
             ran.add()
             msg.ack()
 
-    app.listener(q, ack_mode=mode, prefetch=10)(handle)
+    app.listener(q, ack_mode=mode, consumer=Consumer(prefetch=10))(handle)
     n = 30
     broker.publish(q, [f"hello-{i}" for i in range(n)], content_type="text/plain")
     with runtime.running(app):
@@ -138,7 +139,7 @@ def test_a_plain_def_unannotated_handler_on_asyncapp_settles(
         ran.add()
         msg.ack()  # a plain Delivery: the blocking ack of a thread-pool handler
 
-    app.listener(q, ack_mode=AckMode.MANUAL, max_concurrency=4)(handle)
+    app.listener(q, ack_mode=AckMode.MANUAL, consumer=Consumer(concurrency=4))(handle)
     broker.publish(q, [f"hello-{i}" for i in range(10)], content_type="text/plain")
     loop_thread.run(app.start())
     try:

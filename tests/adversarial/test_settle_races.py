@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from ackkit import AckMode, AlreadySettled, Delivery
+from ackkit import AckMode, Delivery
+from ackkit.errors import AlreadySettled
 from tests.contract.conftest import IO, Broker, Runtime, eventually
 
 pytestmark = pytest.mark.integration

@@ -319,7 +319,7 @@ class AsyncRuntime(Runtime):
 
     @contextlib.contextmanager
     def pull(self) -> Iterator[Any]:
-        from ackkit import AsyncPullConnection
+        from ackkit.pull import AsyncPullConnection
 
         conn = AsyncPullConnection(self.url)
         self.lt.run(conn.open())

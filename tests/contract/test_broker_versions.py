@@ -18,9 +18,10 @@ from typing import Any
 
 import pytest
 
-from ackkit import AckMode, Delivery, RequeueMessage, Retry, RetryStrategy, TopologyConflict
+from ackkit import AckMode, Delivery, RequeueMessage, Retry, RetryStrategy
 from ackkit._core.brokers import BrokerTraits, traits_of
 from ackkit._core.events import Counters
+from ackkit.errors import TopologyConflict
 from ackkit.testing import InMemoryBroker
 
 from .conftest import IO, Broker, Runtime, eventually

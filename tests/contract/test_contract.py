@@ -19,20 +19,17 @@ from pydantic import BaseModel
 
 from ackkit import (
     AckIndex,
-    AckkitError,
     AckMode,
-    AlreadySettled,
     DeadLetterMessage,
     Delivery,
-    Event,
     RejectMessage,
     RequeueMessage,
     Retry,
     RetryLater,
     RetryStrategy,
-    Stage,
-    TopologyConflict,
 )
+from ackkit.errors import AckkitError, AlreadySettled, TopologyConflict
+from ackkit.observability import Event, Stage
 
 from .conftest import IO, Broker, Runtime, eventually
 

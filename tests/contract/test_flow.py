@@ -15,16 +15,9 @@ from typing import Any
 
 import pytest
 
-from ackkit import (
-    CircuitBreaker,
-    Delivery,
-    FlowState,
-    RateLimit,
-    Retry,
-    RetryStrategy,
-    SerialKey,
-    Stage,
-)
+from ackkit import Delivery, Retry, RetryStrategy
+from ackkit.flow import CircuitBreaker, FlowState, RateLimit, SerialKey
+from ackkit.observability import Stage
 
 from .conftest import IO, Broker, Runtime, eventually
 

@@ -28,16 +28,9 @@ import pytest
 from _apps import Runner, proxied
 from _retry_support import drain, header_text, publish, wait_until
 
-from ackkit import (
-    App,
-    AsyncApp,
-    AsyncDelivery,
-    DeadLetterMessage,
-    Delivery,
-    FlowState,
-    PublishError,
-    Retry,
-)
+from ackkit import App, AsyncApp, AsyncDelivery, Consumer, DeadLetterMessage, Delivery, Retry
+from ackkit.errors import PublishError
+from ackkit.flow import FlowState
 
 pytestmark = pytest.mark.integration
 
@@ -303,7 +296,7 @@ def test_a_handlers_publish_to_a_missing_exchange_hurts_no_other_listener(
             except PublishError as exc:
                 errors.append(str(exc))
 
-        app.listener(qa, concurrency=4)(handle_a)
+        app.listener(qa, consumer=Consumer(concurrency=4))(handle_a)
     else:
 
         async def ahandle_a(d: AsyncDelivery) -> None:
@@ -312,7 +305,7 @@ def test_a_handlers_publish_to_a_missing_exchange_hurts_no_other_listener(
             except PublishError as exc:
                 errors.append(str(exc))
 
-        app.listener(qa, max_concurrency=4)(ahandle_a)
+        app.listener(qa, consumer=Consumer(concurrency=4))(ahandle_a)
 
     def handle_b(d: Delivery) -> None:
         b_runs.append(d.message_id or "")

@@ -21,9 +21,10 @@ from _certs import CA, Issued
 from _retry_support import drain, header_text, publish, wait_until
 
 import ackkit
-from ackkit import TLS, App, AsyncApp, Delivery, mask_url
+from ackkit import TLS, App, AsyncApp, Consumer, Delivery
 from ackkit._core import headers as H
 from ackkit._io import ConnectFailed, FatalConnectError
+from ackkit.observability import mask_url
 from ackkit.testing import BrokerHandle, BrokerUnavailable, NodeTLS, provision_broker
 
 pytestmark = pytest.mark.integration
@@ -259,7 +260,7 @@ def test_the_password_appears_in_no_log_output_repr_or_error(
             else:
 
                 async def main() -> None:
-                    conn = ackkit.AsyncPullConnection(url)
+                    conn = ackkit.pull.AsyncPullConnection(url)
                     reprs.append(repr(conn))
                     async with ackkit.aconnect(url):
                         pass
@@ -330,14 +331,14 @@ def test_content_type_check_can_be_turned_off(
     if runtime == "sync":
         app = App(rabbitmq.url)
 
-        @app.listener(q, check_content_type=False)
+        @app.listener(q, consumer=Consumer(check_content_type=False))
         def handle(body: dict[str, Any]) -> None:
             got.append(body)
 
     else:
         app = AsyncApp(rabbitmq.url)
 
-        @app.listener(q, check_content_type=False)
+        @app.listener(q, consumer=Consumer(check_content_type=False))
         async def ahandle(body: dict[str, Any]) -> None:
             got.append(body)
 

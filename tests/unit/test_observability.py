@@ -10,13 +10,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ackkit import App, DeadLetterMessage, Delivery, Event, Retry, Stage
+from ackkit import App, Consumer, DeadLetterMessage, Delivery, Retry
 from ackkit._core.actions import Republish
 from ackkit._core.events import FRAME_BUCKETS
 from ackkit._core.listener import ListenerCore
 from ackkit._core.policy import FlushPolicy, ListenerPolicy
 from ackkit._logs import FailureLog
 from ackkit._spec import ListenerSpec, probe_for
+from ackkit.observability import Event, Stage
 
 
 class _Settler:
@@ -235,7 +236,7 @@ def test_prometheus_metrics_read_the_core_at_scrape_time() -> None:
 
     app = App()
 
-    @app.listener("orders", name="o", prefetch=10)
+    @app.listener("orders", name="o", consumer=Consumer(prefetch=10))
     def handle(body: bytes) -> None: ...
 
     registry = prometheus_client.CollectorRegistry()

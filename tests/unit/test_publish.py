@@ -113,14 +113,14 @@ def test_the_outcome_rule(confirmed: bool, returned: bool, why: str) -> None:
     m = outgoing("q", b"x")
     e = failure(m, confirmed=confirmed, returned=returned, why=why)
     if why:
-        assert isinstance(e, ackkit.PublishNotConfirmed)
+        assert isinstance(e, ackkit.errors.PublishNotConfirmed)
     elif returned:
-        assert isinstance(e, ackkit.MessageUnroutable)
+        assert isinstance(e, ackkit.errors.MessageUnroutable)
     elif not confirmed:
-        assert isinstance(e, ackkit.PublishNacked)
+        assert isinstance(e, ackkit.errors.PublishNacked)
     else:
         assert e is None
-    assert e is None or isinstance(e, ackkit.PublishError)
+    assert e is None or isinstance(e, ackkit.errors.PublishError)
 
 
 def test_every_public_error_is_named_by_its_public_name() -> None:
