@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel
 
 import ackkit
-from ackkit import AckMode, AsyncApp, Consumer, Delivery, Retry, RetryStrategy
+from ackkit import AckMode, AsyncApp, AsyncDelivery, Consumer, Retry, RetryStrategy
 
 from ._common import Broker, broker_for_cli, cleanup, publish_json, table
 
@@ -57,7 +57,7 @@ async def _run(broker: Broker) -> dict[str, Any]:
     return {"handled": sorted(handled), "dead_lettered": dlq, "stats": stats}
 
 
-def _describe(d: Delivery) -> str:
+def _describe(d: AsyncDelivery) -> str:
     return f"{d.json()['id']}: {d.headers.get('ackkit-reason')}"
 
 

@@ -20,7 +20,7 @@ from .._core.brokers import traits_of
 from .._core.errors import SettleNotAllowed
 from .._core.listener import ListenerCore
 from .._core.policy import DLQ_DEFAULT, AckMode, FlushPolicy, ListenerPolicy
-from .._delivery import Delivery
+from .._delivery import DeliveryBase
 from .._publish import Outgoing, failure, not_confirmed, outgoing
 from .._tls import TLS, client_tls
 from .._url import check_url, mask_url
@@ -177,7 +177,7 @@ class AsyncPullConnection:
         d = task.result()
         if d is None or d.settled:
             return
-        back = asyncio.ensure_future(self._settle(d, "nack", True, False))
+        back = asyncio.ensure_future(self._settle_locked(d, "nack", True, False))
         self._inner.add(back)
         back.add_done_callback(self._inner.discard)
         back.add_done_callback(lambda f: f.cancelled() or f.exception())  # never "never retrieved"
@@ -231,15 +231,19 @@ class AsyncPullConnection:
                     )
                     return None
 
-    async def asettle(self, delivery: Delivery, kind: str, requeue: bool, multiple: bool) -> None:
+    async def _asettle(
+        self, delivery: DeliveryBase, kind: str, requeue: bool, multiple: bool
+    ) -> None:
         """AsyncSettler protocol: carry out `await d.ack()` / nack / reject.
 
         Runs to its end even if the awaiting task is cancelled."""
-        await self._shielded(self._settle(delivery, kind, requeue, multiple))
+        await self._shielded(self._settle_locked(delivery, kind, requeue, multiple))
 
-    async def _settle(self, delivery: Delivery, kind: str, requeue: bool, multiple: bool) -> None:
+    async def _settle_locked(
+        self, delivery: DeliveryBase, kind: str, requeue: bool, multiple: bool
+    ) -> None:
         async with self._lock:
-            if self._closed and not delivery.tracked.settled:
+            if self._closed and not delivery._tracked.settled:
                 raise SettleNotAllowed(
                     f"cannot {kind} delivery tag {delivery.delivery_tag}: its "
                     "AsyncPullConnection is closed (the broker requeued the message when "
@@ -247,8 +251,8 @@ class AsyncPullConnection:
                 )
             core = self._cores[delivery.queue]
             self._note_lost_channel()
-            stale = delivery.tracked.generation != core.generation or not core.open
-            acts = core.settle(delivery.tracked, kind, requeue=requeue, multiple=multiple)
+            stale = delivery._tracked.generation != core.generation or not core.open
+            acts = core.settle(delivery._tracked, kind, requeue=requeue, multiple=multiple)
             ch = self._ch
             if acts and ch is not None:
                 await self._execute(core, ch, acts)
@@ -258,9 +262,6 @@ class AsyncPullConnection:
                     kind,
                     delivery.delivery_tag,
                 )
-
-    def settle(self, delivery: Delivery, kind: str, requeue: bool, multiple: bool) -> None:
-        raise RuntimeError("AsyncPullConnection deliveries settle with `await delivery.ack()`")
 
     async def _execute(self, core: ListenerCore, ch: AbstractChannel, acts: list[Action]) -> None:
         for a in acts:

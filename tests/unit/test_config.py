@@ -254,8 +254,10 @@ def grouped(queue: Any, kw: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         kw["consumer"] = Consumer(**groups["consumer"])
     if "batch" in groups:
         b = groups["batch"]
-        if b.get("size", 1) is not None:
-            kw["batch"] = Batch(b.pop("size", 1), **b)
+        if "size" not in b:
+            Batch(1, **b)  # checked; a batch_timeout without batch_size never applied
+        elif b["size"] is not None:
+            kw["batch"] = Batch(**b)
     if "flow" in groups:
         kw["flow"] = Flow(**groups["flow"])
     return queue, kw

@@ -247,7 +247,7 @@ def test_prometheus_metrics_read_the_core_at_scrape_time() -> None:
         d = delivery(c, tag)
         done = probe((d,))
         done(None if tag < 5 else DeadLetterMessage("no"))
-        c.finish(d.tracked, None if tag < 5 else DeadLetterMessage("no"))
+        c.finish(d._tracked, None if tag < 5 else DeadLetterMessage("no"))
     c.receive(6)  # in flight
     c.drain()
 
@@ -340,8 +340,8 @@ def test_tracing_span_continues_the_producer_trace_and_is_carried_on(
     assert inner.get_span_context().span_id == span.context.span_id  # current in the handler
     assert span.attributes is not None and span.attributes["messaging.message.id"] == "m-1"
     assert span.status.status_code is trace.StatusCode.ERROR
-    assert d.tracked.carry is not None
-    carried = d.tracked.carry["traceparent"]
+    assert d._tracked.carry is not None
+    carried = d._tracked.carry["traceparent"]
     assert carried.split("-")[1:3] == [
         "0af7651916cd43dd8448eb211c80319c",
         format(span.context.span_id, "016x"),
