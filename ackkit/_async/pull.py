@@ -82,6 +82,7 @@ class AsyncPullConnection:
         return f"<AsyncPullConnection {mask_url(self.url)}>"
 
     async def open(self) -> AsyncPullConnection:
+        """Connect now (else the first call connects); returns the connection."""
         self._check_open("open()")
         await self._channel()
         return self
@@ -331,6 +332,7 @@ class AsyncPullConnection:
             raise error
 
     async def declare_queue(self, name: str, arguments: Mapping[str, Any] | None = None) -> None:
+        """Declare a durable queue (with x-arguments), e.g. before the first `get()`."""
         async with self._lock:
             self._check_open("declare_queue()")
             ch = await self._channel()

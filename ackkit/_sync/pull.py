@@ -131,6 +131,8 @@ class PullConnection:
 
     @property
     def channel(self) -> Any:
+        """The pika channel this connection gets and publishes on (opened, with
+        publisher confirms, on first use; opened again after it closed)."""
         self._check_open("channel")
         if self._conn is None or not self._conn.is_open:
             self._conn = self._connect()
@@ -345,6 +347,7 @@ class PullConnection:
         _drop(conn)
 
     def declare_queue(self, name: str, arguments: Mapping[str, Any] | None = None) -> None:
+        """Declare a durable queue (with x-arguments), e.g. before the first `get()`."""
         with self._lock:
             self.channel.queue_declare(name, durable=True, arguments=dict(arguments or {}) or None)
 
