@@ -118,7 +118,8 @@ class Consumer:
     exclusive: bool = False
     priority: int | None = None
     timeout: float | None = None
-    arguments: dict[str, Any] = field(default_factory=dict, hash=False)
+    arguments: dict[str, Any] | None = field(default=None, hash=False)
+    """basic.consume arguments; None is read as {} (the value holds a dict)."""
     flush: FlushPolicy | None = None
     max_body_size: int = DEFAULT_MAX_BODY
     check_content_type: bool = True
@@ -145,7 +146,7 @@ class Consumer:
     def consume_arguments(self) -> dict[str, Any]:
         """The basic.consume arguments: `arguments` with x-priority and
         x-consumer-timeout (in milliseconds) from `priority` and `timeout`."""
-        args = dict(self.arguments)
+        args = dict(self.arguments or {})
         if self.priority is not None:
             args["x-priority"] = self.priority
         if self.timeout is not None:
