@@ -38,10 +38,10 @@ class AsyncApp(AppBase):
     Same ack modes, retry, dead-lettering and shutdown as the pika `App`; the
     decisions come from the same core. `async def` handlers run on the loop
     and settle with `await delivery.ack()` (an AsyncDelivery). Plain `def`
-    handlers run in a thread pool of `max_concurrency` threads per listener;
+    handlers run in a thread pool of `Consumer(concurrency=...)` threads per listener;
     their `delivery.ack()` blocks until the loop has carried the settle out.
 
-    With `max_concurrency` > 1 handlers finish out of order. Acks then go out as
+    With a concurrency > 1 handlers finish out of order. Acks then go out as
     one multiple-ack over the contiguous finished prefix of delivery tags, and
     deliveries that finished behind a still-running one are acked one by one
     when the pending acks are flushed (by count, every `FlushPolicy.interval`,
