@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ackkit import AckMode, App, AsyncApp, Consumer, Delivery, Retry
+from ackkit import AckMode, App, AsyncApp, Consumer, Delivery, Queue, Retry
 from ackkit.errors import TopologyConflict
 from ackkit.testing import QueueNotFound
 from tests.contract.conftest import IO, Broker, Runtime
@@ -60,7 +60,11 @@ def test_declare_false_on_a_missing_queue_fails_start_fast_and_declares_nothing(
     app = runtime.app(startup_timeout=30.0)
     runtime.listen(app, other, handle, Any, retry=Retry(max_attempts=3, initial_interval=0.1))
     runtime.listen(
-        app, missing, handle, Any, declare=False, retry=Retry(max_attempts=3, initial_interval=0.1)
+        app,
+        Queue(missing, declare=False),
+        handle,
+        Any,
+        retry=Retry(max_attempts=3, initial_interval=0.1),
     )
     t0 = time.monotonic()
     with pytest.raises(TopologyConflict) as info, runtime.running(app):
@@ -85,7 +89,7 @@ def test_declare_false_on_an_existing_queue_consumes(
         ran.add()
 
     app = runtime.app()
-    runtime.listen(app, q, handle, dict, declare=False)
+    runtime.listen(app, Queue(q, declare=False), handle, dict)
     broker.publish(q, [json.dumps({"i": i}) for i in range(5)])
     with runtime.running(app):
         broker.wait_for(q, ready=0, unacked=0)
@@ -221,10 +225,10 @@ def test_deeply_nested_json_is_dead_lettered_on_its_first_attempt(
         {"dead_letter": ""},
         {"dead_letter": "{queue}"},
         {"dead_letter": "{queue}.retry.100ms"},
-        {"prefetch": 70_000},
-        {"queue_arguments": {"x-queue-type": "stream"}},
-        {"queue_arguments": {"x-max-length": 2**70}},
-        {"consumer_arguments": {"k" * 300: 1}},
+        {"consumer": lambda: Consumer(prefetch=70_000)},
+        {"queue": lambda q: Queue(q, arguments={"x-queue-type": "stream"})},
+        {"queue": lambda q: Queue(q, arguments={"x-max-length": 2**70})},
+        {"consumer": lambda: Consumer(arguments={"k" * 300: 1})},
     ],
     ids=[
         "dlq-empty",
@@ -245,10 +249,12 @@ def test_options_that_cannot_work_are_refused_before_any_queue_is_declared(
         pass
 
     app = runtime.app()
+    retry = Retry(max_attempts=3, initial_interval=0.1)
     with pytest.raises(ValueError) as info:
-        runtime.listen(app, q, handle, Any, retry=Retry(max_attempts=3, initial_interval=0.1), **kw)
+        built = {k: v(q) if k == "queue" else v() if callable(v) else v for k, v in kw.items()}
+        runtime.listen(app, built.pop("queue", q), handle, Any, retry=retry, **built)
     option = next(iter(kw))
-    assert option in str(info.value) or "x-queue-type" in str(info.value)
+    assert option in str(info.value).lower() or "x-queue-type" in str(info.value)
     assert app.specs == []
     assert companions(broker, q) == []
 

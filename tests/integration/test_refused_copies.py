@@ -28,7 +28,16 @@ import pytest
 from _apps import Runner, proxied
 from _retry_support import drain, header_text, publish, wait_until
 
-from ackkit import App, AsyncApp, AsyncDelivery, Consumer, DeadLetterMessage, Delivery, Retry
+from ackkit import (
+    App,
+    AsyncApp,
+    AsyncDelivery,
+    Consumer,
+    DeadLetterMessage,
+    Delivery,
+    Queue,
+    Retry,
+)
 from ackkit.errors import PublishError
 from ackkit.flow import FlowState
 
@@ -194,12 +203,10 @@ def test_a_full_listener_queue_keeps_a_redelivery_whose_restamp_is_refused(
 
     listen(
         app,
-        q,
+        Queue(q, arguments=args),
         handle,
-        prefetch=2,
+        consumer=Consumer(prefetch=2, concurrency=2),
         retry=Retry(max_attempts=3, initial_interval=0.2),
-        queue_arguments=args,
-        **({"concurrency": 2} if runtime == "sync" else {"max_concurrency": 2}),
     )
     runner = Runner(app)
     runner.start()

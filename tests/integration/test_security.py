@@ -286,7 +286,7 @@ def test_max_body_size_and_content_type_on_both_runtimes(
     q, dlq = fresh_queue, f"{fresh_queue}.dlq"
     got: list[str] = []
     app: App | AsyncApp
-    kw: dict[str, Any] = {"max_body_size": 64}
+    kw: dict[str, Any] = {"consumer": Consumer(max_body_size=64)}
     if runtime == "sync":
         app = App(rabbitmq.url)
 
