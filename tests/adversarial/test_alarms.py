@@ -142,7 +142,7 @@ def test_no_original_is_acked_before_its_copy_is_confirmed_and_stop_is_bounded(
 
 SERVICE = """
 import os
-from ackkit import App, AsyncApp, Delivery
+from ackkit import App, AsyncApp, Consumer, Delivery
 
 KIND, URL, QUEUE = os.environ["T_KIND"], os.environ["T_URL"], os.environ["T_QUEUE"]
 app = (App if KIND == "sync" else AsyncApp)(URL, shutdown_timeout=5)

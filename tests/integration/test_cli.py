@@ -345,7 +345,7 @@ def test_run_async_app_with_asyncio(tmp_path: Path) -> None:
 
 ASYNC_APP_MODULE = """
 import os, json
-from ackkit import AsyncApp, Delivery
+from ackkit import AsyncApp, Consumer, Delivery
 
 app = AsyncApp(os.environ["T_URL"], shutdown_timeout=5)
 

@@ -237,7 +237,7 @@ def test_failure_and_dead_letter_lines_carry_the_delivery_context(
 
 APP_MODULE = """
 import os
-from ackkit import App
+from ackkit import App, Consumer
 
 app = App(os.environ["T_URL"], shutdown_timeout=5)
 

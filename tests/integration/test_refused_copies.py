@@ -52,7 +52,9 @@ def make_app(runtime: str, url: str) -> App | AsyncApp:
     return AsyncApp(url, reconnect_max_interval=1.0)
 
 
-def listen(app: App | AsyncApp, queue: str, fn: Callable[[Delivery], Any], **kw: Any) -> None:
+def listen(
+    app: App | AsyncApp, queue: str | Queue, fn: Callable[[Delivery], Any], **kw: Any
+) -> None:
     """`fn` as the listener's handler, a `def` on App, an `async def` on AsyncApp."""
     if isinstance(app, App):
         app.listener(queue, **kw)(fn)
@@ -63,7 +65,8 @@ def listen(app: App | AsyncApp, queue: str, fn: Callable[[Delivery], Any], **kw:
         if inspect.isawaitable(out):
             await out
 
-    handle.__name__ = f"handle_{queue.replace('.', '_')}"
+    name = queue.name if isinstance(queue, Queue) else queue
+    handle.__name__ = f"handle_{name.replace('.', '_')}"
     app.listener(queue, **kw)(handle)
 
 
@@ -116,7 +119,7 @@ def test_a_full_dlq_with_reject_publish_loses_nothing(
         runs.append(d.message_id or "")
         raise DeadLetterMessage("poison")
 
-    listen(app, q, handle, prefetch=50)
+    listen(app, q, handle, consumer=Consumer(prefetch=50))
     with policy(rabbitmq, f"^{q}\\.dlq$", {"max-length": room, "overflow": "reject-publish"}):
         runner = Runner(app)
         runner.start()
@@ -159,7 +162,13 @@ def test_capped_delay_queues_lose_nothing(rabbitmq: Any, fresh_queue: str, runti
     def handle(d: Delivery) -> None:
         raise ValueError("fails")
 
-    listen(app, q, handle, prefetch=50, retry=Retry(max_attempts=3, initial_interval=0.2))
+    listen(
+        app,
+        q,
+        handle,
+        consumer=Consumer(prefetch=50),
+        retry=Retry(max_attempts=3, initial_interval=0.2),
+    )
     with policy(rabbitmq, f"^{q}\\.retry\\.", {"max-length": 2, "overflow": "reject-publish"}):
         runner = Runner(app)
         runner.start()
