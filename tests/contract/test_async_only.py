@@ -86,4 +86,5 @@ def test_without_aio_pika_the_import_error_has_the_install_hint() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert 'pip install "ackkit[async]"' in out.stdout
     assert sorted(ackkit.__all__) == ackkit.__all__
-    assert {"AsyncApp", "AsyncDelivery", "AsyncPullConnection", "aconnect"} <= set(ackkit.__all__)
+    assert {"AsyncApp", "AsyncDelivery", "aconnect"} <= set(ackkit.__all__)
+    assert {"AsyncPullConnection", "aconnect"} <= set(ackkit.pull.__all__)
