@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from ackkit import App, AsyncApp, Delivery, Retry, RetryStrategy
+from ackkit import App, AsyncApp, Consumer, Delivery, Retry, RetryStrategy
 from ackkit.inbox import Inbox
 
 
@@ -87,7 +87,12 @@ def build(
         app: Any = App(url, connection_name=cname)
 
         @app.listener(
-            queue, inbox=inbox, retry=retry, concurrency=concurrency, name=name, **options
+            queue,
+            inbox=inbox,
+            retry=retry,
+            consumer=Consumer(concurrency=concurrency),
+            name=name,
+            **options,
         )
         def handle(body: bytes, d: Delivery) -> None:
             with b.lock:
@@ -108,7 +113,12 @@ def build(
         app = AsyncApp(url, connection_name=cname)
 
         @app.listener(
-            queue, inbox=inbox, retry=retry, concurrency=concurrency, name=name, **options
+            queue,
+            inbox=inbox,
+            retry=retry,
+            consumer=Consumer(concurrency=concurrency),
+            name=name,
+            **options,
         )
         async def ahandle(body: bytes, d: Delivery) -> None:
             b.calls += 1
