@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from ackkit import App, AsyncApp, Consumer, Delivery, Retry, RetryStrategy
+from ackkit import App, AsyncApp, Consumer, Delivery, FlushPolicy, Retry, RetryStrategy
 from ackkit.inbox import Inbox
 
 
@@ -77,6 +77,7 @@ def build(
     *,
     retry: Retry | None = None,
     concurrency: int = 1,
+    flush: FlushPolicy | None = None,
     name: str | None = None,
     **options: Any,
 ) -> Any:
@@ -90,7 +91,7 @@ def build(
             queue,
             inbox=inbox,
             retry=retry,
-            consumer=Consumer(concurrency=concurrency),
+            consumer=Consumer(concurrency=concurrency, flush=flush),
             name=name,
             **options,
         )
@@ -116,7 +117,7 @@ def build(
             queue,
             inbox=inbox,
             retry=retry,
-            consumer=Consumer(concurrency=concurrency),
+            consumer=Consumer(concurrency=concurrency, flush=flush),
             name=name,
             **options,
         )
