@@ -1,44 +1,34 @@
 """ackkit: RabbitMQ consumer acknowledgement, correct by construction.
 
-Public names are re-exported here; everything in underscore modules is private.
+The root holds the app and its listeners: `App` / `AsyncApp`, the values `listener()`
+takes (`Queue`, `Consumer`, `Batch`, `Flow`, `Retry`, ...), what a handler receives
+(`Delivery` / `AsyncDelivery`) and the signals it may raise or return, and pull mode's
+`connect` / `aconnect`. The rest is grouped by purpose in public submodules:
+`ackkit.errors`, `ackkit.flow`, `ackkit.topology`, `ackkit.dead_letters`,
+`ackkit.observability`, `ackkit.pull` (and `ackkit.inbox`, `ackkit.metrics`,
+`ackkit.tracing`, `ackkit.testing`, `ackkit.spark`). Everything in underscore modules is
+private.
 """
 
 import importlib
+import sys
+import warnings
 from typing import TYPE_CHECKING, Any
 
-from ._core.errors import (
-    AckkitError,
-    AlreadySettled,
-    BadPayload,
-    ConsumeRefused,
-    DeadLetterMessage,
-    MessageUnroutable,
-    PublishError,
-    PublishNacked,
-    PublishNotConfirmed,
-    RejectMessage,
-    RequeueMessage,
-    RetryLater,
-    SettleNotAllowed,
-    TopologyConflict,
-)
-from ._core.events import Event, Stage
-from ._core.exchanges import Bind, Exchange, ExchangeType
-from ._core.flow import CircuitBreaker, FlowState, KeySource, RateLimit, SerialKey
+from . import dead_letters, errors, flow, observability, pull, topology  # noqa: F401
+from ._core.errors import DeadLetterMessage, RejectMessage, RequeueMessage, RetryLater
 from ._core.policy import AckMode, FlushPolicy, Retry, RetryStrategy, Unsettled
-from ._dead_letters import DeadLetter, ReplayFilter, ReplayReport
 from ._delivery import Delivery
-from ._dlq import DeadLetterQueue, inspect_dead_letters, replay_dead_letters
 from ._handler import AckIndex
+from ._listener_values import Batch, Consumer, Flow, Queue
 from ._sync.app import App
-from ._sync.pull import PullConnection, connect
+from ._sync.pull import connect
 from ._tls import TLS
-from ._url import mask_url
 
 if TYPE_CHECKING:
     from ._async.app import AsyncApp
     from ._async.delivery import AsyncDelivery
-    from ._async.pull import AsyncPullConnection, aconnect
+    from ._async.pull import aconnect
 
 __version__ = "0.1.0"
 
@@ -51,74 +41,100 @@ _ASYNC = {
 }
 _ASYNC_HINT = 'pip install "ackkit[async]"'
 
+# Names the root held in 0.1, now in a submodule: they still work from the root, with a
+# DeprecationWarning, until 0.3.
+_MOVED = {
+    **dict.fromkeys(
+        (
+            "AckkitError",
+            "AlreadySettled",
+            "BadPayload",
+            "ConsumeRefused",
+            "MessageUnroutable",
+            "PublishError",
+            "PublishNacked",
+            "PublishNotConfirmed",
+            "SettleNotAllowed",
+            "TopologyConflict",
+        ),
+        "errors",
+    ),
+    **dict.fromkeys(("CircuitBreaker", "FlowState", "KeySource", "RateLimit", "SerialKey"), "flow"),
+    **dict.fromkeys(("Bind", "Exchange", "ExchangeType"), "topology"),
+    **dict.fromkeys(
+        (
+            "DeadLetter",
+            "DeadLetterQueue",
+            "ReplayFilter",
+            "ReplayReport",
+            "inspect_dead_letters",
+            "replay_dead_letters",
+        ),
+        "dead_letters",
+    ),
+    **dict.fromkeys(("Event", "Stage", "mask_url"), "observability"),
+    **dict.fromkeys(("PullConnection", "AsyncPullConnection"), "pull"),
+}
 
-def __getattr__(name: str) -> Any:
-    mod = _ASYNC.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'ackkit' has no attribute {name!r}")
+
+def _lazy_async(name: str) -> Any:
+    """An asyncio name (AsyncApp, ...), importing aio-pika on first use with an install
+    hint when it is missing."""
     try:
-        module = importlib.import_module(f"ackkit._async.{mod}")
+        module = importlib.import_module(f"ackkit._async.{_ASYNC[name]}")
     except ImportError as exc:
         if exc.name not in ("aio_pika", "aiormq", "pamqp", "yarl"):
             raise
         raise ImportError(
             f"ackkit.{name} needs aio-pika, which is not installed: {_ASYNC_HINT}", name=exc.name
         ) from exc
-    value = getattr(module, name)
+    return getattr(module, name)
+
+
+def __getattr__(name: str) -> Any:
+    where = _MOVED.get(name)
+    if where is not None:
+        # `from ackkit import X` asks twice: importlib's hasattr(), then the import
+        # statement itself; warn once, at the statement.
+        if sys._getframe(1).f_code.co_filename != "<frozen importlib._bootstrap>":
+            warnings.warn(
+                f"ackkit.{name} is deprecated, use ackkit.{where}.{name}",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+        return getattr(importlib.import_module(f"ackkit.{where}"), name)
+    if name not in _ASYNC or name == "AsyncPullConnection":
+        raise AttributeError(f"module 'ackkit' has no attribute {name!r}")
+    value = _lazy_async(name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_ASYNC))
+    return sorted(__all__)
 
 
 __all__ = [  # noqa: RUF022 - plain sorted() order, see tests/unit/test_public_api.py
     "AckIndex",
     "AckMode",
-    "AckkitError",
-    "AlreadySettled",
     "App",
     "AsyncApp",
     "AsyncDelivery",
-    "AsyncPullConnection",
-    "BadPayload",
-    "Bind",
-    "CircuitBreaker",
-    "ConsumeRefused",
-    "DeadLetter",
+    "Batch",
+    "Consumer",
     "DeadLetterMessage",
-    "DeadLetterQueue",
     "Delivery",
-    "Event",
-    "Exchange",
-    "ExchangeType",
-    "FlowState",
+    "Flow",
     "FlushPolicy",
-    "KeySource",
-    "MessageUnroutable",
-    "PublishError",
-    "PublishNacked",
-    "PublishNotConfirmed",
-    "PullConnection",
-    "RateLimit",
+    "Queue",
     "RejectMessage",
-    "ReplayFilter",
-    "ReplayReport",
     "RequeueMessage",
     "Retry",
     "RetryLater",
     "RetryStrategy",
-    "SerialKey",
-    "SettleNotAllowed",
-    "Stage",
     "TLS",
-    "TopologyConflict",
     "Unsettled",
     "__version__",
     "aconnect",
     "connect",
-    "inspect_dead_letters",
-    "mask_url",
-    "replay_dead_letters",
 ]

@@ -71,6 +71,7 @@ class DeadLetter:
     """Headers that could not be read as expected (wrong type, invalid UTF-8, cut short)."""
 
     def to_dict(self) -> dict[str, Any]:
+        """This dead letter as a JSON-ready dict."""
         out = {f: getattr(self, f) for f in self.__dataclass_fields__}
         out["notes"] = list(self.notes)
         return out
@@ -204,6 +205,7 @@ class ReplayFilter:
     message_ids: frozenset[str] = frozenset()
 
     def matches(self, dl: DeadLetter) -> bool:
+        """Whether a dead letter passes every criterion this filter sets."""
         if self.error_type is not None:
             et = dl.error_type or ""
             if et != self.error_type and et.rsplit(".", 1)[-1] != self.error_type:
@@ -256,9 +258,12 @@ class ReplayReport:
 
     @property
     def left(self) -> int:
+        """Messages the replay left in the dead-letter queue: skipped, without a target,
+        or failed."""
         return self.skipped + self.no_target + self.failed
 
     def to_dict(self) -> dict[str, Any]:
+        """This report as a JSON-ready dict."""
         return {
             "queue": self.queue,
             "examined": self.examined,

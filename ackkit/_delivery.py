@@ -1,4 +1,9 @@
-"""Delivery: one message as a handler sees it, and how it is settled."""
+"""Delivery: one message as a handler sees it, and how it is settled.
+
+`DeliveryBase` holds what the message is (read-only); `Delivery` adds the blocking
+ack / nack / reject / publish, and `ackkit._async.delivery.AsyncDelivery` the same as
+coroutines. They are siblings, so a type checker sees `d.ack()` on an AsyncDelivery as
+a coroutine that must be awaited."""
 
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ M = TypeVar("M", bound=BaseModel)
 class Settler(Protocol):
     """What a runtime offers a Delivery to carry out a handler's settle."""
 
-    def settle(self, delivery: Delivery, kind: str, requeue: bool, multiple: bool) -> None: ...
+    def _settle(self, delivery: Delivery, kind: str, requeue: bool, multiple: bool) -> None: ...
 
 
 class MessagePublisher(Protocol):
@@ -30,8 +35,8 @@ class MessagePublisher(Protocol):
     def publish_message(self, msg: Outgoing) -> None: ...
 
 
-class Delivery:
-    """A message delivered to a listener (or fetched with basic.get).
+class DeliveryBase:
+    """What a delivered message is, on either runtime (read-only).
 
     `body` is bytes; `properties` are the AMQP basic properties (attribute
     names as in pika: content_type, headers, message_id, ...). `attempt` is
@@ -42,6 +47,7 @@ class Delivery:
     __slots__ = (
         "_decoder",
         "_settler",
+        "_tracked",
         "body",
         "db",
         "exchange",
@@ -49,7 +55,6 @@ class Delivery:
         "queue",
         "redelivered",
         "routing_key",
-        "tracked",
     )
 
     def __init__(
@@ -57,7 +62,7 @@ class Delivery:
         body: bytes,
         properties: Any,
         tracked: Tracked,
-        settler: Settler,
+        settler: Any,
         *,
         exchange: str = "",
         routing_key: str = "",
@@ -67,7 +72,7 @@ class Delivery:
     ) -> None:
         self.body = body
         self.properties = properties
-        self.tracked = tracked
+        self._tracked = tracked
         self._settler = settler
         self.exchange = exchange
         self.routing_key = routing_key
@@ -83,30 +88,39 @@ class Delivery:
 
     @property
     def delivery_tag(self) -> int:
-        return self.tracked.tag
+        """The broker's number for this delivery on its channel."""
+        return self._tracked.tag
 
     @property
     def attempt(self) -> int:
-        return self.tracked.attempt
+        """Which attempt at this message this is: 1 the first time, counted across
+        redeliveries, restarts and broker retries."""
+        return self._tracked.attempt
 
     @property
     def headers(self) -> Mapping[str, Any]:
+        """The message's headers ({} when it has none)."""
         h = getattr(self.properties, "headers", None)
         return h if h is not None else {}
 
     @property
     def message_id(self) -> str | None:
+        """The message_id property, None when the publisher set none."""
         return getattr(self.properties, "message_id", None)
 
     @property
     def content_type(self) -> str | None:
+        """The content_type property, None when the publisher set none."""
         return getattr(self.properties, "content_type", None)
 
     @property
     def settled(self) -> bool:
-        return self.tracked.settled
+        """True once this delivery was acked, nacked or rejected (by the handler or by
+        ackkit)."""
+        return self._tracked.settled
 
     def text(self) -> str:
+        """The body decoded as UTF-8; BadPayload when it is not."""
         try:
             return self.body.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -129,19 +143,34 @@ class Delivery:
         except RecursionError:
             raise BadPayload(TOO_DEEP) from None
 
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} queue={self.queue!r} tag={self.delivery_tag} "
+            f"attempt={self.attempt} message_id={self.message_id!r} bytes={len(self.body)}>"
+        )
+
+
+class Delivery(DeliveryBase):
+    """A message delivered to a listener (or fetched with basic.get), settled with
+    blocking calls: `delivery.ack()`. (On AsyncApp, `async def` handlers get an
+    `AsyncDelivery`, whose settle methods are coroutines.)
+    """
+
+    __slots__ = ()
+
     # -- settling --------------------------------------------------------------
 
     def ack(self, multiple: bool = False) -> None:
         """Acknowledge (processed). multiple=True also acks every earlier delivery."""
-        self._settler.settle(self, "ack", False, multiple)
+        self._sync_settler._settle(self, "ack", False, multiple)
 
     def nack(self, requeue: bool = True, multiple: bool = False) -> None:
         """Negative ack. requeue=False dead-letters (to the listener's DLQ if it has one)."""
-        self._settler.settle(self, "nack", requeue, multiple)
+        self._sync_settler._settle(self, "nack", requeue, multiple)
 
     def reject(self, requeue: bool = False) -> None:
         """Reject one delivery. requeue=False dead-letters (to the DLQ if there is one)."""
-        self._settler.settle(self, "reject", requeue, False)
+        self._sync_settler._settle(self, "reject", requeue, False)
 
     # -- publishing -----------------------------------------------------------
 
@@ -161,11 +190,9 @@ class Delivery:
             raise TypeError(f"{self!r} cannot publish: its source offers no publisher")
         return cast(MessagePublisher, self._settler)
 
-    def __repr__(self) -> str:
-        return (
-            f"<Delivery queue={self.queue!r} tag={self.delivery_tag} attempt={self.attempt} "
-            f"message_id={self.message_id!r} bytes={len(self.body)}>"
-        )
+    @property
+    def _sync_settler(self) -> Settler:
+        return cast(Settler, self._settler)
 
 
 TOO_DEEP = "body is nested too deeply to decode"

@@ -68,6 +68,7 @@ class DeadLetterQueue:
         self.close()
 
     def close(self) -> None:
+        """Close the connection (the `with` block does this)."""
         if self._conn is not None and self._conn.is_open:
             with contextlib.suppress(pika.exceptions.AMQPError):
                 self._conn.close()

@@ -13,7 +13,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from ._core.errors import BadPayload
 from ._core.outcome import AckIndex
-from ._delivery import TOO_DEEP, Delivery, _adapter_reason, _validation_reason, decode_json
+from ._delivery import TOO_DEEP, DeliveryBase, _adapter_reason, _validation_reason, decode_json
 
 __all__ = ["AckIndex", "Binding", "Decoder"]
 
@@ -28,7 +28,7 @@ class Decoder:
     max_body_size: int = DEFAULT_MAX_BODY
     check_content_type: bool = True
 
-    def check(self, d: Delivery) -> None:
+    def check(self, d: DeliveryBase) -> None:
         n = len(d.body)
         if n > self.max_body_size:
             raise BadPayload(f"body of {n} bytes exceeds max_body_size={self.max_body_size}")
@@ -126,7 +126,7 @@ class Binding:
         """Whether the handler receives its Delivery (so it can settle it)."""
         return self.kind == "delivery" or self.pass_delivery
 
-    def arg(self, d: Delivery) -> Any:
+    def arg(self, d: DeliveryBase) -> Any:
         """The first argument for delivery d; raises BadPayload when it cannot be decoded."""
         kind = self.kind
         if kind == "delivery":
@@ -161,7 +161,7 @@ class Binding:
             )
         return value
 
-    def args(self, d: Delivery) -> tuple[Any, ...]:
+    def args(self, d: DeliveryBase) -> tuple[Any, ...]:
         if self.kind == "none":
             return (d,) if self.pass_delivery else ()
         a = self.arg(d)
@@ -204,7 +204,7 @@ def _call_of(obj: object) -> Any:
 
 
 def _is_delivery(tp: Any) -> bool:
-    return isinstance(tp, type) and issubclass(tp, Delivery)
+    return isinstance(tp, type) and issubclass(tp, DeliveryBase)
 
 
 def _classify(tp: Any) -> tuple[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 from ._core.gate import FlowStep
 from ._core.listener import ListenerCore, Tracked
 from ._core.outcome import Outcome
-from ._delivery import Delivery
+from ._delivery import DeliveryBase
 from ._handler import Binding
 
 _NONE: list[Any] = []
@@ -33,15 +33,15 @@ class Invocation:
 
     __slots__ = ("_args", "binding", "deliveries", "undecodable")
 
-    def __init__(self, binding: Binding, deliveries: Sequence[Delivery]) -> None:
+    def __init__(self, binding: Binding, deliveries: Sequence[DeliveryBase]) -> None:
         self.binding = binding
-        self.undecodable: list[tuple[Delivery, BaseException]] = _NONE
+        self.undecodable: list[tuple[DeliveryBase, BaseException]] = _NONE
         self._args: tuple[Any, ...] | None = None
         if not binding.batch:
             self.deliveries = deliveries if type(deliveries) is list else list(deliveries)
             return
         self.undecodable = []
-        good: list[Delivery] = []
+        good: list[DeliveryBase] = []
         values: list[Any] = []
         for d in deliveries:
             try:
@@ -68,27 +68,27 @@ class Invocation:
     ) -> Outcome:
         """What the call came to, decided by the core (call with the core's lock held)."""
         if not self.binding.batch:  # one delivery (the hot path: no lists to build)
-            return core.handled((self.deliveries[0].tracked,), result, exc, traceback=traceback)
+            return core.handled((self.deliveries[0]._tracked,), result, exc, traceback=traceback)
         return core.handled(
-            [d.tracked for d in self.deliveries],
+            [d._tracked for d in self.deliveries],
             result,
             exc,
             is_batch=self.binding.batch,
-            undecodable=[(d.tracked, e) for d, e in self.undecodable],
+            undecodable=[(d._tracked, e) for d, e in self.undecodable],
             traceback=traceback,
         )
 
     def flow(self, core: ListenerCore, exc: BaseException | None, out: Outcome) -> FlowStep:
         """Tell the listener's flow gate the call ended (call with the core's lock held,
         only when `core.flow.active`): the breaker counts it, keys are freed."""
-        ts = [d.tracked for d in self.deliveries]
-        ts.extend(d.tracked for d, _ in self.undecodable)
+        ts = [d._tracked for d in self.deliveries]
+        ts.extend(d._tracked for d, _ in self.undecodable)
         return core.flow.done(ts, core.flow.failed(exc), out.rerun)
 
     def again(self, rerun: Sequence[Tracked]) -> Invocation:
         """The invocation that runs the handler again for `rerun` (in-process retry)."""
         keep = {id(t) for t in rerun}
-        return Invocation(self.binding, [d for d in self.deliveries if id(d.tracked) in keep])
+        return Invocation(self.binding, [d for d in self.deliveries if id(d._tracked) in keep])
 
     # FailureLog reads these to describe a failed call.
     @property
@@ -114,7 +114,7 @@ class Invocation:
 HandlerDone = Callable[[BaseException | None], None]
 """Called when a handler invocation has ended: None when it returned, else what it raised."""
 
-HandlerProbe = Callable[[Sequence[Delivery]], HandlerDone]
+HandlerProbe = Callable[[Sequence[DeliveryBase]], HandlerDone]
 """Called just before a handler runs for these deliveries (one, or a batch), on the
 thread or task that runs it; the HandlerDone it returns is called there when the
 handler has returned or raised. Runtimes call a listener's probe only when it has

@@ -1,97 +1,95 @@
-"""Checks of listener(...) options that build plain values: queue arguments, flow
-options, consumer arguments. Pure functions, no I/O; `AppBase.listener` calls them."""
+"""listener(...)'s old flat options, translated into the grouped values (`Queue`,
+`Consumer`, `Batch`, `Flow`) with a DeprecationWarning naming the new spelling; and the
+inbox check. Pure functions, no I/O; `AppBase.listener` calls them."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
-from ._core import checks as C
-from ._core.flow import CircuitBreaker, FlowPolicy, RateLimit, SerialKey
 from ._core.policy import AckMode
+from ._listener_values import Batch, Consumer, Flow, Queue
 
-_DAY = 86_400.0
+# old option -> (group, field in the group's value)
+DEPRECATED: dict[str, tuple[str, str]] = {
+    "prefetch": ("consumer", "prefetch"),
+    "concurrency": ("consumer", "concurrency"),
+    "max_concurrency": ("consumer", "concurrency"),
+    "exclusive": ("consumer", "exclusive"),
+    "consumer_priority": ("consumer", "priority"),
+    "consumer_timeout": ("consumer", "timeout"),
+    "consumer_arguments": ("consumer", "arguments"),
+    "flush": ("consumer", "flush"),
+    "max_body_size": ("consumer", "max_body_size"),
+    "check_content_type": ("consumer", "check_content_type"),
+    "declare": ("queue", "declare"),
+    "queue_arguments": ("queue", "arguments"),
+    "bind": ("queue", "bind"),
+    "batch_size": ("batch", "size"),
+    "batch_timeout": ("batch", "timeout"),
+    "circuit_breaker": ("flow", "circuit_breaker"),
+    "rate_limit": ("flow", "rate_limit"),
+    "serial_key": ("flow", "serial_key"),
+}
+_VALUE = {"consumer": "Consumer", "queue": "Queue", "batch": "Batch", "flow": "Flow"}
 
 
-def queue_type(arguments: dict[str, Any] | None) -> str | None:
-    value = (arguments or {}).get("x-queue-type")
-    return None if value is None else str(value)
+def new_spelling(option: str) -> str:
+    """How an old flat option is written now, e.g. `consumer=Consumer(prefetch=...)`."""
+    group, name = DEPRECATED[option]
+    if group == "queue":
+        return f"listener(Queue(name, {name}=...))"
+    return f"listener({group}={_VALUE[group]}({name}=...))"
 
 
-def check_queue_arguments(queue: str, args: dict[str, Any], mode: AckMode) -> None:
-    """Arguments that contradict how ackkit consumes the queue."""
-    qtype = args.get("x-queue-type")
-    if qtype is not None and qtype not in ("classic", "quorum"):
-        why = ""
-        if qtype == "stream":
-            why = ": a stream keeps messages after their ack, ackkit's settling does not apply"
-        raise ValueError(
-            f"queue_arguments['x-queue-type'] must be 'classic' or 'quorum', got {qtype!r}{why}"
+def translate(
+    queue: str | Queue,
+    consumer: Consumer | None,
+    batch: Batch | None,
+    flow: Flow | None,
+    legacy: dict[str, Any],
+) -> tuple[Queue, Consumer, Batch | None, Flow]:
+    """The grouped values from the new ones and the old flat options in `legacy`
+    (warning once for each old option; `stacklevel` points at the listener() call)."""
+    unknown = sorted(set(legacy) - set(DEPRECATED))
+    if unknown:
+        raise TypeError(f"listener() got an unexpected keyword argument {unknown[0]!r}")
+    groups: dict[str, dict[str, Any]] = {"consumer": {}, "queue": {}, "batch": {}, "flow": {}}
+    for option, value in legacy.items():
+        warnings.warn(
+            f"listener({option}=...) is deprecated, use {new_spelling(option)}",
+            DeprecationWarning,
+            stacklevel=3,
         )
-    for key in (
-        "x-message-ttl",
-        "x-expires",
-        "x-max-length",
-        "x-max-length-bytes",
-        "x-delivery-limit",
-        "x-max-priority",
-    ):
-        if key in args:
-            C.integer(f"queue_arguments[{key!r}]", args[key], 0)
-    if "x-single-active-consumer" in args:
-        C.flag("queue_arguments['x-single-active-consumer']", args["x-single-active-consumer"])
-    if args.get("x-dead-letter-routing-key") == queue and args.get("x-dead-letter-exchange") == "":
-        raise ValueError(
-            f"queue_arguments dead-letter {queue!r} into itself "
-            "(x-dead-letter-exchange '' and x-dead-letter-routing-key the queue): "
-            "every rejected message would come straight back"
-        )
-
-
-_CONSUMER_NAMED = {"x-priority": "consumer_priority", "x-consumer-timeout": "consumer_timeout"}
-_INT32 = 2**31 - 1
-
-
-def flow_policy(
-    breaker: CircuitBreaker | None,
-    rate: RateLimit | float | None,
-    serial: SerialKey | None,
-    batch_size: int | None,
-) -> FlowPolicy | None:
-    """The listener's flow options as one value (None when all are off)."""
-    if rate is not None and not isinstance(rate, RateLimit):
-        if isinstance(rate, bool) or not isinstance(rate, (int, float)):
+        group, name = DEPRECATED[option]
+        groups[group][name] = value
+    given: dict[str, object] = {"consumer": consumer, "batch": batch, "flow": flow}
+    given["queue"] = queue if isinstance(queue, Queue) else None
+    for group, old in groups.items():
+        if old and given[group] is not None:
+            first = next(o for o in legacy if DEPRECATED[o][0] == group)
             raise TypeError(
-                f"rate_limit must be a RateLimit, a number of messages per second or None, "
-                f"got {rate!r}"
+                f"listener(): {first}= and {group}= both given; put it in "
+                f"{new_spelling(first).removeprefix('listener(')[:-1]}"
             )
-        rate = RateLimit(float(rate))
-    if serial is not None and batch_size is not None:
-        raise ValueError(
-            "serial_key= with batch_size=: a batch would run deliveries of one key together "
-            "and out of the gate's order; use one or the other"
-        )
-    if breaker is None and rate is None and serial is None:
-        return None
-    return FlowPolicy(breaker=breaker, rate_limit=rate, serial_key=serial)
+    if "max_concurrency" in legacy and "concurrency" in legacy:
+        Consumer(concurrency=legacy["concurrency"])  # checked, then max_concurrency wins
+        groups["consumer"]["concurrency"] = legacy["max_concurrency"]
+    q = queue if isinstance(queue, Queue) else Queue(queue, **groups["queue"])
+    c = consumer if consumer is not None else Consumer(**groups["consumer"])
+    if batch is None and groups["batch"]:
+        if "size" not in groups["batch"]:
+            Batch(1, **groups["batch"])  # checked; without batch_size it never applied
+        else:
+            batch = Batch(**groups["batch"])
+    f = flow if flow is not None else Flow(**groups["flow"])
+    for name, value, cls in (("consumer", c, Consumer), ("batch", batch, Batch), ("flow", f, Flow)):
+        if value is not None and not isinstance(value, cls):
+            raise TypeError(f"{name} must be a {cls.__name__} or None, got {value!r}")
+    return q, c, batch, f
 
 
-def consumer_arguments(
-    priority: int | None, timeout: float | None, extra: dict[str, Any] | None
-) -> dict[str, Any]:
-    """basic.consume arguments from the named options and `consumer_arguments`."""
-    args = C.amqp_table("consumer_arguments", extra)
-    for key, option in _CONSUMER_NAMED.items():
-        if key in args:
-            raise ValueError(f"consumer_arguments[{key!r}]: use {option}= instead")
-    if priority is not None:
-        args["x-priority"] = C.integer("consumer_priority", priority, -_INT32 - 1, _INT32)
-    if timeout is not None:
-        seconds = C.number("consumer_timeout", timeout, 0, _DAY * 7, above=True)
-        args["x-consumer-timeout"] = max(1, round(seconds * 1000))  # milliseconds
-    return args
-
-
-def check_inbox(inbox: object, mode: AckMode, batch_size: int | None) -> None:
+def check_inbox(inbox: object, mode: AckMode, batch: Batch | None) -> None:
     """listener(inbox=...): an `ackkit.inbox.Inbox`, with a listener it can guard."""
     from .inbox import Inbox
 
@@ -102,5 +100,5 @@ def check_inbox(inbox: object, mode: AckMode, batch_size: int | None) -> None:
             f"inbox= needs ack_mode=AckMode.AUTO, got {mode}: the ack must follow the "
             "transaction's commit, so ackkit settles, not the handler"
         )
-    if batch_size is not None:
-        raise ValueError("inbox= with batch_size= is not supported yet: one message a transaction")
+    if batch is not None:
+        raise ValueError("inbox= with batch= is not supported yet: one message a transaction")

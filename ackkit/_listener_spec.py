@@ -13,7 +13,7 @@ from ._handler import Binding
 
 if TYPE_CHECKING:
     from ._core.listener import ListenerCore
-    from ._delivery import Delivery
+    from ._delivery import DeliveryBase
     from ._invocation import HandlerDone, HandlerProbe
     from .inbox import Inbox
 
@@ -60,7 +60,7 @@ def _combine(probes: Sequence[HandlerProbe]) -> HandlerProbe:
     if len(probes) == 1:
         return probes[0]
 
-    def start(ds: Sequence[Delivery]) -> HandlerDone:
+    def start(ds: Sequence[DeliveryBase]) -> HandlerDone:
         dones = [p(ds) for p in probes]
 
         def done(exc: BaseException | None) -> None:

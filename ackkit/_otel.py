@@ -16,7 +16,7 @@ from . import __version__
 from ._spec import ListenerSpec
 
 if TYPE_CHECKING:
-    from ._delivery import Delivery
+    from ._delivery import DeliveryBase
     from ._invocation import HandlerDone, HandlerProbe
 
 log = logging.getLogger("ackkit")
@@ -66,7 +66,7 @@ def make_probe(spec: ListenerSpec, tracer: trace.Tracer) -> HandlerProbe:
         "ackkit.queue": spec.queue,
     }
 
-    def start(ds: Sequence[Delivery]) -> HandlerDone:
+    def start(ds: Sequence[DeliveryBase]) -> HandlerDone:
         try:
             if len(ds) == 1:
                 d = ds[0]
@@ -100,7 +100,7 @@ def make_probe(spec: ListenerSpec, tracer: trace.Tracer) -> HandlerProbe:
             propagate.inject(carry, context=ctx)
             for d in ds:
                 # Every copy republished for it (retry delay queue, DLQ) continues this trace.
-                d.tracked.carry = carry
+                d._tracked.carry = carry
             token = otel_context.attach(ctx)
         except Exception:
             log.debug("ackkit tracing: starting a span failed", exc_info=True)

@@ -31,7 +31,7 @@ from ._core import wire
 from ._core.errors import MessageUnroutable, PublishError, PublishNacked, PublishNotConfirmed
 
 if TYPE_CHECKING:
-    from ._delivery import Delivery
+    from ._delivery import DeliveryBase
 
 PUBLISH_TIMEOUT = 30.0
 """Seconds a publish waits for the broker's confirm by default."""
@@ -234,7 +234,7 @@ apublishes = _acarrying(outgoing)
 """`publishes` for a coroutine carrier, `async def publish(self, msg: Outgoing)`."""
 
 
-def reply(delivery: Delivery, body: object, **options: Any) -> Outgoing:
+def reply(delivery: DeliveryBase, body: object, **options: Any) -> Outgoing:
     """The reply to `delivery`: to its reply_to queue (default exchange), with its
     correlation_id (or, without one, its message_id) unless `options` set another."""
     to = getattr(delivery.properties, "reply_to", None)

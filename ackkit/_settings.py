@@ -106,6 +106,7 @@ class SettingsView:
 
     @property
     def url(self) -> str:
+        """The broker URL (with its password; log `safe_url`)."""
         return self.settings.url
 
     @url.setter
@@ -115,10 +116,12 @@ class SettingsView:
 
     @property
     def safe_url(self) -> str:
+        """The broker URL with its password masked, for logs."""
         return self.settings.safe_url
 
     @property
     def heartbeat(self) -> int:
+        """AMQP heartbeat in seconds (0: off)."""
         return self.settings.heartbeat
 
     @heartbeat.setter
@@ -127,6 +130,7 @@ class SettingsView:
 
     @property
     def shutdown_timeout(self) -> float:
+        """Seconds a graceful stop waits for running handlers."""
         return self.settings.shutdown_timeout
 
     @shutdown_timeout.setter
@@ -135,6 +139,7 @@ class SettingsView:
 
     @property
     def reconnect_max_interval(self) -> float:
+        """The longest wait between reconnect attempts, in seconds."""
         return self.settings.reconnect_max_interval
 
     @reconnect_max_interval.setter
@@ -143,6 +148,7 @@ class SettingsView:
 
     @property
     def startup_timeout(self) -> float:
+        """Seconds `start()` / `run()` waits for a first connection."""
         return self.settings.startup_timeout
 
     @startup_timeout.setter
@@ -151,6 +157,7 @@ class SettingsView:
 
     @property
     def connection_name(self) -> str:
+        """The name the broker shows for the app's connection."""
         return self.settings.connection_name
 
     @connection_name.setter
@@ -159,4 +166,5 @@ class SettingsView:
 
     @property
     def tls(self) -> tuple[ssl.SSLContext, str | None] | None:
+        """The TLS context and server name for an amqps:// URL; None without TLS."""
         return self.settings.tls

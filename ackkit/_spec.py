@@ -5,34 +5,30 @@ from __future__ import annotations
 import dataclasses
 import logging
 import ssl
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ._core import checks as C
 from ._core.events import Observer
-from ._core.exchanges import Bind, Exchange, binds, plan
-from ._core.flow import CircuitBreaker, FlowState, RateLimit, SerialKey
+from ._core.exchanges import plan
+from ._core.flow import FlowState
 from ._core.policy import (
-    DEFAULT_PREFETCH,
     DLQ_DEFAULT,
     NO_RETRY,
     AckMode,
-    FlushPolicy,
     ListenerPolicy,
     Retry,
     RetryStrategy,
     Unsettled,
 )
 from ._core.topology import check_delivery_limit
-from ._handler import DEFAULT_MAX_BODY, Binding, Decoder
+from ._handler import Binding, Decoder
 from ._listener_options import check_inbox as _check_inbox
-from ._listener_options import check_queue_arguments as _check_queue_arguments
-from ._listener_options import consumer_arguments as _consumer_arguments
-from ._listener_options import flow_policy as _flow_policy
-from ._listener_options import queue_type as _queue_type
+from ._listener_options import translate as _translate
 from ._listener_spec import Instrument as Instrument
 from ._listener_spec import ListenerSpec as ListenerSpec
 from ._listener_spec import probe_for as probe_for
+from ._listener_values import Batch, Consumer, Flow, Queue
 from ._logs import LifecycleLog
 from ._settings import DEFAULT_URL, Settings, SettingsView
 from ._tls import TLS
@@ -47,12 +43,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 # RabbitMQ's default consumer_timeout (30 min); in-process retries must end well before it.
 CONSUMER_TIMEOUT = 30 * 60.0
 
-
-BindOption = Bind | str | Exchange | tuple[str | Exchange, str] | Sequence[Any] | None
-"""listener(bind=...): see `ackkit._core.exchanges.binds`."""
-
-MAX_CONCURRENCY = 10_000
-_DAY = 86_400.0
 SETTLED_BY_HANDLER = (AckMode.MANUAL, AckMode.CLIENT, AckMode.INDIVIDUAL)
 """Ack modes in which the handler settles: it must receive its Delivery."""
 
@@ -164,87 +154,65 @@ class AppBase(SettingsView):
 
     def listener(
         self,
-        queue: str,
+        queue: str | Queue,
         *,
+        consumer: Consumer | None = None,
         ack_mode: AckMode = AckMode.AUTO,
-        prefetch: int = DEFAULT_PREFETCH,
+        on_unsettled: Unsettled = Unsettled.DEAD_LETTER,
         retry: Retry | None = None,
         dead_letter: str | None = DLQ_DEFAULT,
-        on_unsettled: Unsettled = Unsettled.DEAD_LETTER,
-        concurrency: int = 1,
-        max_concurrency: int | None = None,
-        batch_size: int | None = None,
-        batch_timeout: float = 0.2,
-        max_body_size: int = DEFAULT_MAX_BODY,
-        check_content_type: bool = True,
-        declare: bool = True,
-        queue_arguments: dict[str, Any] | None = None,
-        bind: BindOption = None,
-        flush: FlushPolicy | None = None,
-        name: str | None = None,
-        circuit_breaker: CircuitBreaker | None = None,
-        rate_limit: RateLimit | float | None = None,
-        serial_key: SerialKey | None = None,
-        consumer_priority: int | None = None,
-        consumer_timeout: float | None = None,
-        exclusive: bool = False,
-        consumer_arguments: dict[str, Any] | None = None,
+        batch: Batch | None = None,
+        flow: Flow | None = None,
         inbox: Inbox | None = None,
+        name: str | None = None,
+        **deprecated: Any,
     ) -> Callable[[F], F]:
-        """Register a handler for `queue`.
+        """Register a handler for `queue` (a queue name, or a `Queue` to declare it with
+        arguments or bind it to exchanges).
 
         The first parameter's annotation says what the handler gets: a pydantic
         model (the JSON body validated), `Delivery`, `bytes`, `str`, `dict`/any
-        (JSON), or `list[...]` of one of those for a batch handler. A second
-        parameter annotated `Delivery` receives the delivery as well.
+        (JSON), or `list[...]` of one of those for a batch handler (with `batch=`). A
+        second parameter annotated `Delivery` receives the delivery as well.
 
-        `bind=[("orders", "order.*")]` binds the queue to exchanges before it is
-        consumed (an exchange named by a string is declared as a durable topic
-        exchange if it does not exist; `Exchange(...)` declares one exactly).
+        - `consumer`: a `Consumer` (prefetch, concurrency, exclusive, priority, ...).
+        - `ack_mode` and `on_unsettled`: who settles, and what happens to a delivery a
+          settling handler left unsettled.
+        - `retry` (a `Retry`) and `dead_letter` (the dead-letter queue, None for none).
+        - `batch`: a `Batch(size, timeout)` for a `list[...]` handler.
+        - `flow`: a `Flow` (circuit breaker, rate limit, serial key).
+        - `inbox=Inbox(dsn)`: exactly-once database effects (see `ackkit.inbox.Inbox`):
+          the handler runs in a PostgreSQL transaction that records the message's key,
+          committed before the ack; a redelivery of a recorded key is acked unrun.
+        - `name`: the listener's name in stats, metrics and logs ("queue:function").
 
-        Flow control: `circuit_breaker` stops consuming while the handler keeps
-        failing; `rate_limit` (a RateLimit, or messages per second) spaces handler
-        starts; `serial_key` never runs two deliveries with the same key at once.
-        Consumer: `consumer_priority` (x-priority), `consumer_timeout` (seconds,
-        x-consumer-timeout), `exclusive`, and any other `consumer_arguments`.
-
-        `inbox=Inbox(dsn)`: exactly-once database effects (see `ackkit.inbox.Inbox`):
-        the handler runs in a PostgreSQL transaction that records the message's key,
-        committed before the ack; a redelivery of a recorded key is acked unrun.
+        The flat options of ackkit 0.1 (`prefetch=`, `max_concurrency=`, `batch_size=`,
+        `queue_arguments=`, ...) still work, with a DeprecationWarning naming the new
+        spelling; they go in 0.3.
         """
-        C.queue_name("queue", queue, declared=False)
-        declare = C.flag("declare", declare)
-        if declare:
-            C.queue_name("queue", queue)
+        q, cons, batch, fl = _translate(queue, consumer, batch, flow, deprecated)
+        queue = q.name
         ack_mode = C.enum("ack_mode", AckMode, ack_mode)
-        C.integer("concurrency", concurrency, 1, MAX_CONCURRENCY)
-        conc = concurrency
-        if max_concurrency is not None:
-            conc = C.integer("max_concurrency", max_concurrency, 1, MAX_CONCURRENCY)
-        C.integer("prefetch", prefetch, 0, C.MAX_SHORT)
-        if batch_size is not None:
-            C.integer("batch_size", batch_size, 1, C.MAX_SHORT)
-            if prefetch and batch_size > prefetch:
-                raise ValueError(
-                    f"batch_size {batch_size} > prefetch {prefetch}: batches never fill"
-                )
-        batch_timeout = C.number("batch_timeout", batch_timeout, 0, _DAY)
-        C.integer("max_body_size", max_body_size, 1)
-        C.flag("check_content_type", check_content_type)
-        args = C.amqp_table("queue_arguments", queue_arguments)
-        bound = binds(bind)
-        _check_queue_arguments(queue, args, ack_mode)
+        prefetch = cons.prefetch
+        if batch is not None and prefetch and batch.size > prefetch:
+            raise ValueError(
+                f"Batch.size {batch.size} > Consumer.prefetch {prefetch}: batches never fill"
+            )
+        args = q.arguments
         if name is not None:
             C.text("name", name)
         if retry is not None and not isinstance(retry, Retry):
             raise TypeError(f"retry must be a Retry or None, got {retry!r}")
         r = retry or NO_RETRY
         check_delivery_limit(r, args)
-        flow = _flow_policy(circuit_breaker, rate_limit, serial_key, batch_size)
-        exclusive = C.flag("exclusive", exclusive)
-        cargs = _consumer_arguments(consumer_priority, consumer_timeout, consumer_arguments)
+        flow_policy = fl.policy()
+        if fl.serial_key is not None and batch is not None:
+            raise ValueError(
+                "Flow(serial_key=...) with batch=: a batch would run deliveries of one key "
+                "together and out of the gate's order; use one or the other"
+            )
         if inbox is not None:
-            _check_inbox(inbox, ack_mode, batch_size)
+            _check_inbox(inbox, ack_mode, batch)
         # ListenerPolicy checks the rest (dead_letter, on_unsettled, flush) before the
         # handler is bound, so a wrong option fails at the decorator's line.
         probe = ListenerPolicy(
@@ -255,11 +223,11 @@ class AppBase(SettingsView):
             retry=r,
             dead_letter=dead_letter,
             on_unsettled=on_unsettled,
-            flush=flush,
-            queue_type=_queue_type(args),
-            flow=flow,
+            flush=cons.flush,
+            queue_type=q.queue_type,
+            flow=flow_policy,
         )
-        limit = CONSUMER_TIMEOUT if consumer_timeout is None else float(consumer_timeout)
+        limit = CONSUMER_TIMEOUT if cons.timeout is None else cons.timeout
         if r.strategy is RetryStrategy.IN_PROCESS and r.total_delay() > limit / 2:
             log.warning(
                 "listener on %r: in-process retries may wait %.0f s, close to the "
@@ -268,6 +236,9 @@ class AppBase(SettingsView):
                 r.total_delay(),
                 limit,
             )
+        bound = q.bind
+        batch_size = None if batch is None else batch.size
+        batch_timeout = 0.2 if batch is None else batch.timeout
 
         def register(fn: F) -> F:
             lname = name or f"{queue}:{getattr(fn, '__name__', 'handler')}"
@@ -277,11 +248,12 @@ class AppBase(SettingsView):
                     "each listener its own name= (stats, metrics and logs are keyed by it)"
                 )
             policy = dataclasses.replace(probe, name=lname)
-            binding = Binding(fn, Decoder(max_body_size, check_content_type), lname)
+            decoder = Decoder(cons.max_body_size, cons.check_content_type)
+            binding = Binding(fn, decoder, lname)
             if batch_size is None and binding.batch:
-                raise TypeError(f"{lname}: a list[...] handler needs batch_size=")
+                raise TypeError(f"{lname}: a list[...] handler needs batch=Batch(size)")
             if batch_size is not None and not binding.batch:
-                raise TypeError(f"{lname}: batch_size= needs a handler taking list[...]")
+                raise TypeError(f"{lname}: batch= needs a handler taking list[...]")
             if ack_mode in SETTLED_BY_HANDLER and not binding.gets_delivery:
                 raise TypeError(
                     f"{lname}: with ack_mode={ack_mode} the handler settles each message "
@@ -299,14 +271,14 @@ class AppBase(SettingsView):
                 ListenerSpec(
                     policy,
                     binding,
-                    conc,
+                    cons.concurrency,
                     batch_size,
                     batch_timeout,
-                    declare,
+                    q.declare,
                     args,
                     bound,
-                    cargs,
-                    exclusive,
+                    cons.consume_arguments(),
+                    cons.exclusive,
                     inbox,
                 )
             )

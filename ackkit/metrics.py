@@ -59,7 +59,7 @@ from ._core.listener import ListenerCore
 from ._spec import AppBase, ListenerSpec
 
 if TYPE_CHECKING:
-    from ._delivery import Delivery
+    from ._delivery import DeliveryBase
     from ._invocation import HandlerDone, HandlerProbe
 
 __all__ = ["DURATION_BUCKETS", "MetricsServer", "PrometheusMetrics"]
@@ -296,7 +296,7 @@ class PrometheusMetrics:
         )
         clock = time.perf_counter
 
-        def start(ds: Sequence[Delivery]) -> HandlerDone:
+        def start(ds: Sequence[DeliveryBase]) -> HandlerDone:
             t0 = clock()
 
             def done(exc: BaseException | None) -> None:

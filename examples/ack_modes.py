@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ackkit import AckMode, App, Delivery
+from ackkit import AckMode, App, Consumer, Delivery
 
 from ._common import Broker, broker_for_cli, cleanup, publish_json, settled
 
@@ -22,20 +22,20 @@ def _run(broker: Broker, mode: AckMode) -> dict[str, Any]:
 
     if mode is AckMode.CLIENT:
 
-        @app.listener(q, ack_mode=mode, prefetch=10, name=f"{q}:h")
+        @app.listener(q, ack_mode=mode, consumer=Consumer(prefetch=10), name=f"{q}:h")
         def client(d: Delivery) -> None:
             if d.json()["n"] % 5 == 4:
                 d.ack()  # acks this one and the four before it (multiple=True)
 
     elif mode is AckMode.INDIVIDUAL:
 
-        @app.listener(q, ack_mode=mode, prefetch=10, name=f"{q}:h")
+        @app.listener(q, ack_mode=mode, consumer=Consumer(prefetch=10), name=f"{q}:h")
         def individual(d: Delivery) -> None:
             d.ack()  # exactly this delivery, sent at once
 
     else:
 
-        @app.listener(q, ack_mode=mode, prefetch=10, name=f"{q}:h")
+        @app.listener(q, ack_mode=mode, consumer=Consumer(prefetch=10), name=f"{q}:h")
         def auto(body: dict[str, int]) -> None:
             pass
 

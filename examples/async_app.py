@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel
 
 import ackkit
-from ackkit import AckMode, AsyncApp, Delivery, Retry, RetryStrategy
+from ackkit import AckMode, AsyncApp, AsyncDelivery, Consumer, Retry, RetryStrategy
 
 from ._common import Broker, broker_for_cli, cleanup, publish_json, table
 
@@ -30,7 +30,12 @@ async def _run(broker: Broker) -> dict[str, Any]:
     fast = Retry(max_attempts=3, initial_interval=0.05, strategy=RetryStrategy.IN_PROCESS)
 
     # 20 handlers at a time finish out of order; acks still only cover the settled prefix.
-    @app.listener(QUEUE, ack_mode=AckMode.AUTO, prefetch=50, max_concurrency=20, retry=fast)
+    @app.listener(
+        QUEUE,
+        ack_mode=AckMode.AUTO,
+        consumer=Consumer(prefetch=50, concurrency=20),
+        retry=fast,
+    )
     async def on_order(order: Order) -> None:
         await asyncio.sleep(random.random() / 50)
         if order.id % 10 == 7:
@@ -52,7 +57,7 @@ async def _run(broker: Broker) -> dict[str, Any]:
     return {"handled": sorted(handled), "dead_lettered": dlq, "stats": stats}
 
 
-def _describe(d: Delivery) -> str:
+def _describe(d: AsyncDelivery) -> str:
     return f"{d.json()['id']}: {d.headers.get('ackkit-reason')}"
 
 

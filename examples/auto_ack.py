@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ackkit import AckMode, App, connect
+from ackkit import AckMode, App, Consumer, connect
 
 from ._common import Broker, broker_for_cli, cleanup, publish_json, settled, table
 
@@ -32,7 +32,7 @@ def main(broker: Broker) -> dict[str, Any]:
     lock = threading.Lock()
     app = App(broker.url)
 
-    @app.listener(QUEUE, ack_mode=AckMode.AUTO, prefetch=100)
+    @app.listener(QUEUE, ack_mode=AckMode.AUTO, consumer=Consumer(prefetch=100))
     def on_order(order: Order) -> None:
         if order.id == 99:
             raise ValueError("order 99 is cursed")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ackkit import AckIndex, App, Retry, RetryStrategy
+from ackkit import AckIndex, App, Batch, Consumer, Retry, RetryStrategy
 
 from ._common import Broker, broker_for_cli, cleanup, publish_json, settled, table
 
@@ -21,7 +21,7 @@ def main(broker: Broker) -> dict[str, Any]:
     app = App(broker.url)
     retry = Retry(max_attempts=2, initial_interval=0.05, strategy=RetryStrategy.IN_PROCESS)
 
-    @app.listener(QUEUE, prefetch=10, batch_size=5, batch_timeout=0.3, retry=retry)
+    @app.listener(QUEUE, consumer=Consumer(prefetch=10), batch=Batch(5, timeout=0.3), retry=retry)
     def on_batch(items: list[dict[str, int]]) -> AckIndex | None:
         ns = [x["n"] for x in items]
         batches.append(ns)

@@ -10,7 +10,8 @@ import contextlib
 from typing import Any
 
 import ackkit
-from ackkit import App, Bind, Exchange, ExchangeType
+from ackkit import App, Queue
+from ackkit.topology import Bind, Exchange, ExchangeType
 
 from ._common import Broker, broker_for_cli, cleanup, table, wait_for
 
@@ -22,15 +23,15 @@ BILLING, SHIPPING, LOG = "example.billing", "example.shipping", "example.audit.l
 def build(url: str, seen: list[tuple[str, str]]) -> App:
     app = App(url)
 
-    @app.listener(BILLING, bind=[(EVENTS, "order.*"), (EVENTS, "refund.#")])
+    @app.listener(Queue(BILLING, bind=[(EVENTS, "order.*"), (EVENTS, "refund.#")]))
     def billing(event: dict[str, Any], d: ackkit.Delivery) -> None:
         seen.append(("billing", d.routing_key))
 
-    @app.listener(SHIPPING, bind=(EVENTS, "order.paid"))
+    @app.listener(Queue(SHIPPING, bind=(EVENTS, "order.paid")))
     def shipping(event: dict[str, Any], d: ackkit.Delivery) -> None:
         seen.append(("shipping", d.routing_key))
 
-    @app.listener(LOG, bind=Bind(Exchange(AUDIT, ExchangeType.FANOUT)))
+    @app.listener(Queue(LOG, bind=Bind(Exchange(AUDIT, ExchangeType.FANOUT))))
     def audit(event: dict[str, Any], d: ackkit.Delivery) -> None:
         seen.append(("audit", d.routing_key))
 
@@ -44,7 +45,7 @@ def main(broker: Broker) -> dict[str, Any]:
     app = build(broker.url, seen)
     with app.running():
         for key in ("order.created", "order.paid", "refund.partial.eu", "stock.low"):
-            with contextlib.suppress(ackkit.MessageUnroutable):  # stock.low: nobody binds it
+            with contextlib.suppress(ackkit.errors.MessageUnroutable):  # stock.low: nobody binds it
                 app.publish(key, {"event": key}, exchange=EVENTS)
         app.publish("anything", {"event": "audit"}, exchange=AUDIT)
         wait_for(lambda: len(seen) == 5)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ackkit import AckMode, App, Delivery
+from ackkit import AckMode, App, Consumer, Delivery
 
 from ._common import Broker, broker_for_cli, cleanup, publish_json, settled, table
 
@@ -21,7 +21,7 @@ def main(broker: Broker) -> dict[str, Any]:
     outcome: dict[int, str] = {}
     app = App(broker.url)
 
-    @app.listener(QUEUE, ack_mode=AckMode.MANUAL, prefetch=10)
+    @app.listener(QUEUE, ack_mode=AckMode.MANUAL, consumer=Consumer(prefetch=10))
     def on_message(d: Delivery) -> None:
         n = d.json()["n"]
         if n % 3 == 0:

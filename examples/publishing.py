@@ -12,7 +12,8 @@ from typing import Any
 from pydantic import BaseModel
 
 import ackkit
-from ackkit import App, Delivery, MessageUnroutable
+from ackkit import App, Delivery, Queue
+from ackkit.errors import MessageUnroutable
 
 from ._common import Broker, broker_for_cli, cleanup, table, wait_for
 
@@ -37,7 +38,7 @@ def main(broker: Broker) -> dict[str, Any]:
 
     # The queue is bound to the topic exchange before consuming starts; the exchange is
     # declared (durable, topic) if it does not exist yet.
-    @app.listener(ORDERS, bind=[(EXCHANGE, "order.created")])
+    @app.listener(Queue(ORDERS, bind=[(EXCHANGE, "order.created")]))
     def on_order(order: Order, delivery: Delivery) -> None:
         invoice = Invoice(order=order.id, total=round(order.amount * 1.2, 2))
         # Confirmed before this delivery is acked: a crash in between redelivers the

@@ -30,7 +30,8 @@ from typing import Any
 import pika
 import pika.exceptions
 
-from ackkit import App, DeadLetterQueue, Delivery, ReplayFilter, Retry, RetryStrategy, connect
+from ackkit import App, Consumer, Delivery, Retry, RetryStrategy, connect
+from ackkit.dead_letters import DeadLetterQueue, ReplayFilter
 
 QUEUE = "example.payments"
 DLQ = f"{QUEUE}.dlq"
@@ -88,7 +89,7 @@ def main(url: Any = DEFAULT_URL) -> dict[str, Any]:
 
     app = App(url)
 
-    @app.listener(QUEUE, retry=RETRY, prefetch=10)
+    @app.listener(QUEUE, retry=RETRY, consumer=Consumer(prefetch=10))
     def pay(payment: dict[str, Any], d: Delivery) -> None:
         pid = str(payment["id"])
         with lock:

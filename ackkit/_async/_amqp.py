@@ -36,7 +36,7 @@ from .._core.exchanges import (
     queue_conflict,
 )
 from .._core.listener import QueueSpec, missing_queue
-from .._delivery import Delivery
+from .._delivery import DeliveryBase
 from .._inmemory import broker_for
 from .._io import ConnectFailed, FatalConnectError
 from .._tls import client_tls, handshake_hint, tls_failure
@@ -235,7 +235,7 @@ async def publish_copy(
     `ListenerCore.republished(token, ok, unroutable=..., error=..., lost=...)`:
     unroutable when it came back with basic.return; error when it could not be built;
     lost when the channel closed (or no answer came) first: why, in the broker's words."""
-    d: Delivery = a.source
+    d: DeliveryBase = a.source
     try:
         props = copy_properties(
             None if a.minimal else d.properties, a.set_headers, **copy_options(a, ch)

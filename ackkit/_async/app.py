@@ -27,7 +27,7 @@ class AsyncApp(AppBase):
     ```
     app = AsyncApp("amqp://guest:guest@127.0.0.1:5672/%2f")
 
-    @app.listener("orders", ack_mode=AckMode.AUTO, prefetch=100, max_concurrency=50)
+    @app.listener("orders", ack_mode=AckMode.AUTO, consumer=Consumer(prefetch=100, concurrency=50))
     async def on_order(order: Order) -> None: ...
 
     await app.run()                  # until SIGINT/SIGTERM or app.stop()
@@ -37,10 +37,10 @@ class AsyncApp(AppBase):
     Same ack modes, retry, dead-lettering and shutdown as the pika `App`; the
     decisions come from the same core. `async def` handlers run on the loop
     and settle with `await delivery.ack()` (an AsyncDelivery). Plain `def`
-    handlers run in a thread pool of `max_concurrency` threads per listener;
+    handlers run in a thread pool of `Consumer(concurrency=...)` threads per listener;
     their `delivery.ack()` blocks until the loop has carried the settle out.
 
-    With `max_concurrency` > 1 handlers finish out of order. Acks then go out as
+    With a concurrency > 1 handlers finish out of order. Acks then go out as
     one multiple-ack over the contiguous finished prefix of delivery tags, and
     deliveries that finished behind a still-running one are acked one by one
     when the pending acks are flushed (by count, every `FlushPolicy.interval`,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from .._delivery import Delivery
+from .._delivery import DeliveryBase
 
 
 class Batcher:
@@ -22,16 +22,16 @@ class Batcher:
         size: int,
         timeout: float,
         loop: asyncio.AbstractEventLoop,
-        due: Callable[[list[Delivery]], None],
+        due: Callable[[list[DeliveryBase]], None],
     ) -> None:
         self.size = size
         self.timeout = timeout
         self.loop = loop
         self.due = due  # gets a partial batch whose time is up
-        self.buf: list[Delivery] = []
+        self.buf: list[DeliveryBase] = []
         self.timer: asyncio.TimerHandle | None = None
 
-    def add(self, d: Delivery) -> list[Delivery] | None:
+    def add(self, d: DeliveryBase) -> list[DeliveryBase] | None:
         """Add `d`; the batch when it is now full, else None."""
         buf = self.buf
         buf.append(d)
@@ -41,7 +41,7 @@ class Batcher:
             self.timer = self.loop.call_later(self.timeout, self._expired)
         return None
 
-    def take(self) -> list[Delivery]:
+    def take(self) -> list[DeliveryBase]:
         """The batch as it is (possibly empty), its timer off; a new one starts empty."""
         buf, self.buf = self.buf, []
         if self.timer is not None:

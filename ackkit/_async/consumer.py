@@ -49,7 +49,7 @@ from .._core.events import Observer
 from .._core.listener import ListenerCore
 from .._core.policy import AckMode
 from .._core.tracked import Tracked
-from .._delivery import Delivery
+from .._delivery import Delivery, DeliveryBase
 from .._logs import FailureLog, log_cancel, short
 from .._publish import Outgoing
 from .._spec import Instrument, ListenerSpec, probe_for
@@ -70,7 +70,7 @@ log = logging.getLogger("ackkit")
 CANCEL_TIMEOUT = 5.0
 CHANNEL_REOPEN_DELAY = RETRY_DELAY
 
-Unit = Delivery | list[Delivery]
+Unit = DeliveryBase | list[DeliveryBase]
 """What one handler invocation gets: a delivery, or a batch of them."""
 
 
@@ -253,7 +253,7 @@ class AsyncConsumer(ChannelSettler):
             if msg.channel is not self.channel:
                 return  # a late delivery of a closed channel: the broker requeued it
             d = self._receive(msg)
-            t = d.tracked
+            t = d._tracked
             if t.verdict is not None:
                 if t.verdict:
                     await self.execute(t.generation, t.verdict)
@@ -266,7 +266,7 @@ class AsyncConsumer(ChannelSettler):
         except BaseException as exc:  # a bug of ours: stop visibly, never a silent zombie
             self.rt.fail(exc, f"{self.spec.name}: delivery task failed")
 
-    def _receive(self, msg: DeliveredMessage) -> Delivery:
+    def _receive(self, msg: DeliveredMessage) -> DeliveryBase:
         """The core tracks the delivery (and may decide its fate at once, `verdict`)."""
         dv: Any = msg.delivery
         props = msg.header.properties
@@ -306,7 +306,7 @@ class AsyncConsumer(ChannelSettler):
         the handler runs in a task of its own)."""
         self.rt.spawn(self._admit(t.payload))
 
-    async def _admit(self, d: Delivery) -> None:
+    async def _admit(self, d: DeliveryBase) -> None:
         """Run it, through the flow gate when it is on; in a batch; or queued behind the
         running handlers."""
         if self.core.flow.gated and not await flowing.admit(self, d):
@@ -352,12 +352,12 @@ class AsyncConsumer(ChannelSettler):
         if self.core.flow.ticking:  # a breaker, or copies the broker refuses
             await flowing.tick(self)
 
-    async def _startable(self, ds: list[Delivery]) -> list[Delivery]:
+    async def _startable(self, ds: list[DeliveryBase]) -> list[DeliveryBase]:
         """Those of `ds` the core lets start; the others' actions carried out."""
-        go: list[Delivery] = []
+        go: list[DeliveryBase] = []
         acts: list[Action] = []
         for d in ds:
-            a = self.core.start(d.tracked)
+            a = self.core.start(d._tracked)
             if a is None:
                 go.append(d)
             else:

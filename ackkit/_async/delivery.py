@@ -1,18 +1,18 @@
-"""AsyncDelivery: a Delivery whose ack / nack / reject are coroutines."""
+"""AsyncDelivery: a delivery whose ack / nack / reject / publish are coroutines."""
 
 from __future__ import annotations
 
 from typing import Any, Protocol, cast
 
-from .._delivery import Delivery
+from .._delivery import DeliveryBase
 from .._publish import Outgoing, apublishes, reply
 
 
 class AsyncSettler(Protocol):
     """What the asyncio runtime offers an AsyncDelivery to carry out a handler's settle."""
 
-    async def asettle(
-        self, delivery: Delivery, kind: str, requeue: bool, multiple: bool
+    async def _asettle(
+        self, delivery: DeliveryBase, kind: str, requeue: bool, multiple: bool
     ) -> None: ...
 
 
@@ -22,38 +22,39 @@ class AsyncMessagePublisher(Protocol):
     async def apublish_message(self, msg: Outgoing) -> None: ...
 
 
-class AsyncDelivery(Delivery):
+class AsyncDelivery(DeliveryBase):
     """A delivery on the asyncio runtime: `await delivery.ack()`.
 
-    It is a Delivery (handlers annotated `Delivery` receive it), but its settle
-    methods are coroutines: the decision is made by the listener's core at call
-    time (so AlreadySettled is raised by the `await`), and the frame is sent on
-    the channel the delivery came from, or not at all if that channel is gone.
-    Plain `def` handlers on an AsyncApp receive a plain `Delivery` whose
-    blocking `ack()` hands the settle to the event loop and waits for it.
+    A sibling of `Delivery` (the same read-only parts, from `DeliveryBase`) whose
+    settle and publish methods are coroutines: the decision is made by the listener's
+    core at call time (so AlreadySettled is raised by the `await`), and the frame is
+    sent on the channel the delivery came from, or not at all if that channel is gone.
+    `async def` handlers on an AsyncApp receive it (annotated `AsyncDelivery`, or
+    `Delivery` as before); plain `def` handlers receive a `Delivery` whose blocking
+    `ack()` hands the settle to the event loop and waits for it.
     """
 
     __slots__ = ()
 
-    async def ack(self, multiple: bool = False) -> None:  # type: ignore[override]
+    async def ack(self, multiple: bool = False) -> None:
         """Acknowledge (processed). multiple=True also acks every earlier delivery."""
-        await self._asettler.asettle(self, "ack", False, multiple)
+        await self._asettler._asettle(self, "ack", False, multiple)
 
-    async def nack(self, requeue: bool = True, multiple: bool = False) -> None:  # type: ignore[override]
+    async def nack(self, requeue: bool = True, multiple: bool = False) -> None:
         """Negative ack. requeue=False dead-letters (to the listener's DLQ if it has one)."""
-        await self._asettler.asettle(self, "nack", requeue, multiple)
+        await self._asettler._asettle(self, "nack", requeue, multiple)
 
-    async def reject(self, requeue: bool = False) -> None:  # type: ignore[override]
+    async def reject(self, requeue: bool = False) -> None:
         """Reject one delivery. requeue=False dead-letters (to the DLQ if there is one)."""
-        await self._asettler.asettle(self, "reject", requeue, False)
+        await self._asettler._asettle(self, "reject", requeue, False)
 
     @apublishes
-    async def publish(self, msg: Outgoing) -> None:  # type: ignore[override]
+    async def publish(self, msg: Outgoing) -> None:
         """Publish a message on the connection this delivery came from, and wait for the
         broker's confirm."""
         await self._apublisher().apublish_message(msg)
 
-    async def reply(self, body: object, **options: Any) -> None:  # type: ignore[override]
+    async def reply(self, body: object, **options: Any) -> None:
         """Publish `body` to this delivery's `reply_to` queue with its correlation_id (its
         message_id when it has none), confirmed; ValueError when it has no reply_to."""
         await self._apublisher().apublish_message(reply(self, body, **options))
@@ -66,6 +67,3 @@ class AsyncDelivery(Delivery):
     @property
     def _asettler(self) -> AsyncSettler:
         return cast(AsyncSettler, self._settler)
-
-    def __repr__(self) -> str:
-        return "<Async" + super().__repr__()[1:]

@@ -17,24 +17,24 @@ from ._amqp import CHANNEL_GONE
 
 if TYPE_CHECKING:
     from .._core.tracked import Tracked
-    from .._delivery import Delivery
+    from .._delivery import DeliveryBase
     from .consumer import AsyncConsumer
 
 CANCEL_TIMEOUT = 5.0
 
 
-async def admit(c: AsyncConsumer, d: Delivery) -> bool:
+async def admit(c: AsyncConsumer, d: DeliveryBase) -> bool:
     """A delivery arrived: may its handler run now? If not, the gate holds it, or it
     goes back to the queue."""
     flow = c.core.flow
     props = d.properties
-    how = flow.arrive(d.tracked, flow.key(props.headers, props, d.routing_key))
+    how = flow.arrive(d._tracked, flow.key(props.headers, props, d.routing_key))
     if how is Admission.RETURN:
-        await give_back(c, [d.tracked])
+        await give_back(c, [d._tracked])
     return how is Admission.RUN
 
 
-async def before_start(c: AsyncConsumer, ds: list[Delivery]) -> list[Delivery]:
+async def before_start(c: AsyncConsumer, ds: list[DeliveryBase]) -> list[DeliveryBase]:
     """A handler is about to run for `ds`: wait for the rate limit, then keep only the
     ones the gate still lets start (the others go back to the queue)."""
     flow = c.core.flow
@@ -47,11 +47,11 @@ async def before_start(c: AsyncConsumer, ds: list[Delivery]) -> list[Delivery]:
                 return []
     if not flow.gated:
         return ds
-    back = [d for d in ds if not flow.may_start(d.tracked)]
+    back = [d for d in ds if not flow.may_start(d._tracked)]
     if not back:
         return ds
-    step = flow.done([d.tracked for d in back], None)
-    step.returned[:0] = [d.tracked for d in back]
+    step = flow.done([d._tracked for d in back], None)
+    step.returned[:0] = [d._tracked for d in back]
     await carry_out(c, step)
     return [d for d in ds if d not in back]
 
@@ -100,16 +100,16 @@ async def _return_backlog(c: AsyncConsumer) -> None:
     flow = c.core.flow
     units = list(c.backlog)
     c.backlog.clear()
-    back: list[Delivery] = []
+    back: list[DeliveryBase] = []
     for u in units:
         ds = u if isinstance(u, list) else [u]
-        if all(flow.may_start(d.tracked) for d in ds):
+        if all(flow.may_start(d._tracked) for d in ds):
             c.backlog.append(u)
         else:
             back.extend(ds)
     if back:
-        step = flow.done([d.tracked for d in back], None)
-        step.returned[:0] = [d.tracked for d in back]
+        step = flow.done([d._tracked for d in back], None)
+        step.returned[:0] = [d._tracked for d in back]
         await carry_out(c, step)
 
 
@@ -128,7 +128,7 @@ async def tick(c: AsyncConsumer) -> None:
         await carry_out(c, step)
 
 
-def waiting(c: AsyncConsumer) -> list[Delivery]:
+def waiting(c: AsyncConsumer) -> list[DeliveryBase]:
     """Shutdown: the deliveries the gate holds, and the restamp copies the core holds
     (returned with the unstarted)."""
     ts = c.core.flow.drain() if c.core.flow.active else []

@@ -26,15 +26,15 @@ from ..inbox._run import DatabaseDown
 from . import cancels, flowing
 
 if TYPE_CHECKING:
-    from .._delivery import Delivery
+    from .._delivery import DeliveryBase
     from .consumer import AsyncConsumer
 
 
-async def handle(c: AsyncConsumer, ds: list[Delivery]) -> None:
+async def handle(c: AsyncConsumer, ds: list[DeliveryBase]) -> None:
     """Run the handler for `ds` (one delivery, or a batch) until the core is done with it."""
     core = c.core
     if len(ds) == 1:  # may it start? (not once stopping, not after its channel closed)
-        acts = core.start(ds[0].tracked)
+        acts = core.start(ds[0]._tracked)
         if acts is not None:
             if acts:
                 await c.execute(core.generation, acts)
@@ -118,13 +118,13 @@ def _call(fn: Any, args: Any) -> Any:
     return fn(*args())
 
 
-async def release(c: AsyncConsumer, ds: list[Delivery], *, started: bool = False) -> None:
+async def release(c: AsyncConsumer, ds: list[DeliveryBase], *, started: bool = False) -> None:
     """Hand the core deliveries whose handler never ran to the end (`started`: cancelled),
     or never ran (unstarted at shutdown); it returns them to their queue."""
     core = c.core
     acts: list[Action] = []
     for d in ds:
-        acts.extend(core.release(d.tracked, started=started))
+        acts.extend(core.release(d._tracked, started=started))
     if acts:
         await c.execute(core.generation, acts)
 

@@ -20,7 +20,7 @@ from .._core.brokers import traits_of
 from .._core.errors import PublishNotConfirmed, SettleNotAllowed
 from .._core.listener import ListenerCore
 from .._core.policy import DLQ_DEFAULT, AckMode, FlushPolicy, ListenerPolicy
-from .._delivery import Delivery
+from .._delivery import DeliveryBase
 from .._publish import Outgoing, apublishes
 from .._tls import TLS, client_tls
 from .._url import check_url, mask_url
@@ -69,25 +69,13 @@ class AsyncPullConnection:
         self._closed = False
         self._inner: set[asyncio.Future[Any]] = set()
         self._stuck = False  # a publish got no answer: close() does not wait for one
-        self._copies = AsyncPublisher(self)  # retry / dead-letter copies, confirmed
-
-    # PublisherHost: the copy publisher opens its channel on this connection.
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        return asyncio.get_running_loop()
-
-    @property
-    def amqp(self) -> AbstractConnection | None:
-        return self._amqp
-
-    @property
-    def numbers(self) -> ChannelNumbers:
-        return self._numbers
+        self._copies = AsyncPublisher(_CopyHost(self))  # retry / dead-letter copies, confirmed
 
     def __repr__(self) -> str:
         return f"<AsyncPullConnection {mask_url(self.url)}>"
 
     async def open(self) -> AsyncPullConnection:
+        """Connect now (else the first call connects); returns the connection."""
         self._check_open("open()")
         await self._channel()
         return self
@@ -183,7 +171,7 @@ class AsyncPullConnection:
         d = task.result()
         if d is None or d.settled:
             return
-        back = asyncio.ensure_future(self._settle(d, "nack", True, False))
+        back = asyncio.ensure_future(self._settle_locked(d, "nack", True, False))
         self._inner.add(back)
         back.add_done_callback(self._inner.discard)
         back.add_done_callback(lambda f: f.cancelled() or f.exception())  # never "never retrieved"
@@ -237,15 +225,19 @@ class AsyncPullConnection:
                     )
                     return None
 
-    async def asettle(self, delivery: Delivery, kind: str, requeue: bool, multiple: bool) -> None:
+    async def _asettle(
+        self, delivery: DeliveryBase, kind: str, requeue: bool, multiple: bool
+    ) -> None:
         """AsyncSettler protocol: carry out `await d.ack()` / nack / reject.
 
         Runs to its end even if the awaiting task is cancelled."""
-        await self._shielded(self._settle(delivery, kind, requeue, multiple))
+        await self._shielded(self._settle_locked(delivery, kind, requeue, multiple))
 
-    async def _settle(self, delivery: Delivery, kind: str, requeue: bool, multiple: bool) -> None:
+    async def _settle_locked(
+        self, delivery: DeliveryBase, kind: str, requeue: bool, multiple: bool
+    ) -> None:
         async with self._lock:
-            if self._closed and not delivery.tracked.settled:
+            if self._closed and not delivery._tracked.settled:
                 raise SettleNotAllowed(
                     f"cannot {kind} delivery tag {delivery.delivery_tag}: its "
                     "AsyncPullConnection is closed (the broker requeued the message when "
@@ -253,8 +245,8 @@ class AsyncPullConnection:
                 )
             core = self._cores[delivery.queue]
             self._note_lost_channel()
-            stale = delivery.tracked.generation != core.generation or not core.open
-            acts = core.settle(delivery.tracked, kind, requeue=requeue, multiple=multiple)
+            stale = delivery._tracked.generation != core.generation or not core.open
+            acts = core.settle(delivery._tracked, kind, requeue=requeue, multiple=multiple)
             ch = self._ch
             if acts and ch is not None:
                 await self._execute(core, ch, acts)
@@ -264,9 +256,6 @@ class AsyncPullConnection:
                     kind,
                     delivery.delivery_tag,
                 )
-
-    def settle(self, delivery: Delivery, kind: str, requeue: bool, multiple: bool) -> None:
-        raise RuntimeError("AsyncPullConnection deliveries settle with `await delivery.ack()`")
 
     async def _execute(self, core: ListenerCore, ch: AbstractChannel, acts: list[Action]) -> None:
         for a in acts:
@@ -296,6 +285,7 @@ class AsyncPullConnection:
                 raise
 
     async def declare_queue(self, name: str, arguments: Mapping[str, Any] | None = None) -> None:
+        """Declare a durable queue (with x-arguments), e.g. before the first `get()`."""
         async with self._lock:
             self._check_open("declare_queue()")
             ch = await self._channel()
@@ -356,3 +346,25 @@ async def aconnect(
         yield conn
     finally:
         await conn.close()
+
+
+class _CopyHost:
+    """The pull connection as the copy publisher's PublisherHost: its copies' confirm
+    channel opens on the connection's AMQP connection, numbered by its ChannelNumbers."""
+
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: AsyncPullConnection) -> None:
+        self._conn = conn
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return asyncio.get_running_loop()
+
+    @property
+    def amqp(self) -> AbstractConnection | None:
+        return self._conn._amqp
+
+    @property
+    def numbers(self) -> ChannelNumbers:
+        return self._conn._numbers

@@ -28,7 +28,7 @@ from aiormq.abc import AbstractChannel
 from .._core.actions import Action, Republish, Start, TxCommit, TxSelect
 from .._core.listener import ListenerCore
 from .._core.tracked import Tracked
-from .._delivery import Delivery
+from .._delivery import DeliveryBase
 from .._logs import short
 from ._amqp import CHANNEL_GONE, send_settles
 
@@ -110,16 +110,18 @@ class ChannelSettler:
         """Start the handler of `t`, a delivery the core held (consumers only)."""
         raise NotImplementedError
 
-    async def asettle(self, delivery: Delivery, kind: str, requeue: bool, multiple: bool) -> None:
+    async def _asettle(
+        self, delivery: DeliveryBase, kind: str, requeue: bool, multiple: bool
+    ) -> None:
         """`await AsyncDelivery.ack()/nack()/reject()` (AsyncSettler protocol)."""
         core = self.core
-        acts = core.settle(delivery.tracked, kind, requeue=requeue, multiple=multiple)
+        acts = core.settle(delivery._tracked, kind, requeue=requeue, multiple=multiple)
         if acts:
             await self.execute(core.generation, acts)
 
-    def settle(self, delivery: Delivery, kind: str, requeue: bool, multiple: bool) -> None:
+    def _settle(self, delivery: DeliveryBase, kind: str, requeue: bool, multiple: bool) -> None:
         """`Delivery.ack()` from a `def` handler in the thread pool (Settler protocol)."""
-        self.blocking(lambda: self.asettle(delivery, kind, requeue, multiple), "Delivery.ack()")
+        self.blocking(lambda: self._asettle(delivery, kind, requeue, multiple), "Delivery.ack()")
 
     def blocking(self, make: Callable[[], Coroutine[Any, Any, None]], what: str) -> None:
         """Run the coroutine `make()` on the loop and wait for it (a `def` handler's thread)."""

@@ -86,6 +86,7 @@ class Bind:
 
     @property
     def exchange_name(self) -> str:
+        """The name of the exchange bound to."""
         return self.exchange.name if isinstance(self.exchange, Exchange) else self.exchange
 
 

@@ -151,10 +151,13 @@ class SerialKey:
 
     @classmethod
     def header(cls, name: str) -> SerialKey:
+        """Key deliveries by the message header `name`."""
         return cls(name, KeySource.HEADER)
 
     @classmethod
     def property(cls, name: str) -> SerialKey:
+        """Key deliveries by a message property (message_id, correlation_id, user_id,
+        app_id, type) or by the routing_key."""
         return cls(name, KeySource.PROPERTY)
 
     def of(

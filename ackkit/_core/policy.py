@@ -79,6 +79,9 @@ class FlushPolicy:
 
     @staticmethod
     def for_mode(mode: AckMode, prefetch: int) -> FlushPolicy:
+        """The default for an ack mode and prefetch: one ack at a time for INDIVIDUAL and
+        NONE, otherwise a multiple-ack once about 65% of the window (at most 100) is
+        settled, or after a short interval."""
         # ActiveMQ's optimizeAcknowledge: ack once 65% of the prefetch window is settled.
         if mode in (AckMode.INDIVIDUAL, AckMode.NONE) or prefetch <= 1:
             return FlushPolicy(max_pending=1, interval=0.0)

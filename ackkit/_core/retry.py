@@ -183,6 +183,7 @@ class Retry:
         return self._at(max(attempt - 1, 0))
 
     def jittered(self, attempt: int, rnd: random.Random | None = None) -> float:
+        """The delay before retrying after `attempt`, with this policy's jitter applied."""
         d = self.delay(attempt)
         if self.jitter and d:
             r = (rnd or random).uniform(-self.jitter, self.jitter)
@@ -194,6 +195,7 @@ class Retry:
         return list(self._tiers)
 
     def tier_for(self, attempt: int) -> int:
+        """The delay (ms) of the broker delay queue a retry after `attempt` goes to."""
         return _ms(self.delay(attempt))
 
     def total_delay(self) -> float:
@@ -216,6 +218,7 @@ class Retry:
         return head + (n - j) * self.max_interval
 
     def should_retry(self, exc: BaseException) -> bool:
+        """Whether `exc` is retried: one of `retry_on` and none of `fatal`."""
         if self.fatal and isinstance(exc, self.fatal):
             return False
         return isinstance(exc, self.retry_on)

@@ -26,7 +26,7 @@ class App(AppBase):
     ```
     app = App("amqp://guest:guest@127.0.0.1:5672/%2f")
 
-    @app.listener("orders", ack_mode=AckMode.AUTO, prefetch=100)
+    @app.listener("orders", ack_mode=AckMode.AUTO, consumer=Consumer(prefetch=100))
     def on_order(order: Order) -> None: ...
 
     app.run()              # blocks; SIGINT/SIGTERM or app.stop() -> graceful shutdown

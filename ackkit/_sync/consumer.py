@@ -22,7 +22,7 @@ from .._core.listener import ListenerCore
 from .._core.outcome import Outcome
 from .._core.policy import AckMode
 from .._core.tracked import Tracked
-from .._delivery import Delivery
+from .._delivery import Delivery, DeliveryBase
 from .._invocation import Invocation
 from .._logs import FailureLog, log_cancel
 from .._publish import Outgoing
@@ -256,10 +256,10 @@ class Consumer(Executor):
 
     # -- worker threads --------------------------------------------------------
 
-    def settle(self, delivery: Delivery, kind: str, requeue: bool, multiple: bool) -> None:
+    def _settle(self, delivery: DeliveryBase, kind: str, requeue: bool, multiple: bool) -> None:
         """Delivery.ack()/nack()/reject() from a handler (Settler protocol)."""
         with self.lock:
-            acts = self.core.settle(delivery.tracked, kind, requeue=requeue, multiple=multiple)
+            acts = self.core.settle(delivery._tracked, kind, requeue=requeue, multiple=multiple)
             if acts:
                 self.send(self.core.generation, acts)
 
@@ -318,7 +318,7 @@ class Consumer(Executor):
         core = self.core
         with self.lock:  # may it start? (not once stopping, not after its channel closed)
             if len(ds) == 1:
-                acts = core.start(ds[0].tracked)
+                acts = core.start(ds[0]._tracked)
                 if acts is not None:
                     if acts:
                         self.send(core.generation, acts)
@@ -350,7 +350,7 @@ class Consumer(Executor):
         go: list[Delivery] = []
         acts: list[Action] = []
         for d in ds:
-            a = self.core.start(d.tracked)
+            a = self.core.start(d._tracked)
             if a is None:
                 go.append(d)
             else:

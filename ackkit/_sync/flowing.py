@@ -24,7 +24,7 @@ def admit(c: Consumer, d: Delivery) -> bool:
     """A delivery arrived (I/O thread): may it go to the workers now? If not, the gate
     holds it, or it went back to the queue."""
     flow = c.core.flow
-    t = d.tracked
+    t = d._tracked
     props = d.properties
     key = flow.key(props.headers, props, d.routing_key)
     with c.lock:
@@ -56,11 +56,11 @@ def before_start(c: Consumer, ds: list[Delivery]) -> list[Delivery]:
     if not flow.gated:
         return ds
     with c.lock:
-        back = [d for d in ds if not flow.may_start(d.tracked)]
+        back = [d for d in ds if not flow.may_start(d._tracked)]
         if not back:
             return ds
-        step = flow.done([d.tracked for d in back], None)
-        step.returned[:0] = [d.tracked for d in back]
+        step = flow.done([d._tracked for d in back], None)
+        step.returned[:0] = [d._tracked for d in back]
     carry_out(c, step)
     return [d for d in ds if d not in back]
 
@@ -122,7 +122,7 @@ def _return_inbox(c: Consumer) -> None:
             d = c.inbox.get_nowait()
         except _queue.Empty:
             break
-        if d is not None and not c.core.flow.may_start(d.tracked):
+        if d is not None and not c.core.flow.may_start(d._tracked):
             back.append(d)
         else:
             keep.append(d)
@@ -130,8 +130,8 @@ def _return_inbox(c: Consumer) -> None:
         c.inbox.put(x)
     if back:
         with c.lock:
-            step = c.core.flow.done([d.tracked for d in back], None)
-            step.returned[:0] = [d.tracked for d in back]
+            step = c.core.flow.done([d._tracked for d in back], None)
+            step.returned[:0] = [d._tracked for d in back]
         carry_out(c, step)
 
 

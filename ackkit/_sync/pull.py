@@ -19,7 +19,7 @@ from .._core.brokers import traits_of
 from .._core.errors import SettleNotAllowed
 from .._core.listener import ListenerCore
 from .._core.policy import DLQ_DEFAULT, AckMode, FlushPolicy, ListenerPolicy
-from .._delivery import Delivery
+from .._delivery import Delivery, DeliveryBase
 from .._io import FatalConnectError
 from .._publish import Outgoing, not_confirmed, publishes
 from .._tls import TLS, client_tls, tls_failure
@@ -130,6 +130,8 @@ class PullConnection:
 
     @property
     def channel(self) -> Any:
+        """The pika channel this connection gets and publishes on (opened, with
+        publisher confirms, on first use; opened again after it closed)."""
         self._check_open("channel")
         if self._conn is None or not self._conn.is_open:
             self._conn = self._connect()
@@ -221,17 +223,17 @@ class PullConnection:
                     )
                     return None
 
-    def settle(self, delivery: Delivery, kind: str, requeue: bool, multiple: bool) -> None:
+    def _settle(self, delivery: DeliveryBase, kind: str, requeue: bool, multiple: bool) -> None:
         with self._lock:
-            if self._closed and not delivery.tracked.settled:
+            if self._closed and not delivery._tracked.settled:
                 raise SettleNotAllowed(
                     f"cannot {kind} delivery tag {delivery.delivery_tag}: its PullConnection "
                     "is closed (the broker requeued the message when its channel closed)"
                 )
             core = self._cores[delivery.queue]
             self._note_lost_channel()
-            stale = delivery.tracked.generation != core.generation or not core.open
-            acts = core.settle(delivery.tracked, kind, requeue=requeue, multiple=multiple)
+            stale = delivery._tracked.generation != core.generation or not core.open
+            acts = core.settle(delivery._tracked, kind, requeue=requeue, multiple=multiple)
             self._execute(core, self._ch, acts)
             if stale:
                 log.warning(
@@ -287,6 +289,7 @@ class PullConnection:
         _drop(conn)
 
     def declare_queue(self, name: str, arguments: Mapping[str, Any] | None = None) -> None:
+        """Declare a durable queue (with x-arguments), e.g. before the first `get()`."""
         with self._lock:
             self.channel.queue_declare(name, durable=True, arguments=dict(arguments or {}) or None)
 

@@ -170,7 +170,7 @@ class AsyncInbox:
         from .._async import flowing
 
         c = self.c
-        ts = [d.tracked for d in inv.deliveries]
+        ts = [d._tracked for d in inv.deliveries]
         if not c.core.flow.paused:  # paused by hand before: left to the hand
             self.paused_by_db = True
         step = c.core.flow.pause(f"inbox database down: {why}")

@@ -13,14 +13,16 @@ from .._core.inbox import MissingKey, normalize_key
 from .._url import mask_url
 
 if TYPE_CHECKING:
-    from .._delivery import Delivery
+    from .._delivery import DeliveryBase
 
 DAY = 86_400.0
 DEFAULT_RETENTION = 7 * DAY
 MEMORY_SCHEME = "memory://"
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?$")
 
-KeyFunction = Callable[["Delivery"], object]
+# Any: a key function may be typed for Delivery or AsyncDelivery (it reads only the
+# read-only parts both have).
+KeyFunction = Callable[[Any], object]
 """A delivery's dedup key: text, bytes or an int; None or "" for none."""
 
 
@@ -118,7 +120,7 @@ class Inbox:
     def in_memory(self) -> bool:
         return self.dsn.startswith(MEMORY_SCHEME)
 
-    def key_of(self, d: Delivery) -> str | None:
+    def key_of(self, d: DeliveryBase) -> str | None:
         """The delivery's dedup key as text (None: it has none). A key function that
         raises, or returns what cannot be a key, raises (the message is dead-lettered
         with that reason)."""

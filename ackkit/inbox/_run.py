@@ -13,7 +13,7 @@ from ._options import Inbox
 
 if TYPE_CHECKING:
     from .._core.listener import ListenerCore
-    from .._delivery import Delivery
+    from .._delivery import DeliveryBase
 
 log = logging.getLogger("ackkit.inbox")
 
@@ -23,7 +23,7 @@ class DatabaseDown(Exception):
     unstarted (not an attempt) and pauses the listener until it answers."""
 
 
-def guard_key(inbox: Inbox, d: Delivery) -> str | None:
+def guard_key(inbox: Inbox, d: DeliveryBase) -> str | None:
     """The delivery's key (None: run unguarded); DeadLetterMessage when it has none to use."""
     try:
         key = inbox.key_of(d)
@@ -35,9 +35,9 @@ def guard_key(inbox: Inbox, d: Delivery) -> str | None:
     return key if verdict is KeyVerdict.GUARDED else None
 
 
-def duplicate(core: ListenerCore, name: str, d: Delivery, key: str) -> None:
+def duplicate(core: ListenerCore, name: str, d: DeliveryBase, key: str) -> None:
     """Count and log (once, INFO) a delivery whose key was recorded already."""
-    core.duplicate(d.tracked, key)
+    core.duplicate(d._tracked, key)
     log.info(
         "%s: duplicate of message %r (inbox key %r already recorded): acked without "
         "running the handler",
@@ -47,7 +47,7 @@ def duplicate(core: ListenerCore, name: str, d: Delivery, key: str) -> None:
     )
 
 
-def set_db(ds: list[Delivery], db: Any) -> None:
+def set_db(ds: list[DeliveryBase], db: Any) -> None:
     for d in ds:
         d.db = db
 

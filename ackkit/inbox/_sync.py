@@ -161,7 +161,7 @@ class SyncInbox:
         from .._sync import flowing
 
         c = self.c
-        ts = [d.tracked for d in inv.deliveries]
+        ts = [d._tracked for d in inv.deliveries]
         with c.lock:
             if not c.core.flow.paused:  # paused by hand before: left to the hand
                 self.paused_by_db = True

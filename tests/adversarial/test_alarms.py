@@ -24,8 +24,10 @@ from typing import Any
 import pytest
 
 import ackkit
-from ackkit import AsyncPullConnection, Delivery, PublishNotConfirmed, PullConnection
+from ackkit import Consumer, Delivery
 from ackkit._core.stop_budget import MAX_OVERRUN
+from ackkit.errors import PublishNotConfirmed
+from ackkit.pull import AsyncPullConnection, PullConnection
 from tests.contract.conftest import IO, Broker, Runtime, eventually
 
 pytestmark = pytest.mark.integration
@@ -114,7 +116,7 @@ def test_no_original_is_acked_before_its_copy_is_confirmed_and_stop_is_bounded(
 
     broker.publish(q, bodies(10))
     app = runtime.app(shutdown_timeout=5)
-    runtime.listen(app, q, fail, dict, prefetch=10)
+    runtime.listen(app, q, fail, dict, consumer=Consumer(prefetch=10))
     with alarm():
         with runtime.running(app):
             broker.wait_for(q, consumers=1, timeout=30)
@@ -130,7 +132,7 @@ def test_no_original_is_acked_before_its_copy_is_confirmed_and_stop_is_bounded(
         assert broker.counts(q).total + broker.counts(f"{q}.dlq").total >= 10
     # Once the alarm is over, a healthy app dead-letters all of them: nothing lost.
     again = runtime.app(shutdown_timeout=5)
-    runtime.listen(again, q, fail, dict, prefetch=10)
+    runtime.listen(again, q, fail, dict, consumer=Consumer(prefetch=10))
     with runtime.running(again):
         broker.wait_for(q, ready=0, unacked=0, timeout=30)
     ids = {json.loads(m.body)["id"] for m in broker.take_all(f"{q}.dlq")}
@@ -140,17 +142,17 @@ def test_no_original_is_acked_before_its_copy_is_confirmed_and_stop_is_bounded(
 
 SERVICE = """
 import os
-from ackkit import App, AsyncApp, Delivery
+from ackkit import App, AsyncApp, Consumer, Delivery
 
 KIND, URL, QUEUE = os.environ["T_KIND"], os.environ["T_URL"], os.environ["T_QUEUE"]
 app = (App if KIND == "sync" else AsyncApp)(URL, shutdown_timeout=5)
 
 if KIND == "sync":
-    @app.listener(QUEUE, prefetch=10)
+    @app.listener(QUEUE, consumer=Consumer(prefetch=10))
     def fail(d: Delivery) -> None:
         raise ValueError("boom")
 else:
-    @app.listener(QUEUE, prefetch=10)
+    @app.listener(QUEUE, consumer=Consumer(prefetch=10))
     async def fail(d: Delivery) -> None:
         raise ValueError("boom")
 """

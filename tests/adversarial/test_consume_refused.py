@@ -22,8 +22,10 @@ import pika
 import pytest
 from prometheus_client import CollectorRegistry
 
-from ackkit import ConsumeRefused, Delivery, FlowState
+from ackkit import Consumer, Delivery, Queue
 from ackkit._io import FatalConnectError
+from ackkit.errors import ConsumeRefused
+from ackkit.flow import FlowState
 from ackkit.metrics import PrometheusMetrics
 from tests.adversarial.test_handlers import run_until
 from tests.contract.conftest import IO, Broker, Runtime, eventually
@@ -75,7 +77,7 @@ def test_a_deleted_queue_is_declared_again_with_its_topology_and_consumed(
     seen = Seen()
     caplog.set_level(logging.INFO, "ackkit")
     app = runtime.app()
-    runtime.listen(app, q, seen.behaviour(), dict, bind=[(exchange, "k")])
+    runtime.listen(app, Queue(q, bind=[(exchange, "k")]), seen.behaviour(), dict)
     try:
         with runtime.running(app):
             broker.wait_for(q, consumers=1)
@@ -116,7 +118,7 @@ def test_a_deleted_queue_with_declare_false_stops_the_app_with_the_reason(
     q = queue_factory(declare=True)
     seen = Seen()
     app = runtime.app()
-    runtime.listen(app, q, seen.behaviour(), dict, declare=False, dead_letter=None)
+    runtime.listen(app, Queue(q, declare=False), seen.behaviour(), dict, dead_letter=None)
     deleted: list[float] = []
 
     def gone() -> bool:
@@ -182,9 +184,9 @@ def test_a_second_exclusive_listener_stands_by_and_takes_over(
     first, second = Seen(), Seen()
     caplog.set_level(logging.INFO)
     a = runtime.app()
-    runtime.listen(a, q, first.behaviour(), dict, exclusive=True)
+    runtime.listen(a, q, first.behaviour(), dict, consumer=Consumer(exclusive=True))
     b = runtime.app()
-    runtime.listen(b, q, second.behaviour(), dict, exclusive=True)
+    runtime.listen(b, q, second.behaviour(), dict, consumer=Consumer(exclusive=True))
     name = b.specs[0].name  # type: ignore[attr-defined]
     with runtime.running(a):
         broker.wait_for(q, consumers=1)
@@ -256,7 +258,7 @@ def test_a_purge_mid_run_breaks_nothing(
     q = queue_factory(declare=True)
     seen = Seen()
     app = runtime.app()
-    runtime.listen(app, q, seen.behaviour(0.05), dict, prefetch=5)
+    runtime.listen(app, q, seen.behaviour(0.05), dict, consumer=Consumer(prefetch=5))
     with runtime.running(app):
         broker.publish(q, bodies(200))
         eventually(lambda: len(seen.ids) >= 10)

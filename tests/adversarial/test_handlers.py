@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from ackkit import (
     AckMode,
+    Consumer,
     DeadLetterMessage,
     Delivery,
     RejectMessage,
@@ -313,7 +314,15 @@ def test_generated_handler_outcomes_end_acked_or_dead_lettered(
 
     app = runtime.app()
     retry = Retry(max_attempts=3, initial_interval=0.02, strategy=strategy)
-    runtime.listen(app, q, handle, dict, retry=retry, ack_mode=AckMode.AUTO, prefetch=20)
+    runtime.listen(
+        app,
+        q,
+        handle,
+        dict,
+        retry=retry,
+        ack_mode=AckMode.AUTO,
+        consumer=Consumer(prefetch=20),
+    )
     broker.publish(q, ids(len(plan)))
     want_dead = sum(1 for w in plan if w != "ok")
     with runtime.running(app):

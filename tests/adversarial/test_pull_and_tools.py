@@ -136,7 +136,7 @@ def test_closed_pull_connections_refuse_clearly(broker: Broker, fresh_queue: str
     q = fresh_queue
     declare(broker.handle.url, q)
     broker.publish(q, ["1", "2"])
-    c = ackkit.PullConnection(broker.handle.url)
+    c = ackkit.pull.PullConnection(broker.handle.url)
     d = c.get(q)
     assert d is not None
     c.close()
@@ -150,7 +150,7 @@ def test_closed_pull_connections_refuse_clearly(broker: Broker, fresh_queue: str
     broker.wait_for(q, ready=2, unacked=0)  # the unsettled one went back
 
     async def run() -> None:
-        ac = await ackkit.AsyncPullConnection(broker.handle.url).open()
+        ac = await ackkit.pull.AsyncPullConnection(broker.handle.url).open()
         d = await ac.get(q)
         assert d is not None
         await ac.close()

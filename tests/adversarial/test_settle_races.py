@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from ackkit import AckMode, AlreadySettled, Delivery
+from ackkit import AckMode, Consumer, Delivery
+from ackkit.errors import AlreadySettled
 from tests.contract.conftest import IO, Broker, Runtime, eventually
 
 pytestmark = pytest.mark.integration
@@ -55,7 +56,14 @@ def test_multiple_requeue_while_a_dead_letter_copy_awaits_its_confirm(
             await io.ack(d)
 
     app = runtime.app()
-    runtime.listen(app, q, handle, dict, ack_mode=AckMode.MANUAL, concurrency=8, prefetch=20)
+    runtime.listen(
+        app,
+        q,
+        handle,
+        dict,
+        ack_mode=AckMode.MANUAL,
+        consumer=Consumer(concurrency=8, prefetch=20),
+    )
     broker.publish(q, [json.dumps({"id": i}) for i in range(6)])
     with runtime.running(app):
         broker.wait_for(f"{q}.dlq", ready=1)

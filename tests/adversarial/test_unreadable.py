@@ -311,7 +311,7 @@ def test_pull_mode_dead_letters_an_unreadable_delivery(
 def test_dead_letter_tools_list_and_replay_an_unreadable_message(
     broker: Broker, queue_factory: Any
 ) -> None:
-    from ackkit import inspect_dead_letters, replay_dead_letters
+    from ackkit.dead_letters import inspect_dead_letters, replay_dead_letters
 
     dlq = queue_factory(declare=True)
     target = queue_factory(declare=True)

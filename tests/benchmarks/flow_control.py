@@ -24,7 +24,9 @@ from typing import Any
 
 import pika
 
-from ackkit import App, AsyncApp, CircuitBreaker, Delivery, RateLimit, Stage
+from ackkit import App, AsyncApp, Consumer, Delivery, Flow
+from ackkit.flow import CircuitBreaker, RateLimit
+from ackkit.observability import Stage
 
 URL = os.environ.get("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f")
 
@@ -106,7 +108,10 @@ def breaker(kind: str) -> dict[str, Any]:
     run.app.on_event(watch)
     cb = CircuitBreaker(failure_ratio=0.5, window=10, min_attempts=20, open_for=30)
     run.app.listener(
-        q, prefetch=100, max_concurrency=4, circuit_breaker=cb, dead_letter="{queue}.dlq"
+        q,
+        consumer=Consumer(prefetch=100, concurrency=4),
+        flow=Flow(circuit_breaker=cb),
+        dead_letter="{queue}.dlq",
     )(run.handler(body))
     conn = pika.BlockingConnection(pika.URLParameters(URL))
     ch = conn.channel()
@@ -139,9 +144,11 @@ def rate(kind: str, limit: float, n: int) -> dict[str, Any]:
     publish(q, n)
     run = Run(kind)
     starts: list[float] = []
-    run.app.listener(q, prefetch=100, max_concurrency=4, rate_limit=RateLimit(limit))(
-        run.handler(lambda d: starts.append(time.monotonic()))
-    )
+    run.app.listener(
+        q,
+        consumer=Consumer(prefetch=100, concurrency=4),
+        flow=Flow(rate_limit=RateLimit(limit)),
+    )(run.handler(lambda d: starts.append(time.monotonic())))
     run.start()
     try:
         while len(starts) < n:

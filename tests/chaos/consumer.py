@@ -24,7 +24,7 @@ from typing import Any, TextIO
 
 from pydantic import BaseModel
 
-from ackkit import AckMode, App, AsyncApp, Delivery, Retry, RetryStrategy
+from ackkit import AckMode, App, AsyncApp, Consumer, Delivery, Queue, Retry, RetryStrategy
 
 from .messages import MAX_BODY
 
@@ -83,10 +83,12 @@ def listener_kw(queue: str, quorum: bool) -> dict[str, Any]:
         "ack_mode": AckMode.AUTO,
         "retry": RETRY,
         "dead_letter": "{queue}.dlq",
-        "max_body_size": MAX_BODY,
-        "queue_arguments": {"x-queue-type": "quorum"} if quorum else {},
         "name": queue,
     }
+
+
+def queue_of(queue: str, quorum: bool) -> Queue:
+    return Queue(queue, arguments={"x-queue-type": "quorum"} if quorum else {})
 
 
 def build_sync(args: argparse.Namespace, rec: Recorder) -> App:
@@ -111,7 +113,8 @@ def build_sync(args: argparse.Namespace, rec: Recorder) -> App:
         rec.end(d, "ok")
 
     for q, quorum in queues(args):
-        app.listener(q, prefetch=args.prefetch, concurrency=4, **listener_kw(q, quorum))(handle)
+        consumer = Consumer(prefetch=args.prefetch, concurrency=4, max_body_size=MAX_BODY)
+        app.listener(queue_of(q, quorum), consumer=consumer, **listener_kw(q, quorum))(handle)
     return app
 
 
@@ -138,9 +141,8 @@ def build_async(args: argparse.Namespace, rec: Recorder) -> AsyncApp:
         rec.end(d, "ok")
 
     for q, quorum in queues(args):
-        app.listener(q, prefetch=args.prefetch, max_concurrency=16, **listener_kw(q, quorum))(
-            handle
-        )
+        consumer = Consumer(prefetch=args.prefetch, concurrency=16, max_body_size=MAX_BODY)
+        app.listener(queue_of(q, quorum), consumer=consumer, **listener_kw(q, quorum))(handle)
     return app
 
 

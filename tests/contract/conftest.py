@@ -206,7 +206,7 @@ class Runtime:
         raise NotImplementedError
 
     def listen(
-        self, app: AppBase, queue: str, behaviour: Behaviour, payload: Any = Delivery, **kw: Any
+        self, app: AppBase, queue: Any, behaviour: Behaviour, payload: Any = Delivery, **kw: Any
     ) -> None:
         fn = self.handler(behaviour, payload)
         fn.__annotations__ = {"payload": payload, "delivery": Delivery, "return": None}
@@ -319,7 +319,7 @@ class AsyncRuntime(Runtime):
 
     @contextlib.contextmanager
     def pull(self) -> Iterator[Any]:
-        from ackkit import AsyncPullConnection
+        from ackkit.pull import AsyncPullConnection
 
         conn = AsyncPullConnection(self.url)
         self.lt.run(conn.open())

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 import ackkit
-from ackkit import AckMode, AlreadySettled, AsyncApp, AsyncDelivery, Delivery
+from ackkit import AckMode, AsyncApp, AsyncDelivery, Consumer, Delivery
+from ackkit.errors import AlreadySettled
 
 from .conftest import Broker, LoopThread, eventually
 
@@ -26,7 +27,7 @@ def test_plain_def_handler_acks_from_its_thread(
     seen: list[tuple[str, str]] = []
     app = AsyncApp(broker.handle.url, shutdown_timeout=5)
 
-    @app.listener(q, ack_mode=AckMode.MANUAL, max_concurrency=3)
+    @app.listener(q, ack_mode=AckMode.MANUAL, consumer=Consumer(concurrency=3))
     def handle(body: dict[str, Any], d: Delivery) -> None:
         assert type(d) is Delivery  # a blocking ack(), not a coroutine
         d.ack()
@@ -85,4 +86,5 @@ def test_without_aio_pika_the_import_error_has_the_install_hint() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert 'pip install "ackkit[async]"' in out.stdout
     assert sorted(ackkit.__all__) == ackkit.__all__
-    assert {"AsyncApp", "AsyncDelivery", "AsyncPullConnection", "aconnect"} <= set(ackkit.__all__)
+    assert {"AsyncApp", "AsyncDelivery", "aconnect"} <= set(ackkit.__all__)
+    assert {"AsyncPullConnection", "aconnect"} <= set(ackkit.pull.__all__)

@@ -12,7 +12,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from ackkit import Delivery
+from ackkit import Delivery, Queue
 
 from .conftest import IO, Broker, Runtime, eventually
 from .fidelity import deaths, declare, publish, transport
@@ -146,7 +146,7 @@ def test_a_ttl_of_0_reaches_a_waiting_consumer(
         seen.append(body)
 
     app = runtime.app()
-    runtime.listen(app, q, handle, payload=bytes, queue_arguments=args)
+    runtime.listen(app, Queue(q, arguments=args), handle, payload=bytes)
     conn = broker.handle.connect()
     try:
         ch = conn.channel()

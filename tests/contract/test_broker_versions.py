@@ -18,9 +18,10 @@ from typing import Any
 
 import pytest
 
-from ackkit import AckMode, Delivery, RequeueMessage, Retry, RetryStrategy, TopologyConflict
+from ackkit import AckMode, Consumer, Delivery, Queue, RequeueMessage, Retry, RetryStrategy
 from ackkit._core.brokers import BrokerTraits, traits_of
 from ackkit._core.events import Counters
+from ackkit.errors import TopologyConflict
 from ackkit.testing import InMemoryBroker
 
 from .conftest import IO, Broker, Runtime, eventually
@@ -113,7 +114,13 @@ def test_a_failure_is_a_reject_that_counts_toward_the_delivery_limit(
         raise RequeueMessage("try again")
 
     app = runtime.app()
-    runtime.listen(app, q, fail, prefetch=1, retry=Retry(max_attempts=10), queue_arguments=QUORUM)
+    runtime.listen(
+        app,
+        Queue(q, arguments=QUORUM),
+        fail,
+        consumer=Consumer(prefetch=1),
+        retry=Retry(max_attempts=10),
+    )
     with runtime.running(app):
         counts = _counts(app)
         broker.publish(q, [b"{}"], content_type=None)
@@ -146,7 +153,12 @@ def test_a_return_at_shutdown_keeps_its_attempt_on_every_version(
         await gate.hold(io)
 
     app = runtime.app()
-    runtime.listen(app, q, slow, prefetch=10, concurrency=1, queue_arguments=QUORUM)
+    runtime.listen(
+        app,
+        Queue(q, arguments=QUORUM),
+        slow,
+        consumer=Consumer(prefetch=10, concurrency=1),
+    )
     with runtime.running(app):
         broker.publish(q, [b"{}"] * 5, content_type=None)
         eventually(gate.started.is_set, what="the first handler started")
@@ -180,7 +192,13 @@ def test_attempts_after_a_return_ignore_a_publishers_delivery_count(
 
     app = runtime.app()
     retry = Retry(max_attempts=3)
-    runtime.listen(app, q, slow, prefetch=10, concurrency=1, retry=retry, queue_arguments=QUORUM)
+    runtime.listen(
+        app,
+        Queue(q, arguments=QUORUM),
+        slow,
+        consumer=Consumer(prefetch=10, concurrency=1),
+        retry=retry,
+    )
     with runtime.running(app):
         broker.publish(q, [b"{}"] * 3, content_type=None, headers={"x-delivery-count": 7})
         eventually(gate.started.is_set, what="the first handler started")
@@ -195,7 +213,7 @@ def test_attempts_after_a_return_ignore_a_publishers_delivery_count(
         seen.append(d.attempt)
 
     app2 = runtime.app()
-    runtime.listen(app2, q, record, retry=retry, queue_arguments=QUORUM)
+    runtime.listen(app2, Queue(q, arguments=QUORUM), record, retry=retry)
     with runtime.running(app2):
         broker.wait_for(q, ready=0, unacked=0)
         eventually(lambda: len(seen) == returned, what="the returned messages handled")
@@ -225,7 +243,12 @@ def test_a_consumer_timeout_on_43_cancels_the_consumer_and_ackkit_consumes_again
 
     app = runtime.app()
     args = {**QUORUM, "x-consumer-timeout": 1000}
-    runtime.listen(app, q, slow_once, prefetch=5, concurrency=2, queue_arguments=args)
+    runtime.listen(
+        app,
+        Queue(q, arguments=args),
+        slow_once,
+        consumer=Consumer(prefetch=5, concurrency=2),
+    )
     with caplog.at_level(logging.INFO, logger="ackkit"), runtime.running(app):
         broker.publish(q, [json.dumps({"n": 1})], content_type=None)
         eventually(lambda: len(calls) >= 2, timeout=30, what="handled again")
@@ -264,7 +287,7 @@ def test_classic_v1_arguments_never_reach_a_43_broker(
 
     app = runtime.app()
     args = {"x-queue-version": 1, "x-queue-mode": "lazy"}
-    runtime.listen(app, q, handle, queue_arguments=args)
+    runtime.listen(app, Queue(q, arguments=args), handle)
     with caplog.at_level(logging.WARNING, logger="ackkit"), runtime.running(app):
         broker.publish(q, [b"{}"], content_type=None)
         eventually(lambda: seen == [1], what="handled")
@@ -298,7 +321,7 @@ def test_quorum_delayed_retry_on_43_and_refused_before(
         max_interval=1.0,
         strategy=RetryStrategy.QUORUM_DELAYED,
     )
-    runtime.listen(app, q, fail, retry=retry, queue_arguments=QUORUM)
+    runtime.listen(app, Queue(q, arguments=QUORUM), fail, retry=retry)
     if not traits.native_delayed_retry:
         with pytest.raises(TopologyConflict, match=r"needs RabbitMQ 4\.3"), runtime.running(app):
             pass
@@ -340,7 +363,7 @@ def test_a_requeue_loop_ends_at_the_4x_default_delivery_limit(
         raise RequeueMessage("again")
 
     app = runtime.app()
-    runtime.listen(app, q, requeue, prefetch=1, queue_arguments=QUORUM)
+    runtime.listen(app, Queue(q, arguments=QUORUM), requeue, consumer=Consumer(prefetch=1))
     with runtime.running(app):
         broker.publish(q, [b"{}"], content_type=None)
         broker.wait_for(q, total=0, timeout=30)
@@ -368,7 +391,13 @@ def test_a_handlers_reject_counts_and_its_nack_does_not_on_43(
             await io.ack(d)
 
     app = runtime.app()
-    runtime.listen(app, q, settle, ack_mode=AckMode.MANUAL, prefetch=1, queue_arguments=QUORUM)
+    runtime.listen(
+        app,
+        Queue(q, arguments=QUORUM),
+        settle,
+        ack_mode=AckMode.MANUAL,
+        consumer=Consumer(prefetch=1),
+    )
     with runtime.running(app):
         broker.publish(q, [b"{}"], content_type=None)
         eventually(lambda: len(seen) == 3, what="three deliveries")

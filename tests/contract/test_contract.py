@@ -19,20 +19,19 @@ from pydantic import BaseModel
 
 from ackkit import (
     AckIndex,
-    AckkitError,
     AckMode,
-    AlreadySettled,
+    Batch,
+    Consumer,
     DeadLetterMessage,
     Delivery,
-    Event,
     RejectMessage,
     RequeueMessage,
     Retry,
     RetryLater,
     RetryStrategy,
-    Stage,
-    TopologyConflict,
 )
+from ackkit.errors import AckkitError, AlreadySettled, TopologyConflict
+from ackkit.observability import Event, Stage
 
 from .conftest import IO, Broker, Runtime, eventually
 
@@ -84,7 +83,7 @@ def test_auto_ack_drains_the_queue(runtime: Runtime, broker: Broker, queue_facto
         seen.add(order.id)
 
     app = runtime.app()
-    runtime.listen(app, q, handle, Order, ack_mode=AckMode.AUTO, prefetch=20)
+    runtime.listen(app, q, handle, Order, ack_mode=AckMode.AUTO, consumer=Consumer(prefetch=20))
     broker.publish(q, bodies(30))
     with runtime.running(app):
         eventually(lambda: len(seen) == 30, what="30 handled")
@@ -172,7 +171,7 @@ def test_manual_forgotten_ack_is_dead_lettered_not_stuck(
         return None  # never settles
 
     app = runtime.app()
-    runtime.listen(app, q, handle, ack_mode=AckMode.MANUAL, prefetch=5)
+    runtime.listen(app, q, handle, ack_mode=AckMode.MANUAL, consumer=Consumer(prefetch=5))
     broker.publish(q, bodies(4))
     with runtime.running(app):
         broker.wait_for(f"{q}.dlq", ready=4)
@@ -216,7 +215,7 @@ def test_client_ack_is_a_multiple_ack(runtime: Runtime, broker: Broker, queue_fa
             await io.ack(d)
 
     app = runtime.app()
-    runtime.listen(app, q, handle, ack_mode=AckMode.CLIENT, prefetch=10)
+    runtime.listen(app, q, handle, ack_mode=AckMode.CLIENT, consumer=Consumer(prefetch=10))
     broker.publish(q, bodies(10))
     with runtime.running(app):
         broker.wait_for(q, ready=0, unacked=0)
@@ -238,7 +237,7 @@ def test_nack_multiple_without_requeue_every_fifth(
             await io.nack(d, requeue=False, multiple=True)
 
     app = runtime.app()
-    runtime.listen(app, q, handle, ack_mode=AckMode.CLIENT, prefetch=10)
+    runtime.listen(app, q, handle, ack_mode=AckMode.CLIENT, consumer=Consumer(prefetch=10))
     broker.publish(q, bodies(10))
     with runtime.running(app):
         broker.wait_for(f"{q}.dlq", ready=10)
@@ -370,7 +369,7 @@ def test_out_of_order_completion_never_acks_an_unsettled_tag(
         seen.add(order.id)
 
     app = runtime.app()
-    runtime.listen(app, q, handle, Order, prefetch=20, max_concurrency=8)
+    runtime.listen(app, q, handle, Order, consumer=Consumer(prefetch=20, concurrency=8))
     broker.publish(q, bodies(n))
     caplog.set_level(logging.INFO, logger="ackkit")
     with runtime.running(app):
@@ -393,7 +392,14 @@ def test_batch_handler_with_ack_index(runtime: Runtime, broker: Broker, queue_fa
         return AckIndex(len(orders) - 2)  # the last one of each batch is not acknowledged
 
     app = runtime.app()
-    runtime.listen(app, q, handle, list[Order], prefetch=10, batch_size=5, batch_timeout=0.5)
+    runtime.listen(
+        app,
+        q,
+        handle,
+        list[Order],
+        consumer=Consumer(prefetch=10),
+        batch=Batch(5, timeout=0.5),
+    )
     broker.publish(q, bodies(10))
     with runtime.running(app):
         broker.wait_for(f"{q}.dlq", ready=2)
@@ -418,7 +424,7 @@ def test_graceful_shutdown_leaves_nothing_unacked(
         done.add(order.id)
 
     app = runtime.app()
-    runtime.listen(app, q, handle, Order, prefetch=20, max_concurrency=2)
+    runtime.listen(app, q, handle, Order, consumer=Consumer(prefetch=20, concurrency=2))
     broker.publish(q, bodies(n))
     with runtime.running(app):
         eventually(lambda: len(done) >= 6)
@@ -532,7 +538,7 @@ def test_reconnect_after_the_broker_closes_connections(
         seen.add(order.id)
 
     app = runtime.app()
-    runtime.listen(app, q, handle, Order, prefetch=50, max_concurrency=2)
+    runtime.listen(app, q, handle, Order, consumer=Consumer(prefetch=50, concurrency=2))
     caplog.set_level(logging.INFO, logger="ackkit")
     broker.publish(q, bodies(40))
     with runtime.running(app):
@@ -556,7 +562,7 @@ def test_handler_still_running_at_shutdown_is_requeued_not_dead_lettered(
         await io.sleep(3.0)  # outlives the shutdown timeout
 
     app = runtime.app(shutdown_timeout=0.3)
-    runtime.listen(app, q, handle, Order, prefetch=5)
+    runtime.listen(app, q, handle, Order, consumer=Consumer(prefetch=5))
     broker.publish(q, bodies(3))
     with runtime.running(app):
         eventually(lambda: len(started) == 1)

@@ -15,16 +15,9 @@ from typing import Any
 
 import pytest
 
-from ackkit import (
-    CircuitBreaker,
-    Delivery,
-    FlowState,
-    RateLimit,
-    Retry,
-    RetryStrategy,
-    SerialKey,
-    Stage,
-)
+from ackkit import Consumer, Delivery, Flow, Queue, Retry, RetryStrategy
+from ackkit.flow import CircuitBreaker, FlowState, RateLimit, SerialKey
+from ackkit.observability import Stage
 
 from .conftest import IO, Broker, Runtime, eventually
 
@@ -86,7 +79,7 @@ def test_pause_cancels_the_consumer_and_returns_held_deliveries(
             seen.leave()
 
     app = runtime.app()
-    runtime.listen(app, q, handle, prefetch=20, retry=Retry(max_attempts=3))
+    runtime.listen(app, q, handle, consumer=Consumer(prefetch=20), retry=Retry(max_attempts=3))
     broker.publish(q, bodies(40))
     with runtime.running(app):
         broker.wait_for(q, unacked=20, consumers=1)
@@ -189,7 +182,14 @@ def test_breaker_trips_stops_consuming_probes_and_recovers(
     app = runtime.app()
     app.on_event(watch)
     breaker = CircuitBreaker(failure_ratio=0.5, window=10, min_attempts=5, open_for=1.5)
-    runtime.listen(app, q, handle, prefetch=50, circuit_breaker=breaker, retry=Retry(3))
+    runtime.listen(
+        app,
+        q,
+        handle,
+        consumer=Consumer(prefetch=50),
+        flow=Flow(circuit_breaker=breaker),
+        retry=Retry(3),
+    )
     broker.publish(q, bodies(200))
     with runtime.running(app):
         broker.wait_for(q, consumers=0, unacked=0, timeout=30)
@@ -238,7 +238,14 @@ def test_tripped_breaker_returns_without_counting_attempts(
     app = runtime.app()
     breaker = CircuitBreaker(failure_ratio=1.0, window=10, min_attempts=1, open_for=0.5)
     retry = Retry(max_attempts=2, initial_interval=0.05, strategy=strategy)
-    runtime.listen(app, q, handle, prefetch=30, circuit_breaker=breaker, retry=retry)
+    runtime.listen(
+        app,
+        q,
+        handle,
+        consumer=Consumer(prefetch=30),
+        flow=Flow(circuit_breaker=breaker),
+        retry=retry,
+    )
     broker.publish(q, bodies(30))
     with runtime.running(app):
         eventually(lambda: app.stats() and runtime.stats(app)["tripped"] >= 3, timeout=30)
@@ -268,7 +275,13 @@ def test_rate_limit_spaces_handler_starts(
         seen.leave()
 
     app = runtime.app()
-    runtime.listen(app, q, handle, rate_limit=RateLimit(20, burst=2), max_concurrency=4)
+    runtime.listen(
+        app,
+        q,
+        handle,
+        flow=Flow(rate_limit=RateLimit(20, burst=2)),
+        consumer=Consumer(concurrency=4),
+    )
     broker.publish(q, bodies(40))
     with runtime.running(app):
         eventually(lambda: len(seen) == 40, timeout=30)
@@ -294,7 +307,7 @@ def test_concurrency_bounds_handlers_in_flight(
             seen.leave()
 
     app = runtime.app()
-    runtime.listen(app, q, handle, prefetch=100, max_concurrency=3)
+    runtime.listen(app, q, handle, consumer=Consumer(prefetch=100, concurrency=3))
     broker.publish(q, bodies(60))
     with runtime.running(app):
         eventually(lambda: len(seen) == 60, timeout=30)
@@ -314,7 +327,7 @@ def test_consumer_priority_and_exclusive_reach_the_broker(
         pass
 
     app = runtime.app()
-    runtime.listen(app, q, handle, consumer_priority=7, exclusive=True)
+    runtime.listen(app, q, handle, consumer=Consumer(priority=7, exclusive=True))
     with runtime.running(app):
         broker.wait_for(q, consumers=1)
         out = broker.handle.ctl(
@@ -350,9 +363,9 @@ def test_single_active_consumer_standby_is_not_an_error(
         return handle
 
     a = runtime.app()
-    runtime.listen(a, q, listener(first), queue_arguments=args)
+    runtime.listen(a, Queue(q, arguments=args), listener(first))
     b = runtime.app()
-    runtime.listen(b, q, listener(second), queue_arguments=args)
+    runtime.listen(b, Queue(q, arguments=args), listener(second))
     with runtime.running(a):
         broker.wait_for(q, consumers=1)
         with runtime.running(b):
@@ -409,10 +422,9 @@ def test_serial_key_runs_one_per_key_in_order_and_a_failing_key_holds_only_itsel
         app,
         q,
         handle,
-        prefetch=100,
-        max_concurrency=8,
+        consumer=Consumer(prefetch=100, concurrency=8),
         retry=retry,
-        serial_key=SerialKey.header("k"),
+        flow=Flow(serial_key=SerialKey.header("k")),
     )
     for i in range(60):
         broker.publish(q, [json.dumps({"id": i})], headers={"k": ["a", "b", "c", "slow"][i % 4]})

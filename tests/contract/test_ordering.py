@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from ackkit import Delivery, Retry, RetryStrategy
+from ackkit import Batch, Consumer, Delivery, Retry, RetryStrategy
 
 from .conftest import IO, Broker, Runtime, eventually
 
@@ -53,7 +53,7 @@ def test_one_handler_at_a_time_keeps_order_and_an_in_process_retry_keeps_it(
 
     app = runtime.app()
     retry = Retry(max_attempts=3, initial_interval=0.1, strategy=RetryStrategy.IN_PROCESS)
-    runtime.listen(app, q, handle, prefetch=prefetch, retry=retry)
+    runtime.listen(app, q, handle, consumer=Consumer(prefetch=prefetch), retry=retry)
     broker.publish(q, numbered(30))
     with runtime.running(app):
         eventually(lambda: len(seen.ids) == 31, timeout=30)
@@ -73,7 +73,7 @@ def test_a_broker_retry_comes_back_behind_later_messages(
 
     app = runtime.app()
     retry = Retry(max_attempts=3, initial_interval=0.1, strategy=RetryStrategy.BROKER)
-    runtime.listen(app, q, handle, prefetch=50, retry=retry)
+    runtime.listen(app, q, handle, consumer=Consumer(prefetch=50), retry=retry)
     broker.publish(q, numbered(30))
     with runtime.running(app):
         eventually(lambda: len(seen.ids) == 31, timeout=30)
@@ -94,7 +94,14 @@ def test_batches_hold_consecutive_messages_in_order(
         batches.append([b["id"] for b in bodies])
 
     app = runtime.app()
-    runtime.listen(app, q, handle, list[dict], prefetch=50, batch_size=5, batch_timeout=0.3)
+    runtime.listen(
+        app,
+        q,
+        handle,
+        list[dict],
+        consumer=Consumer(prefetch=50),
+        batch=Batch(5, timeout=0.3),
+    )
     broker.publish(q, numbered(40))
     with runtime.running(app):
         eventually(lambda: sum(map(len, batches)) == 40, timeout=30)

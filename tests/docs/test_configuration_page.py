@@ -1,6 +1,7 @@
 """The Configuration page's tables are checked against the code: they list exactly the
-keyword parameters of App / AsyncApp, of @app.listener and the fields of Retry, and a
-default the page shows as a plain value is the signature's default."""
+keyword parameters of App / AsyncApp, of @app.listener and of its values (Queue,
+Consumer, Batch, Flow) and the fields of Retry, and a default the page shows as a
+plain value is the signature's default."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ackkit import App, AsyncApp, Retry
+from ackkit import App, AsyncApp, Batch, Consumer, Flow, Queue, Retry
 
 from ._blocks import DOCS
 
@@ -68,8 +69,16 @@ def same(shown: Any, default: Any) -> bool:
 
 @pytest.mark.parametrize(
     ("index", "fn", "skip"),
-    [(0, App.__init__, ()), (1, App.listener, ("queue",)), (2, Retry, ())],
-    ids=["App", "listener", "Retry"],
+    [
+        (0, App.__init__, ()),
+        (1, App.listener, ("queue", "deprecated")),
+        (2, Queue, ("name",)),
+        (3, Consumer, ()),
+        (4, Batch, ()),
+        (5, Flow, ()),
+        (6, Retry, ()),
+    ],
+    ids=["App", "listener", "Queue", "Consumer", "Batch", "Flow", "Retry"],
 )
 def test_a_table_lists_exactly_the_parameters(index: int, fn: Any, skip: tuple[str, ...]) -> None:
     table = tables()[index]

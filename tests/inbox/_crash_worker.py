@@ -11,7 +11,7 @@ import signal
 import sys
 import threading
 
-from ackkit import App, Delivery
+from ackkit import App, Consumer, Delivery
 from ackkit.inbox import Inbox
 
 
@@ -25,12 +25,12 @@ def main() -> None:
     app = App(url, connection_name="inbox-crash")
     inbox = Inbox(dsn)
 
-    @app.listener(qa, inbox=inbox, concurrency=4, prefetch=20, name="a")
+    @app.listener(qa, inbox=inbox, consumer=Consumer(concurrency=4, prefetch=20), name="a")
     def on_a(body: bytes, d: Delivery) -> None:
         d.db.execute("INSERT INTO effects_a (msg) VALUES (%s)", (d.message_id,))
         d.publish(qb, body, message_id=f"{d.message_id}-f")
 
-    @app.listener(qb, inbox=inbox, concurrency=4, prefetch=20, name="b")
+    @app.listener(qb, inbox=inbox, consumer=Consumer(concurrency=4, prefetch=20), name="b")
     def on_b(body: bytes, d: Delivery) -> None:
         d.db.execute("INSERT INTO effects_b (msg) VALUES (%s)", (d.message_id,))
 

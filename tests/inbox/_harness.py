@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from ackkit import App, AsyncApp, Delivery, Retry, RetryStrategy
+from ackkit import App, AsyncApp, Consumer, Delivery, FlushPolicy, Retry, RetryStrategy
 from ackkit.inbox import Inbox
 
 
@@ -77,6 +77,7 @@ def build(
     *,
     retry: Retry | None = None,
     concurrency: int = 1,
+    flush: FlushPolicy | None = None,
     name: str | None = None,
     **options: Any,
 ) -> Any:
@@ -87,7 +88,12 @@ def build(
         app: Any = App(url, connection_name=cname)
 
         @app.listener(
-            queue, inbox=inbox, retry=retry, concurrency=concurrency, name=name, **options
+            queue,
+            inbox=inbox,
+            retry=retry,
+            consumer=Consumer(concurrency=concurrency, flush=flush),
+            name=name,
+            **options,
         )
         def handle(body: bytes, d: Delivery) -> None:
             with b.lock:
@@ -108,7 +114,12 @@ def build(
         app = AsyncApp(url, connection_name=cname)
 
         @app.listener(
-            queue, inbox=inbox, retry=retry, concurrency=concurrency, name=name, **options
+            queue,
+            inbox=inbox,
+            retry=retry,
+            consumer=Consumer(concurrency=concurrency, flush=flush),
+            name=name,
+            **options,
         )
         async def ahandle(body: bytes, d: Delivery) -> None:
             b.calls += 1

@@ -12,7 +12,7 @@ from typing import Any
 
 from _retry_support import publish
 
-from ackkit import App, AsyncApp, Delivery, Retry
+from ackkit import App, AsyncApp, Consumer, Delivery, Retry
 
 KINDS = {"sku": 7, "price": 5, "gateway": 3}
 """Messages of each kind the service dead-letters."""
@@ -33,14 +33,14 @@ def failing_service(app: App | AsyncApp, q: str, fixed: set[str], handled: list[
 
     retry = Retry(max_attempts=2, initial_interval=0.05)
     if isinstance(app, App):
-        app.listener(q, retry=retry, prefetch=50)(handle)
+        app.listener(q, retry=retry, consumer=Consumer(prefetch=50))(handle)
     else:
 
         async def ahandle(d: Delivery) -> None:
             handle(d)
 
         ahandle.__name__ = "handle"
-        app.listener(q, retry=retry, prefetch=50)(ahandle)
+        app.listener(q, retry=retry, consumer=Consumer(prefetch=50))(ahandle)
 
 
 def publish_kinds(url: str, q: str) -> None:

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any
 
-from ackkit import App, Delivery, Retry, RetryStrategy
+from ackkit import App, Consumer, Delivery, Queue, Retry, RetryStrategy
 
 
 class Boom(Exception):
@@ -54,7 +54,11 @@ def build(args: argparse.Namespace) -> App:
         strategy=RetryStrategy(args.strategy),
     )
 
-    @app.listener(args.queue, retry=retry, prefetch=args.prefetch, queue_arguments=queue_args)
+    @app.listener(
+        Queue(args.queue, arguments=queue_args),
+        retry=retry,
+        consumer=Consumer(prefetch=args.prefetch),
+    )
     def handle(d: Delivery) -> None:
         record(
             args.log,

@@ -21,7 +21,7 @@ sys.path.insert(0, str(HERE))
 from _console_support import served  # noqa: E402
 from _retry_support import REPO, publish  # noqa: E402
 
-from ackkit import App, Delivery, Retry  # noqa: E402
+from ackkit import App, Consumer, Delivery, Retry  # noqa: E402
 from ackkit.console import Holder, Store  # noqa: E402
 from ackkit.testing import provision_broker  # noqa: E402
 
@@ -36,7 +36,7 @@ def main() -> None:
         app = App(broker.url)
         retry = Retry(max_attempts=3, initial_interval=0.02)
 
-        @app.listener("orders", retry=retry, prefetch=50)
+        @app.listener("orders", retry=retry, consumer=Consumer(prefetch=50))
         def place_order(d: Delivery) -> None:
             o = json.loads(d.body)
             if o["sku"].startswith("old"):
@@ -45,7 +45,7 @@ def main() -> None:
                 raise ValueError(f"negative price {o['price']} for order {o['id']}")
             raise TimeoutError(f"inventory service timed out after {o['id'] % 900 + 100} ms")
 
-        @app.listener("billing", retry=retry, prefetch=50)
+        @app.listener("billing", retry=retry, consumer=Consumer(prefetch=50))
         def charge(d: Delivery) -> None:
             raise PermissionError(f"card {json.loads(d.body)['card']} declined by the bank")
 

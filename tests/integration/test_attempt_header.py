@@ -22,7 +22,7 @@ from _retry_support import REPO, drain, header_text, wait_until
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from ackkit import App, AsyncApp, AsyncDelivery, Delivery
+from ackkit import App, AsyncApp, AsyncDelivery, Consumer, Delivery
 from ackkit._core import headers as H
 
 if str(REPO) not in sys.path:
@@ -49,14 +49,14 @@ def _run(app_cls: type, rabbitmq: Any, q: str, cases: list[tuple[bytes, bool]]) 
     app = app_cls(rabbitmq.url)
     if app_cls is App:
 
-        @app.listener(q, prefetch=50)
+        @app.listener(q, consumer=Consumer(prefetch=50))
         def h(d: Delivery) -> None:
             with lock:
                 ran[str(d.message_id)] = d.attempt
 
     else:
 
-        @app.listener(q, prefetch=50)
+        @app.listener(q, consumer=Consumer(prefetch=50))
         async def ah(d: AsyncDelivery) -> None:
             with lock:
                 ran[str(d.message_id)] = d.attempt

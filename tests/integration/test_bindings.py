@@ -17,15 +17,9 @@ import pytest
 from _apps import Runner
 from _retry_support import channel, wait_until
 
-from ackkit import (
-    App,
-    AsyncApp,
-    Bind,
-    Exchange,
-    ExchangeType,
-    MessageUnroutable,
-    TopologyConflict,
-)
+from ackkit import App, AsyncApp, Queue
+from ackkit.errors import MessageUnroutable, TopologyConflict
+from ackkit.topology import Bind, Exchange, ExchangeType
 
 pytestmark = pytest.mark.integration
 
@@ -90,20 +84,20 @@ def test_listeners_bind_their_queues_and_messages_arrive_by_routing_key(
     seen: list[tuple[str, Any]] = []
     if isinstance(app, App):
 
-        @app.listener(orders, bind=[(topic, "order.*"), (topic, "refund.#")])
+        @app.listener(Queue(orders, bind=[(topic, "order.*"), (topic, "refund.#")]))
         def on_order(body: dict[str, Any]) -> None:
             seen.append(("orders", body["n"]))
 
-        @app.listener(audit, bind=[Bind(Exchange(fan, ExchangeType.FANOUT)), (topic, "#")])
+        @app.listener(Queue(audit, bind=[Bind(Exchange(fan, ExchangeType.FANOUT)), (topic, "#")]))
         def on_audit(body: dict[str, Any]) -> None:
             seen.append(("audit", body["n"]))
     else:
 
-        @app.listener(orders, bind=[(topic, "order.*"), (topic, "refund.#")])
+        @app.listener(Queue(orders, bind=[(topic, "order.*"), (topic, "refund.#")]))
         async def aon_order(body: dict[str, Any]) -> None:
             seen.append(("orders", body["n"]))
 
-        @app.listener(audit, bind=[Bind(Exchange(fan, ExchangeType.FANOUT)), (topic, "#")])
+        @app.listener(Queue(audit, bind=[Bind(Exchange(fan, ExchangeType.FANOUT)), (topic, "#")]))
         async def aon_audit(body: dict[str, Any]) -> None:
             seen.append(("audit", body["n"]))
 
@@ -143,7 +137,7 @@ def test_a_restart_binds_once_and_an_exchange_named_by_string_is_used_as_it_is(
     for _ in range(2):
         app = App(rabbitmq.url)
 
-        @app.listener(q, bind=[(direct, "k"), (direct, "k")])  # the same binding twice: one
+        @app.listener(Queue(q, bind=[(direct, "k"), (direct, "k")]))  # the same binding twice: one
         def handle(body: bytes) -> None: ...
 
         with app.running():
@@ -162,7 +156,7 @@ def test_an_exchange_that_exists_with_another_type_is_a_topology_conflict(
         ch.exchange_declare(ex, "direct", durable=True)
     app: App | AsyncApp = App(rabbitmq.url) if kind == "sync" else AsyncApp(rabbitmq.url)
 
-    @app.listener(q, bind=Bind(Exchange(ex, ExchangeType.TOPIC), "a.*"))
+    @app.listener(Queue(q, bind=Bind(Exchange(ex, ExchangeType.TOPIC), "a.*")))
     def handle(body: bytes) -> None: ...
 
     r = Runner(app)
@@ -179,7 +173,7 @@ def test_an_exchange_that_must_exist_and_does_not_is_a_topology_conflict(
     ex = exchanges("missing")
     app = App(rabbitmq.url)
 
-    @app.listener(q, bind=Bind(Exchange(ex, declare=False), "k"))
+    @app.listener(Queue(q, bind=Bind(Exchange(ex, declare=False), "k")))
     def handle(body: bytes) -> None: ...
 
     with pytest.raises(TopologyConflict, match="NOT_FOUND"):
@@ -194,7 +188,7 @@ def test_the_reserved_amq_exchanges_are_bound_without_being_declared(
     app = App(rabbitmq.url)
     got: list[bytes] = []
 
-    @app.listener(q, bind=("amq.topic", f"{q}.#"))
+    @app.listener(Queue(q, bind=("amq.topic", f"{q}.#")))
     def handle(body: bytes) -> None:
         got.append(body)
 
@@ -209,15 +203,15 @@ def test_the_reserved_amq_exchanges_are_bound_without_being_declared(
 def test_two_listeners_declaring_one_exchange_two_ways_fail_at_registration() -> None:
     app = App("amqp://guest:guest@127.0.0.1:5672/%2f")
 
-    @app.listener("t.a", bind=Bind(Exchange("t.e", ExchangeType.TOPIC), "x"))
+    @app.listener(Queue("t.a", bind=Bind(Exchange("t.e", ExchangeType.TOPIC), "x")))
     def a(body: bytes) -> None: ...
 
-    @app.listener("t.b", bind=("t.e", "y"))  # by name: agrees with any declaration
+    @app.listener(Queue("t.b", bind=("t.e", "y")))  # by name: agrees with any declaration
     def b(body: bytes) -> None: ...
 
     with pytest.raises(TopologyConflict, match="declared two ways"):
 
-        @app.listener("t.c", bind=Bind(Exchange("t.e", ExchangeType.FANOUT)))
+        @app.listener(Queue("t.c", bind=Bind(Exchange("t.e", ExchangeType.FANOUT))))
         def c(body: bytes) -> None: ...
 
     assert [s.queue for s in app.specs] == ["t.a", "t.b"]

@@ -13,7 +13,7 @@ import pika
 import pytest
 from _retry_support import wait_until
 
-from ackkit import App, Delivery
+from ackkit import App, Consumer, Delivery
 from ackkit._core.brokers import traits_of
 from ackkit._core.events import Stage
 
@@ -91,7 +91,7 @@ def test_a_3x_consumer_timeout_closes_the_channel_and_app_consumes_again(
     calls: list[float] = []
     app = App(broker.url, shutdown_timeout=10.0)
 
-    @app.listener(q, concurrency=2)
+    @app.listener(q, consumer=Consumer(concurrency=2))
     def slow_once(d: Delivery) -> None:
         calls.append(time.monotonic())
         if len(calls) == 1:

@@ -264,11 +264,11 @@ def test_queues_through_rabbitmqctl(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 APP_MODULE = """
 import os, json
-from ackkit import App, Delivery
+from ackkit import App, Consumer, Delivery
 
 app = App(os.environ["T_URL"], shutdown_timeout=5)
 
-@app.listener(os.environ["T_QUEUE"], prefetch=5)
+@app.listener(os.environ["T_QUEUE"], consumer=Consumer(prefetch=5))
 def handle(d: Delivery) -> None:
     with open(os.environ["T_LOG"], "a") as f:
         f.write(json.dumps({"pid": os.getpid(), "mid": d.message_id}) + "\\n")
@@ -345,11 +345,11 @@ def test_run_async_app_with_asyncio(tmp_path: Path) -> None:
 
 ASYNC_APP_MODULE = """
 import os, json
-from ackkit import AsyncApp, Delivery
+from ackkit import AsyncApp, Consumer, Delivery
 
 app = AsyncApp(os.environ["T_URL"], shutdown_timeout=5)
 
-@app.listener(os.environ["T_QUEUE"], prefetch=5)
+@app.listener(os.environ["T_QUEUE"], consumer=Consumer(prefetch=5))
 async def handle(d: Delivery) -> None:
     with open(os.environ["T_LOG"], "a") as f:
         f.write(json.dumps({"pid": os.getpid(), "mid": d.message_id}) + "\\n")

@@ -14,7 +14,7 @@ import pytest
 from _apps import Runner, proxied
 from _retry_support import channel, drain, header_text, publish, wait_until
 
-from ackkit import App, AsyncApp, Delivery, Retry
+from ackkit import App, AsyncApp, Consumer, Delivery, Queue, Retry
 from ackkit import connect as ackkit_connect
 
 pytestmark = pytest.mark.integration
@@ -43,7 +43,7 @@ def test_connection_lost_while_copies_await_their_confirms(
     if runtime == "sync":
         app = App(url, reconnect_max_interval=1.0)
 
-        @app.listener(q, retry=RETRY, prefetch=10, concurrency=n)
+        @app.listener(q, retry=RETRY, consumer=Consumer(prefetch=10, concurrency=n))
         def handle(d: Delivery) -> None:
             entered.append(d.message_id or "")
             if d.attempt == 1:
@@ -53,7 +53,7 @@ def test_connection_lost_while_copies_await_their_confirms(
     else:
         app = AsyncApp(url, reconnect_max_interval=1.0)
 
-        @app.listener(q, retry=RETRY, prefetch=10, max_concurrency=n)
+        @app.listener(q, retry=RETRY, consumer=Consumer(prefetch=10, concurrency=n))
         async def ahandle(d: Delivery) -> None:
             entered.append(d.message_id or "")
             if d.attempt == 1:
@@ -97,7 +97,7 @@ def test_retry_copies_waiting_in_a_delay_queue_survive_a_broker_restart(
         app = App(broker.url, reconnect_max_interval=1.0)
         retry = Retry(max_attempts=2, initial_interval=4.0)
 
-        @app.listener(q, retry=retry, queue_arguments={"x-queue-type": queue_type})
+        @app.listener(Queue(q, arguments={"x-queue-type": queue_type}), retry=retry)
         def handle(d: Delivery) -> None:
             ran.append((d.message_id or "", d.attempt))
             raise Boom("fails")

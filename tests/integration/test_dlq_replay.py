@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from _retry_support import REPO, drain, header_text, peek, publish, wait_until
 
-from ackkit import App, Delivery, Retry
+from ackkit import App, Consumer, Delivery, Retry
 from ackkit._core import headers as H
 from ackkit._dlq import DeadLetterQueue, inspect_dead_letters, replay_dead_letters
 
@@ -24,7 +24,11 @@ def fill_dlq(rabbitmq: Any, q: str, n: int, error: type[Exception] = ValueError)
     """Dead-letter n messages through a failing App: real ackkit dead letters."""
     app = App(rabbitmq.url)
 
-    @app.listener(q, retry=Retry(max_attempts=2, initial_interval=0.05), prefetch=50)
+    @app.listener(
+        q,
+        retry=Retry(max_attempts=2, initial_interval=0.05),
+        consumer=Consumer(prefetch=50),
+    )
     def h(d: Delivery) -> None:
         kind = error if int(d.message_id or 0) % 2 == 0 else KeyError
         raise kind(f"bug on {d.message_id}")

@@ -25,7 +25,7 @@ import pytest
 from _retry_support import drain, header_text, publish, wait_until
 
 import ackkit
-from ackkit import App, AsyncApp, DeadLetterMessage, Delivery, Retry
+from ackkit import App, AsyncApp, Consumer, DeadLetterMessage, Delivery, Retry
 
 pytestmark = pytest.mark.integration
 prometheus_client = pytest.importorskip("prometheus_client")
@@ -61,14 +61,14 @@ def _make_app(kind: str, url: str, queue: str, calls: dict[int, int]) -> Any:
     if kind == "sync":
         app = App(url, shutdown_timeout=5)
 
-        @app.listener(queue, prefetch=50, retry=retry, name="orders")
+        @app.listener(queue, consumer=Consumer(prefetch=50), retry=retry, name="orders")
         def handle(order: dict[str, int]) -> None:
             _outcome(order["n"], calls)
 
         return app
     aapp = AsyncApp(url, shutdown_timeout=5)
 
-    @aapp.listener(queue, prefetch=50, retry=retry, name="orders")
+    @aapp.listener(queue, consumer=Consumer(prefetch=50), retry=retry, name="orders")
     async def ahandle(order: dict[str, int]) -> None:
         _outcome(order["n"], calls)
 
@@ -237,11 +237,11 @@ def test_failure_and_dead_letter_lines_carry_the_delivery_context(
 
 APP_MODULE = """
 import os
-from ackkit import App
+from ackkit import App, Consumer
 
 app = App(os.environ["T_URL"], shutdown_timeout=5)
 
-@app.listener(os.environ["T_QUEUE"], prefetch=20, name="svc")
+@app.listener(os.environ["T_QUEUE"], consumer=Consumer(prefetch=20), name="svc")
 def handle(body: bytes) -> None:
     pass
 """
@@ -322,7 +322,7 @@ def test_metrics_overhead_is_small(rabbitmq: Any, queue_factory: Any) -> None:
         app = App(rabbitmq.url)
         done = threading.Event()
 
-        app.listener(q, prefetch=250)(_counting(n, done))
+        app.listener(q, consumer=Consumer(prefetch=250))(_counting(n, done))
 
         if on:
             PrometheusMetrics(app, registry=prometheus_client.CollectorRegistry())

@@ -12,7 +12,7 @@ from _retry_support import publish, wait_until
 from rich.cells import cell_len
 from typer.testing import CliRunner
 
-from ackkit import App, Retry
+from ackkit import App, Consumer, Retry
 from ackkit._io import FatalConnectError
 from ackkit.cli import build_cli
 
@@ -56,7 +56,7 @@ def test_a_wrong_password_fails_at_once_without_handler_warnings(
     bad = urllib.parse.urlunsplit(p._replace(netloc=f"nobody:wrong@{p.hostname}:{p.port}"))
     app = App(bad)
 
-    @app.listener(fresh_queue, concurrency=4)
+    @app.listener(fresh_queue, consumer=Consumer(concurrency=4))
     def handle(body: bytes) -> None: ...
 
     with caplog.at_level(logging.INFO), pytest.raises(FatalConnectError, match="authentication"):

@@ -139,7 +139,7 @@ EXAMPLE = """
 import json, os, sys, threading
 from pydantic import BaseModel
 import ackkit
-from ackkit import App
+from ackkit import App, Consumer
 
 url, queue = os.environ["T_URL"], os.environ["T_QUEUE"]
 app = App(url, shutdown_timeout=5)
@@ -149,7 +149,7 @@ done = threading.Event()
 class Order(BaseModel):
     id: int
 
-@app.listener(queue, prefetch=10)
+@app.listener(queue, consumer=Consumer(prefetch=10))
 def on_order(order: Order) -> None:
     seen.append(order.id)
     if len(seen) == 5:

@@ -15,7 +15,7 @@ import pika
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from ackkit import MessageUnroutable
+from ackkit.errors import MessageUnroutable
 from ackkit.testing import BrokerHandle
 from tests.unit._fronts import FRONTS, Fronts, fronts
 from tests.unit.test_publish_fronts import bodies, options

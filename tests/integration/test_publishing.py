@@ -17,16 +17,9 @@ from _apps import Runner, proxied
 from _retry_support import channel, drain, header_text, publish, wait_until
 from pydantic import BaseModel
 
-from ackkit import (
-    App,
-    AsyncApp,
-    AsyncDelivery,
-    Delivery,
-    MessageUnroutable,
-    PublishNacked,
-    PublishNotConfirmed,
-)
+from ackkit import App, AsyncApp, AsyncDelivery, Delivery
 from ackkit._core import headers as H
+from ackkit.errors import MessageUnroutable, PublishNacked, PublishNotConfirmed
 
 pytestmark = pytest.mark.integration
 

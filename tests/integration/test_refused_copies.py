@@ -32,12 +32,14 @@ from ackkit import (
     App,
     AsyncApp,
     AsyncDelivery,
+    Consumer,
     DeadLetterMessage,
     Delivery,
-    FlowState,
-    PublishError,
+    Queue,
     Retry,
 )
+from ackkit.errors import PublishError
+from ackkit.flow import FlowState
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +52,9 @@ def make_app(runtime: str, url: str) -> App | AsyncApp:
     return AsyncApp(url, reconnect_max_interval=1.0)
 
 
-def listen(app: App | AsyncApp, queue: str, fn: Callable[[Delivery], Any], **kw: Any) -> None:
+def listen(
+    app: App | AsyncApp, queue: str | Queue, fn: Callable[[Delivery], Any], **kw: Any
+) -> None:
     """`fn` as the listener's handler, a `def` on App, an `async def` on AsyncApp."""
     if isinstance(app, App):
         app.listener(queue, **kw)(fn)
@@ -61,7 +65,8 @@ def listen(app: App | AsyncApp, queue: str, fn: Callable[[Delivery], Any], **kw:
         if inspect.isawaitable(out):
             await out
 
-    handle.__name__ = f"handle_{queue.replace('.', '_')}"
+    name = queue.name if isinstance(queue, Queue) else queue
+    handle.__name__ = f"handle_{name.replace('.', '_')}"
     app.listener(queue, **kw)(handle)
 
 
@@ -114,7 +119,7 @@ def test_a_full_dlq_with_reject_publish_loses_nothing(
         runs.append(d.message_id or "")
         raise DeadLetterMessage("poison")
 
-    listen(app, q, handle, prefetch=50)
+    listen(app, q, handle, consumer=Consumer(prefetch=50))
     with policy(rabbitmq, f"^{q}\\.dlq$", {"max-length": room, "overflow": "reject-publish"}):
         runner = Runner(app)
         runner.start()
@@ -157,7 +162,13 @@ def test_capped_delay_queues_lose_nothing(rabbitmq: Any, fresh_queue: str, runti
     def handle(d: Delivery) -> None:
         raise ValueError("fails")
 
-    listen(app, q, handle, prefetch=50, retry=Retry(max_attempts=3, initial_interval=0.2))
+    listen(
+        app,
+        q,
+        handle,
+        consumer=Consumer(prefetch=50),
+        retry=Retry(max_attempts=3, initial_interval=0.2),
+    )
     with policy(rabbitmq, f"^{q}\\.retry\\.", {"max-length": 2, "overflow": "reject-publish"}):
         runner = Runner(app)
         runner.start()
@@ -201,12 +212,10 @@ def test_a_full_listener_queue_keeps_a_redelivery_whose_restamp_is_refused(
 
     listen(
         app,
-        q,
+        Queue(q, arguments=args),
         handle,
-        prefetch=2,
+        consumer=Consumer(prefetch=2, concurrency=2),
         retry=Retry(max_attempts=3, initial_interval=0.2),
-        queue_arguments=args,
-        **({"concurrency": 2} if runtime == "sync" else {"max_concurrency": 2}),
     )
     runner = Runner(app)
     runner.start()
@@ -303,7 +312,7 @@ def test_a_handlers_publish_to_a_missing_exchange_hurts_no_other_listener(
             except PublishError as exc:
                 errors.append(str(exc))
 
-        app.listener(qa, concurrency=4)(handle_a)
+        app.listener(qa, consumer=Consumer(concurrency=4))(handle_a)
     else:
 
         async def ahandle_a(d: AsyncDelivery) -> None:
@@ -312,7 +321,7 @@ def test_a_handlers_publish_to_a_missing_exchange_hurts_no_other_listener(
             except PublishError as exc:
                 errors.append(str(exc))
 
-        app.listener(qa, max_concurrency=4)(ahandle_a)
+        app.listener(qa, consumer=Consumer(concurrency=4))(ahandle_a)
 
     def handle_b(d: Delivery) -> None:
         b_runs.append(d.message_id or "")

@@ -33,8 +33,9 @@ from _retry_support import (
 )
 from pydantic import BaseModel
 
-from ackkit import App, Delivery, Retry, RetryStrategy, TopologyConflict
+from ackkit import App, Consumer, Delivery, Queue, Retry, RetryStrategy
 from ackkit._core import headers as H
+from ackkit.errors import TopologyConflict
 
 pytestmark = pytest.mark.integration
 
@@ -76,7 +77,7 @@ def test_always_failing_handler_runs_five_times_then_one_dead_letter(
     calls: list[tuple[float, int]] = []
     app = App(rabbitmq.url)
 
-    @app.listener(q, retry=retry, prefetch=10)
+    @app.listener(q, retry=retry, consumer=Consumer(prefetch=10))
     def on_order(order: Order) -> None:
         calls.append((time.monotonic(), len(calls) + 1))
         raise Boom(f"cannot ship {order.sku}")
@@ -264,9 +265,11 @@ def test_two_consumers_share_the_five_attempts(rabbitmq: Any, fresh_queue: str) 
 
             return h
 
-        app.listener(q, retry=Retry(max_attempts=5, initial_interval=0.2), prefetch=1)(
-            make(f"c{i}")
-        )
+        app.listener(
+            q,
+            retry=Retry(max_attempts=5, initial_interval=0.2),
+            consumer=Consumer(prefetch=1),
+        )(make(f"c{i}"))
     with apps[0].running(), apps[1].running():
         for i in range(4):
             publish(rabbitmq.url, q, GOOD, message_id=f"m{i}")
@@ -306,7 +309,11 @@ def test_bad_payload_goes_straight_to_the_dlq(
     seen: list[int] = []
     app = App(rabbitmq.url)
 
-    @app.listener(q, retry=Retry(max_attempts=3, initial_interval=0.2), max_body_size=1024)
+    @app.listener(
+        q,
+        retry=Retry(max_attempts=3, initial_interval=0.2),
+        consumer=Consumer(max_body_size=1024),
+    )
     def h(order: Order) -> None:
         seen.append(order.id)
 
@@ -350,7 +357,7 @@ def test_body_over_max_body_size_for_a_bytes_handler(rabbitmq: Any, fresh_queue:
     seen: list[int] = []
     app = App(rabbitmq.url)
 
-    @app.listener(q, max_body_size=100)
+    @app.listener(q, consumer=Consumer(max_body_size=100))
     def h(body: bytes) -> None:
         seen.append(len(body))
 
@@ -372,9 +379,8 @@ def test_quorum_queue_broker_retry_then_dead_letter(rabbitmq: Any, fresh_queue: 
     app = App(rabbitmq.url)
 
     @app.listener(
-        q,
+        Queue(q, arguments={"x-queue-type": "quorum"}),
         retry=Retry(max_attempts=5, initial_interval=0.2),
-        queue_arguments={"x-queue-type": "quorum"},
     )
     def h(d: Delivery) -> None:
         attempts.append(d.attempt)
@@ -398,9 +404,8 @@ def test_quorum_crash_redelivery_is_counted_once(rabbitmq: Any, fresh_queue: str
     from ackkit import RequeueMessage
 
     @app.listener(
-        q,
+        Queue(q, arguments={"x-queue-type": "quorum"}),
         retry=Retry(max_attempts=4, initial_interval=0.2),
-        queue_arguments={"x-queue-type": "quorum"},
     )
     def h(d: Delivery) -> None:
         seen.append((d.attempt, d.headers.get(H.X_DELIVERY_COUNT)))
@@ -425,9 +430,8 @@ def test_quorum_delivery_limit_below_max_attempts_does_not_cut_retries(
     app = App(rabbitmq.url)
 
     @app.listener(
-        q,
+        Queue(q, arguments={"x-queue-type": "quorum", "x-delivery-limit": 1}),
         retry=Retry(max_attempts=5, initial_interval=0.2),
-        queue_arguments={"x-queue-type": "quorum", "x-delivery-limit": 1},
     )
     def h(d: Delivery) -> None:
         attempts.append(d.attempt)

@@ -21,9 +21,10 @@ from _certs import CA, Issued
 from _retry_support import drain, header_text, publish, wait_until
 
 import ackkit
-from ackkit import TLS, App, AsyncApp, Delivery, mask_url
+from ackkit import TLS, App, AsyncApp, Consumer, Delivery
 from ackkit._core import headers as H
 from ackkit._io import ConnectFailed, FatalConnectError
+from ackkit.observability import mask_url
 from ackkit.testing import BrokerHandle, BrokerUnavailable, NodeTLS, provision_broker
 
 pytestmark = pytest.mark.integration
@@ -259,7 +260,7 @@ def test_the_password_appears_in_no_log_output_repr_or_error(
             else:
 
                 async def main() -> None:
-                    conn = ackkit.AsyncPullConnection(url)
+                    conn = ackkit.pull.AsyncPullConnection(url)
                     reprs.append(repr(conn))
                     async with ackkit.aconnect(url):
                         pass
@@ -285,7 +286,7 @@ def test_max_body_size_and_content_type_on_both_runtimes(
     q, dlq = fresh_queue, f"{fresh_queue}.dlq"
     got: list[str] = []
     app: App | AsyncApp
-    kw: dict[str, Any] = {"max_body_size": 64}
+    kw: dict[str, Any] = {"consumer": Consumer(max_body_size=64)}
     if runtime == "sync":
         app = App(rabbitmq.url)
 
@@ -330,14 +331,14 @@ def test_content_type_check_can_be_turned_off(
     if runtime == "sync":
         app = App(rabbitmq.url)
 
-        @app.listener(q, check_content_type=False)
+        @app.listener(q, consumer=Consumer(check_content_type=False))
         def handle(body: dict[str, Any]) -> None:
             got.append(body)
 
     else:
         app = AsyncApp(rabbitmq.url)
 
-        @app.listener(q, check_content_type=False)
+        @app.listener(q, consumer=Consumer(check_content_type=False))
         async def ahandle(body: dict[str, Any]) -> None:
             got.append(body)
 

@@ -17,7 +17,7 @@ from collections import Counter
 import pytest
 
 import ackkit
-from ackkit import AckMode, App, Delivery, FlushPolicy, Unsettled
+from ackkit import AckMode, App, Consumer, Delivery, FlushPolicy, Unsettled
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +53,7 @@ def test_reject_requeue_with_one_consumer_loops(rabbitmq, q):
     calls = Counter()
     app = App(rabbitmq.url)
 
-    @app.listener(q, ack_mode=AckMode.MANUAL, prefetch=10)
+    @app.listener(q, ack_mode=AckMode.MANUAL, consumer=Consumer(prefetch=10))
     def h(d: Delivery) -> None:
         calls[d.message_id] += 1
         time.sleep(0.002)
@@ -118,7 +118,7 @@ def test_nack_multiple_every_fifth_settles_the_window(rabbitmq, q):
     app = App(rabbitmq.url)
     nacks = []
 
-    @app.listener(q, ack_mode=AckMode.CLIENT, prefetch=10)
+    @app.listener(q, ack_mode=AckMode.CLIENT, consumer=Consumer(prefetch=10))
     def h(d: Delivery) -> None:
         if d.delivery_tag % 5 == 0:
             nacks.append(d.delivery_tag)
@@ -137,7 +137,7 @@ def test_random_reject_requeue_converges(rabbitmq, q):
     acked = Counter()
     app = App(rabbitmq.url)
 
-    @app.listener(q, ack_mode=AckMode.MANUAL, prefetch=6)
+    @app.listener(q, ack_mode=AckMode.MANUAL, consumer=Consumer(prefetch=6))
     def h(d: Delivery) -> None:
         if rnd.random() < 2 / 3:
             d.reject(requeue=True)
@@ -170,7 +170,7 @@ def test_manual_forgotten_ack_is_dead_lettered_not_stuck(rabbitmq, q):
     publish(rabbitmq.url, q, 3)
     app = App(rabbitmq.url)
 
-    @app.listener(q, ack_mode=AckMode.MANUAL, prefetch=2)
+    @app.listener(q, ack_mode=AckMode.MANUAL, consumer=Consumer(prefetch=2))
     def h(d: Delivery) -> None:
         pass  # forgot to ack
 
@@ -211,7 +211,7 @@ def test_settle_twice_raises_and_the_channel_survives(rabbitmq, q):
         d.ack()
         try:
             d.ack()
-        except ackkit.AlreadySettled as exc:
+        except ackkit.errors.AlreadySettled as exc:
             errors.append(exc)
 
     with app.running():
@@ -230,7 +230,12 @@ def test_out_of_order_completion_never_acks_an_unsettled_tag(rabbitmq, q):
     done = Counter()
     app = App(rabbitmq.url)
 
-    @app.listener(q, prefetch=50, concurrency=8, flush=FlushPolicy(max_pending=10, interval=0.05))
+    @app.listener(
+        q,
+        consumer=Consumer(
+            prefetch=50, concurrency=8, flush=FlushPolicy(max_pending=10, interval=0.05)
+        ),
+    )
     def h(body: dict) -> None:
         time.sleep(rnd.random() * 0.01)
         with lock:
@@ -251,7 +256,10 @@ def test_graceful_shutdown_flushes_pending_acks(rabbitmq, q):
     seen = []
 
     # Acks would only go out after 60 s or 1000 messages: only the shutdown flush sends them.
-    @app.listener(q, prefetch=100, flush=FlushPolicy(max_pending=1000, interval=60))
+    @app.listener(
+        q,
+        consumer=Consumer(prefetch=100, flush=FlushPolicy(max_pending=1000, interval=60)),
+    )
     def h(body: dict) -> None:
         seen.append(body["i"])
 
@@ -266,7 +274,7 @@ def test_shutdown_returns_unstarted_prefetched_deliveries(rabbitmq, q):
     app = App(rabbitmq.url, shutdown_timeout=5)
     started = threading.Event()
 
-    @app.listener(q, prefetch=10)
+    @app.listener(q, consumer=Consumer(prefetch=10))
     def h(body: dict) -> None:
         started.set()
         time.sleep(0.5)
@@ -282,7 +290,7 @@ def test_reconnect_after_connections_are_closed(rabbitmq, q):
     app = App(rabbitmq.url)
     seen = set()
 
-    @app.listener(q, prefetch=20)
+    @app.listener(q, consumer=Consumer(prefetch=20))
     def h(body: dict) -> None:
         seen.add(body["i"])
 
@@ -308,12 +316,12 @@ def test_jms_modes_drain(rabbitmq, q, mode):
 
     if mode is AckMode.INDIVIDUAL:
 
-        @app.listener(q, ack_mode=mode, prefetch=10)
+        @app.listener(q, ack_mode=mode, consumer=Consumer(prefetch=10))
         def h(d: Delivery) -> None:
             d.ack()
     else:
 
-        @app.listener(q, ack_mode=mode, prefetch=10)
+        @app.listener(q, ack_mode=mode, consumer=Consumer(prefetch=10))
         def h(body: dict) -> None:
             pass
 
@@ -330,7 +338,7 @@ def test_transacted_failure_requeues_the_batch_and_dead_letters_the_culprit(rabb
     app = App(rabbitmq.url)
     calls = Counter()
 
-    @app.listener(q, ack_mode=AckMode.TRANSACTED, prefetch=10)
+    @app.listener(q, ack_mode=AckMode.TRANSACTED, consumer=Consumer(prefetch=10))
     def h(body: dict) -> None:
         calls[body["i"]] += 1
         if body["i"] == 2:

@@ -15,7 +15,7 @@ import pytest
 from _apps import Runner
 from _retry_support import drain
 
-from ackkit import App, AsyncApp, Delivery
+from ackkit import App, AsyncApp, Consumer, Delivery
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +44,7 @@ def test_many_handlers_finishing_at_once_never_send_an_unknown_tag(
     if runtime == "sync":
         app = App(rabbitmq.url)
 
-        @app.listener(q, prefetch=60, concurrency=8)
+        @app.listener(q, consumer=Consumer(prefetch=60, concurrency=8))
         def handle(d: Delivery) -> None:
             note(d)
             time.sleep(random.random() * 0.004)
@@ -54,7 +54,7 @@ def test_many_handlers_finishing_at_once_never_send_an_unknown_tag(
     else:
         app = AsyncApp(rabbitmq.url)
 
-        @app.listener(q, prefetch=60, max_concurrency=24)
+        @app.listener(q, consumer=Consumer(prefetch=60, concurrency=24))
         async def ahandle(d: Delivery) -> None:
             note(d)
             await asyncio.sleep(random.random() * 0.004)

@@ -19,7 +19,7 @@ import pytest
 from _apps import Runner
 from _retry_support import drain, header_text, wait_until
 
-from ackkit import App, AsyncApp, AsyncDelivery, Delivery, Retry
+from ackkit import App, AsyncApp, AsyncDelivery, Consumer, Delivery, Queue, Retry
 from ackkit._core import headers as H
 
 pytestmark = pytest.mark.integration
@@ -39,7 +39,7 @@ def _app(kind: str, url: str, q: str, args: Any, runs: dict[str, list[int]], fai
     if kind == "App":
         app: Any = App(url)
 
-        @app.listener(q, retry=retry, prefetch=20, queue_arguments=args)
+        @app.listener(Queue(q, arguments=args), retry=retry, consumer=Consumer(prefetch=20))
         def h(d: Delivery) -> None:
             record(d)
             if fail:
@@ -49,7 +49,7 @@ def _app(kind: str, url: str, q: str, args: Any, runs: dict[str, list[int]], fai
     else:
         app = AsyncApp(url)
 
-        @app.listener(q, retry=retry, prefetch=20, queue_arguments=args)
+        @app.listener(Queue(q, arguments=args), retry=retry, consumer=Consumer(prefetch=20))
         async def ah(d: AsyncDelivery) -> None:
             record(d)
             if fail:

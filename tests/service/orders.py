@@ -13,7 +13,7 @@ import threading
 
 from pydantic import BaseModel
 
-from ackkit import App, AsyncApp, DeadLetterMessage, Retry, RetryLater, RetryStrategy
+from ackkit import App, AsyncApp, Consumer, DeadLetterMessage, Retry, RetryLater, RetryStrategy
 
 
 class Order(BaseModel):
@@ -61,7 +61,7 @@ def handle(order: Order, stock: Stock) -> None:
 def create_app(url: str, stock: Stock, *, queue: str = "orders") -> App:
     app = App(url, connection_name="orders-service", shutdown_timeout=5)
 
-    @app.listener(queue, retry=RETRY, prefetch=20)
+    @app.listener(queue, retry=RETRY, consumer=Consumer(prefetch=20))
     def on_order(order: Order) -> None:
         handle(order, stock)
 
@@ -71,7 +71,7 @@ def create_app(url: str, stock: Stock, *, queue: str = "orders") -> App:
 def create_async_app(url: str, stock: Stock, *, queue: str = "orders") -> AsyncApp:
     app = AsyncApp(url, connection_name="orders-service", shutdown_timeout=5)
 
-    @app.listener(queue, retry=RETRY, prefetch=20)
+    @app.listener(queue, retry=RETRY, consumer=Consumer(prefetch=20))
     async def on_order(order: Order) -> None:
         handle(order, stock)
 

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import ackkit
-from ackkit import Retry, RetryLater, RetryStrategy, TopologyConflict
+from ackkit import Retry, RetryLater, RetryStrategy
 from ackkit._core import headers as H
 from ackkit._core.actions import Ack, Reject, Republish
 from ackkit._core.brokers import (
@@ -31,6 +31,7 @@ from ackkit._core.events import Stage
 from ackkit._core.listener import ListenerCore
 from ackkit._core.policy import ListenerPolicy
 from ackkit._core.topology import check_delivery_limit, declarable
+from ackkit.errors import TopologyConflict
 
 KNOWN = (V3, V40, V43)
 

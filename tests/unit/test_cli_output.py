@@ -104,7 +104,8 @@ def test_version() -> None:
 
 SERVICE = """
 from pydantic import BaseModel
-from ackkit import App, Bind, Exchange, ExchangeType, Retry, RetryStrategy
+from ackkit import App, Queue, Retry, RetryStrategy
+from ackkit.topology import Bind, Exchange, ExchangeType
 
 class Item(BaseModel):
     sku: str
@@ -115,12 +116,14 @@ class Order(BaseModel):
 
 app = App("amqp://svc:s3cret-pw@rabbit.example:5672/shop")
 
-@app.listener("orders", bind=[("shop", "order.*")],
-              retry=Retry(max_attempts=3, initial_interval=1.0, strategy=RetryStrategy.BROKER))
+@app.listener(
+    Queue("orders", bind=[("shop", "order.*")]),
+    retry=Retry(max_attempts=3, initial_interval=1.0, strategy=RetryStrategy.BROKER),
+)
 def on_order(order: Order) -> None:
     '''Takes new orders.'''
 
-@app.listener("audit", bind=Bind(Exchange("events", ExchangeType.FANOUT)), dead_letter=None)
+@app.listener(Queue("audit", bind=Bind(Exchange("events", ExchangeType.FANOUT))), dead_letter=None)
 def on_audit(body: bytes) -> None: ...
 
 @app.listener("counts")

@@ -23,12 +23,25 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 import ackkit
-from ackkit import AckMode, App, BadPayload, Delivery, FlushPolicy, Retry, RetryStrategy
+from ackkit import (
+    AckMode,
+    App,
+    Batch,
+    Consumer,
+    Delivery,
+    Flow,
+    FlushPolicy,
+    Queue,
+    Retry,
+    RetryStrategy,
+)
 from ackkit._async.app import AsyncApp
 from ackkit._async.delivery import AsyncDelivery
 from ackkit._core.listener import ListenerCore
 from ackkit._core.policy import MAX_DELAY_TIERS, ListenerPolicy
 from ackkit._handler import Binding, Decoder, is_coroutine_callable
+from ackkit._listener_options import DEPRECATED
+from ackkit.errors import BadPayload
 
 FAST = 0.05  # seconds: a refusal is a check, never a connection attempt
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -226,8 +239,33 @@ def test_flush_policy_refuses(kw: dict[str, Any], option: str) -> None:
 # -- listener() --------------------------------------------------------------------------
 
 
-def register(app: Any = None, queue: str = "orders", fn: Any = handler, **kw: Any) -> Any:
+def grouped(queue: Any, kw: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """listener()'s arguments in the grouped spelling, from a case written with the flat
+    option names (`prefetch`, `batch_size`, ...): the tables below are written once, and
+    test_listener_spelling runs them again in the deprecated flat spelling."""
+    kw = dict(kw)
+    groups: dict[str, dict[str, Any]] = {}
+    for old, (group, field) in DEPRECATED.items():
+        if old in kw:
+            groups.setdefault(group, {})[field] = kw.pop(old)
+    if "queue" in groups:
+        queue = Queue(queue, **groups["queue"])
+    if "consumer" in groups:
+        kw["consumer"] = Consumer(**groups["consumer"])
+    if "batch" in groups:
+        b = groups["batch"]
+        if "size" not in b:
+            Batch(1, **b)  # checked; a batch_timeout without batch_size never applied
+        elif b["size"] is not None:
+            kw["batch"] = Batch(**b)
+    if "flow" in groups:
+        kw["flow"] = Flow(**groups["flow"])
+    return queue, kw
+
+
+def register(app: Any = None, queue: Any = "orders", fn: Any = handler, **kw: Any) -> Any:
     app = app or App()
+    queue, kw = grouped(queue, kw)
     app.listener(queue, **kw)(fn)
     return app
 
@@ -238,7 +276,7 @@ def test_valid_prefetch_and_batch_size_are_kept(prefetch: int, batch: int | None
     if batch is not None and prefetch and batch > prefetch:
         refused(
             lambda: register(fn=lambda ds: None, prefetch=prefetch, batch_size=batch),
-            "batch_size",
+            "Batch.size",
         )
         return
 
@@ -275,13 +313,13 @@ OPTION_CASES: list[tuple[dict[str, Any], str]] = [
     ({"concurrency": True}, "concurrency"),
     ({"concurrency": 2.5}, "concurrency"),
     ({"concurrency": 10**6}, "concurrency"),
-    ({"max_concurrency": 0}, "max_concurrency"),
-    ({"max_concurrency": "8"}, "max_concurrency"),
-    ({"batch_size": 0}, "batch_size"),
-    ({"batch_size": True}, "batch_size"),
-    ({"batch_timeout": math.nan}, "batch_timeout"),
-    ({"batch_timeout": -1}, "batch_timeout"),
-    ({"batch_timeout": math.inf}, "batch_timeout"),
+    ({"max_concurrency": 0}, "concurrency"),
+    ({"max_concurrency": "8"}, "concurrency"),
+    ({"batch_size": 0}, "Batch.size"),
+    ({"batch_size": True}, "Batch.size"),
+    ({"batch_timeout": math.nan}, "Batch.timeout"),
+    ({"batch_timeout": -1}, "Batch.timeout"),
+    ({"batch_timeout": math.inf}, "Batch.timeout"),
     ({"max_body_size": 0}, "max_body_size"),
     ({"max_body_size": True}, "max_body_size"),
     ({"max_body_size": 1.5}, "max_body_size"),
@@ -296,18 +334,18 @@ OPTION_CASES: list[tuple[dict[str, Any], str]] = [
     ({"queue_arguments": {"x-queue-type": 1}}, "x-queue-type"),
     ({"queue_arguments": {"x-message-ttl": -5}}, "x-message-ttl"),
     ({"queue_arguments": {"x-message-ttl": "1000"}}, "x-message-ttl"),
-    ({"queue_arguments": {1: "x"}}, "queue_arguments"),
-    ({"queue_arguments": {"x-thing": {1, 2}}}, "queue_arguments"),
-    ({"queue_arguments": {"x-thing": math.nan}}, "queue_arguments"),
-    ({"queue_arguments": ["x-queue-type"]}, "queue_arguments"),
+    ({"queue_arguments": {1: "x"}}, "Queue.arguments"),
+    ({"queue_arguments": {"x-thing": {1, 2}}}, "Queue.arguments"),
+    ({"queue_arguments": {"x-thing": math.nan}}, "Queue.arguments"),
+    ({"queue_arguments": ["x-queue-type"]}, "Queue.arguments"),
     # accepted by their types, then unencodable at start(): struct.error, a reconnect loop
     # on a key over 255 bytes, a UnicodeEncodeError that stopped the I/O thread
-    ({"queue_arguments": {"x-max-length": 2**70}}, "queue_arguments"),
-    ({"queue_arguments": {"k" * 300: 1}}, "queue_arguments"),
-    ({"queue_arguments": {"x-thing": "\udcff"}}, "queue_arguments"),
-    ({"queue_arguments": {"x-thing": [{"\udcff": 1}]}}, "queue_arguments"),
-    ({"consumer_arguments": {"x-thing": -(2**64)}}, "consumer_arguments"),
-    ({"consumer_arguments": {"k" * 256: "v"}}, "consumer_arguments"),
+    ({"queue_arguments": {"x-max-length": 2**70}}, "Queue.arguments"),
+    ({"queue_arguments": {"k" * 300: 1}}, "Queue.arguments"),
+    ({"queue_arguments": {"x-thing": "\udcff"}}, "Queue.arguments"),
+    ({"queue_arguments": {"x-thing": [{"\udcff": 1}]}}, "Queue.arguments"),
+    ({"consumer_arguments": {"x-thing": -(2**64)}}, "Consumer.arguments"),
+    ({"consumer_arguments": {"k" * 256: "v"}}, "Consumer.arguments"),
     (
         {
             "queue_arguments": {
@@ -315,14 +353,14 @@ OPTION_CASES: list[tuple[dict[str, Any], str]] = [
                 "x-dead-letter-routing-key": "orders",
             }
         },
-        "queue_arguments",
+        "Queue.arguments",
     ),
     ({"ack_mode": AckMode.NONE, "retry": Retry(max_attempts=3)}, "AckMode.NONE"),
 ]
 
 
 def test_exchange_and_bind_arguments_must_be_encodable() -> None:
-    from ackkit import Bind, Exchange
+    from ackkit.topology import Bind, Exchange
 
     refused(lambda: Bind("amq.headers", "", {"x-match": "\ud800"}), "bind arguments")
     refused(
@@ -454,19 +492,23 @@ def test_app_settings_are_one_frozen_value(cls: type) -> None:
 )
 def test_urls_that_cannot_work_are_refused(url: Any) -> None:
     refused(lambda: App(url), "url")
-    refused(lambda: ackkit.PullConnection(url), "url")
-    refused(lambda: ackkit.DeadLetterQueue(url, "orders.dlq"), "url")
+    refused(lambda: ackkit.pull.PullConnection(url), "url")
+    refused(lambda: ackkit.dead_letters.DeadLetterQueue(url, "orders.dlq"), "url")
 
 
 def test_pull_and_dlq_tools_refuse_before_connecting() -> None:
     url = "amqp://guest:guest@127.0.0.1:1/%2f"  # nothing listens there
-    refused(lambda: ackkit.PullConnection(url, heartbeat=-3), "heartbeat")
-    refused(lambda: ackkit.DeadLetterQueue(url, ""), "queue")
-    refused(lambda: ackkit.DeadLetterQueue(url, "x" * 300), "queue")
+    refused(lambda: ackkit.pull.PullConnection(url, heartbeat=-3), "heartbeat")
+    refused(lambda: ackkit.dead_letters.DeadLetterQueue(url, ""), "queue")
+    refused(lambda: ackkit.dead_letters.DeadLetterQueue(url, "x" * 300), "queue")
     refused(
-        lambda: ackkit.replay_dead_letters(url, "orders.dlq", message_ids="m-17"), "message_ids"
+        lambda: ackkit.dead_letters.replay_dead_letters(url, "orders.dlq", message_ids="m-17"),
+        "message_ids",
     )
-    refused(lambda: ackkit.replay_dead_letters(url, "orders.dlq", error_type=3), "error_type")  # type: ignore[arg-type]
+    refused(
+        lambda: ackkit.dead_letters.replay_dead_letters(url, "orders.dlq", error_type=3),
+        "error_type",
+    )  # type: ignore[arg-type]
 
 
 def test_pull_get_refuses_bad_queue_and_dead_letter() -> None:

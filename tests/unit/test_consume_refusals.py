@@ -6,7 +6,6 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ackkit import ConsumeRefused, FlowState
 from ackkit._core.consume import (
     MAX_REDECLARES,
     STANDBY_POLL,
@@ -17,6 +16,8 @@ from ackkit._core.consume import (
 from ackkit._core.flow import NO_FLOW
 from ackkit._core.gate import Flow
 from ackkit._core.stop_budget import MAX_OVERRUN, StopBudget
+from ackkit.errors import ConsumeRefused
+from ackkit.flow import FlowState
 
 EXCLUSIVE = "ACCESS_REFUSED - queue 'q' in vhost '/' in exclusive use"
 NO_READ = "ACCESS_REFUSED - access to queue 'q' in vhost '/' refused for user 'u'"

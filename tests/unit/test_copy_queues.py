@@ -4,7 +4,7 @@ declared again when a copy comes back unroutable (not a hot requeue loop)."""
 
 from __future__ import annotations
 
-from ackkit import App, Delivery, Retry
+from ackkit import App, Delivery, Queue, Retry
 from ackkit._core.actions import Ack, Reject, Republish
 from ackkit._core.listener import ListenerCore
 from tests.unit._fakes import RETRY3, core
@@ -15,7 +15,7 @@ def test_a_quorum_origin_gets_quorum_delay_queues_that_dead_letter_at_least_once
     broker restarted never reached the quorum origin queue again (lost, chaos run)."""
     app = App("amqp://guest:guest@localhost:1/%2f")
 
-    @app.listener("q", retry=RETRY3, queue_arguments={"x-queue-type": "quorum"})
+    @app.listener(Queue("q", arguments={"x-queue-type": "quorum"}), retry=RETRY3)
     def handle(d: Delivery) -> None: ...
 
     policy = app.specs[0].policy

@@ -6,15 +6,12 @@ import pytest
 
 from ackkit import (
     AckMode,
-    AlreadySettled,
-    BadPayload,
     DeadLetterMessage,
     RejectMessage,
     RequeueMessage,
     Retry,
     RetryLater,
     RetryStrategy,
-    SettleNotAllowed,
     Unsettled,
 )
 from ackkit._core import headers as H
@@ -22,6 +19,7 @@ from ackkit._core.actions import Ack, Nack, Reinvoke, Reject, Republish, TxCommi
 from ackkit._core.listener import ListenerCore
 from ackkit._core.policy import FlushPolicy, ListenerPolicy
 from ackkit._core.window import TagWindow
+from ackkit.errors import AlreadySettled, BadPayload, SettleNotAllowed
 
 
 def core(**kw) -> ListenerCore:

@@ -8,8 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ackkit import App, Bind, Exchange, ExchangeType, TopologyConflict
+from ackkit import App, Queue
 from ackkit._core.exchanges import binds, plan
+from ackkit.errors import TopologyConflict
+from ackkit.topology import Bind, Exchange, ExchangeType
 
 names = st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=12)
 keys = st.text(st.sampled_from("ab.*#"), max_size=8)
@@ -83,7 +85,7 @@ def test_bad_bind_options_fail_at_the_decorator(option: Any, err: type[Exception
     app = App("amqp://guest:guest@127.0.0.1:5672/%2f")
     with pytest.raises(err):
 
-        @app.listener("t.q", bind=option)
+        @app.listener(Queue("t.q", bind=option))
         def h(body: bytes) -> None: ...
 
     assert app.specs == []

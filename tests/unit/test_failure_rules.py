@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 
 from ackkit import (
     AckMode,
-    BadPayload,
     DeadLetterMessage,
     RejectMessage,
     RequeueMessage,
@@ -32,6 +31,7 @@ from ackkit._core.actions import CopyPurpose, Reinvoke, Reject, Republish
 from ackkit._core.failure import MAX_RETRY_DELAY, Failure, Fate, decide
 from ackkit._core.listener import ListenerCore
 from ackkit._core.policy import ListenerPolicy
+from ackkit.errors import BadPayload
 
 BROKER = RetryStrategy.BROKER
 IN_PROC = RetryStrategy.IN_PROCESS

@@ -15,25 +15,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ackkit import (
-    AckMode,
-    BadPayload,
-    CircuitBreaker,
-    FlowState,
-    RateLimit,
-    RetryLater,
-    SerialKey,
-    Stage,
-)
+from ackkit import AckMode, Batch, Consumer, Flow, Queue, RetryLater
 from ackkit._core.actions import Nack
 from ackkit._core.breaker import STEPS, Breaker, BreakerState
 from ackkit._core.flow import FlowPolicy
-from ackkit._core.gate import Admission, Flow, FlowStep
+from ackkit._core.gate import Admission, FlowStep
+from ackkit._core.gate import Flow as Gate
 from ackkit._core.limiter import TokenBucket
 from ackkit._core.listener import ListenerCore
 from ackkit._core.policy import ListenerPolicy, Retry
 from ackkit._core.tracked import Tracked
 from ackkit._spec import probe_for
+from ackkit.errors import BadPayload
+from ackkit.flow import CircuitBreaker, FlowState, RateLimit, SerialKey
+from ackkit.observability import Stage
 
 
 class Clock:
@@ -259,12 +254,13 @@ def test_token_bucket_starts_at_once_when_idle_and_batches_count_each() -> None:
 
 
 class Sim:
-    """Drives a Flow like a runtime does: a run queue, handlers that start and end."""
+    """Drives a gate (`_core.gate.Flow`) like a runtime does: a run queue, handlers
+    that start and end."""
 
     def __init__(self, policy: FlowPolicy) -> None:
         self.clock = Clock()
         self.events: list[Stage] = []
-        self.flow = Flow(policy, self.clock, lambda s, r: self.events.append(s))
+        self.flow = Gate(policy, self.clock, lambda s, r: self.events.append(s))
         self.keys: dict[Tracked, Hashable | None] = {}
         self.order: dict[Tracked, int] = {}
         self.queue: list[Tracked] = []  # the runtime's run queue (admitted)
@@ -461,7 +457,11 @@ def _tripped_app() -> tuple[Any, ListenerCore]:
 
     app = App()
 
-    @app.listener("orders", name="o", circuit_breaker=CircuitBreaker(min_attempts=1, open_for=5))
+    @app.listener(
+        "orders",
+        name="o",
+        flow=Flow(circuit_breaker=CircuitBreaker(min_attempts=1, open_for=5)),
+    )
     def handle(body: bytes) -> None: ...
 
     spec = app.specs[0]
@@ -520,30 +520,26 @@ def test_listener_options_are_checked_at_once_and_mapped() -> None:
 
     def handle(body: bytes) -> None: ...
 
-    with pytest.raises(ValueError, match="serial_key= with batch_size="):
-        app.listener("q", serial_key=SerialKey.header("k"), batch_size=5)
+    with pytest.raises(ValueError, match=r"Flow\(serial_key=...\) with batch="):
+        app.listener("q", flow=Flow(serial_key=SerialKey.header("k")), batch=Batch(5))
     with pytest.raises(TypeError, match="rate_limit must be"):
-        app.listener("q", rate_limit="fast")  # type: ignore[arg-type]
+        app.listener("q", flow=Flow(rate_limit="fast"))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="circuit_breaker must be"):
-        app.listener("q", circuit_breaker=0.5)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="consumer_priority"):
-        app.listener("q", consumer_priority=2**31)
-    with pytest.raises(ValueError, match="consumer_timeout"):
-        app.listener("q", consumer_timeout=0)
-    with pytest.raises(ValueError, match=r"use consumer_priority= instead"):
-        app.listener("q", consumer_arguments={"x-priority": 1})
+        app.listener("q", flow=Flow(circuit_breaker=0.5))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"Consumer\.priority"):
+        app.listener("q", consumer=Consumer(priority=2**31))
+    with pytest.raises(ValueError, match=r"Consumer\.timeout"):
+        app.listener("q", consumer=Consumer(timeout=0))
+    with pytest.raises(ValueError, match=r"use Consumer\(priority=...\)"):
+        app.listener("q", consumer=Consumer(arguments={"x-priority": 1}))
     with pytest.raises(TypeError, match="exclusive"):
-        app.listener("q", exclusive="yes")  # type: ignore[arg-type]
+        app.listener("q", consumer=Consumer(exclusive="yes"))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="x-single-active-consumer"):
-        app.listener("q", queue_arguments={"x-single-active-consumer": "yes"})
+        app.listener(Queue("q", arguments={"x-single-active-consumer": "yes"}))
     app.listener(
-        "q",
-        rate_limit=12.5,
-        consumer_priority=-3,
-        consumer_timeout=90,
-        exclusive=True,
-        consumer_arguments={"x-custom": "v"},
-        queue_arguments={"x-single-active-consumer": True},
+        Queue("q", arguments={"x-single-active-consumer": True}),
+        flow=Flow(rate_limit=12.5),
+        consumer=Consumer(priority=-3, timeout=90, exclusive=True, arguments={"x-custom": "v"}),
     )(handle)
     spec = app.specs[0]
     assert spec.policy.flow is not None and spec.policy.flow.rate_limit == RateLimit(12.5)

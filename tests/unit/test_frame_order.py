@@ -10,7 +10,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-from ackkit import App, AsyncApp, Delivery, FlushPolicy
+from ackkit import App, AsyncApp, Consumer, Delivery, FlushPolicy
 from ackkit._core.actions import Ack, Republish
 from tests.unit._fakes import RETRY3, Broker, FakeChannel
 
@@ -31,11 +31,15 @@ def test_sync_runtime_sends_frames_in_decision_order() -> None:
     """A worker's straggler acks were handed to the I/O thread with call_soon after the
     worker let go of the lock; the I/O thread's own decisions (a confirm's multiple-ack)
     ran at once and overtook them: unknown delivery tag, the channel closed (chaos run)."""
-    from ackkit._sync.consumer import Consumer
+    from ackkit._sync.consumer import Consumer as SyncConsumer
 
     app = App("amqp://guest:guest@localhost:1/%2f")
 
-    @app.listener("q", retry=RETRY3, flush=FlushPolicy(max_pending=2, interval=60.0))
+    @app.listener(
+        "q",
+        retry=RETRY3,
+        consumer=Consumer(flush=FlushPolicy(max_pending=2, interval=60.0)),
+    )
     def handle(d: Delivery) -> None:
         if d.message_id == "m1":
             raise ValueError("fails")
@@ -51,7 +55,7 @@ def test_sync_runtime_sends_frames_in_decision_order() -> None:
         call_soon=queued.append,  # the I/O thread has not run them yet
         publisher=SimpleNamespace(publish=lambda c, gen, a: published.append(a)),
     )
-    c = Consumer(rt, app.specs[0], None)  # type: ignore[arg-type]
+    c = SyncConsumer(rt, app.specs[0], None)  # type: ignore[arg-type]
     c.copies = rt.publisher  # type: ignore[assignment]
     ch = FakeChannel(broker)
     c.channel = ch
@@ -79,7 +83,7 @@ def test_sync_runtime_sends_frames_in_decision_order() -> None:
 
 def test_sync_runtime_ignores_a_queued_callback_after_the_flush() -> None:
     """A worker's call_soon that runs after the I/O thread already flushed finds nothing."""
-    from ackkit._sync.consumer import Consumer
+    from ackkit._sync.consumer import Consumer as SyncConsumer
 
     app = App("amqp://guest:guest@localhost:1/%2f")
 
@@ -91,7 +95,7 @@ def test_sync_runtime_ignores_a_queued_callback_after_the_flush() -> None:
     rt = SimpleNamespace(
         app=app, connection=SimpleNamespace(is_open=True), stopping=False, call_soon=queued.append
     )
-    c = Consumer(rt, app.specs[0], None)  # type: ignore[arg-type]
+    c = SyncConsumer(rt, app.specs[0], None)  # type: ignore[arg-type]
     c.channel = FakeChannel(broker)
     c.core.channel_opened()
     with c.lock:
@@ -109,7 +113,11 @@ def test_async_runtime_sends_frames_in_decision_order() -> None:
 
     app = AsyncApp("amqp://guest:guest@localhost:1/%2f")
 
-    @app.listener("q", retry=RETRY3, flush=FlushPolicy(max_pending=2, interval=60.0))
+    @app.listener(
+        "q",
+        retry=RETRY3,
+        consumer=Consumer(flush=FlushPolicy(max_pending=2, interval=60.0)),
+    )
     async def handle(d: Delivery) -> None: ...
 
     async def main() -> Broker:
@@ -151,11 +159,14 @@ def test_async_runtime_sends_frames_in_decision_order() -> None:
 
 def test_threads_deciding_concurrently_still_send_in_decision_order() -> None:
     """Several workers finishing at once: the outbox keeps the frames valid."""
-    from ackkit._sync.consumer import Consumer
+    from ackkit._sync.consumer import Consumer as SyncConsumer
 
     app = App("amqp://guest:guest@localhost:1/%2f")
 
-    @app.listener("q", prefetch=300, flush=FlushPolicy(max_pending=3, interval=0.0))
+    @app.listener(
+        "q",
+        consumer=Consumer(prefetch=300, flush=FlushPolicy(max_pending=3, interval=0.0)),
+    )
     def handle(d: Delivery) -> None: ...
 
     n = 300
@@ -170,7 +181,7 @@ def test_threads_deciding_concurrently_still_send_in_decision_order() -> None:
     rt = SimpleNamespace(
         app=app, connection=SimpleNamespace(is_open=True), stopping=False, call_soon=call_soon
     )
-    c = Consumer(rt, app.specs[0], None)  # type: ignore[arg-type]
+    c = SyncConsumer(rt, app.specs[0], None)  # type: ignore[arg-type]
     c.channel = FakeChannel(broker)
     c.core.channel_opened()
     ts = [c.core.receive(tag) for tag in range(1, n + 1)]

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ackkit import Batch
 from ackkit._core.inbox import (
     DOWN_STATES,
     MAX_KEY_LENGTH,
@@ -143,8 +144,8 @@ def test_listener_refuses_inbox_with_what_breaks_it() -> None:
     app = App()
     with pytest.raises(ValueError, match="AUTO"):
         app.listener("q", inbox=Inbox("memory://x"), ack_mode=AckMode.MANUAL)
-    with pytest.raises(ValueError, match="batch_size"):
-        app.listener("q", inbox=Inbox("memory://x"), batch_size=10)
+    with pytest.raises(ValueError, match="batch="):
+        app.listener("q", inbox=Inbox("memory://x"), batch=Batch(10))
     with pytest.raises(TypeError, match="Inbox"):
         app.listener("q", inbox="postgresql://x")  # type: ignore[arg-type]
 

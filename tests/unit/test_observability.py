@@ -10,13 +10,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ackkit import App, DeadLetterMessage, Delivery, Event, Retry, Stage
+from ackkit import App, Consumer, DeadLetterMessage, Delivery, Retry
 from ackkit._core.actions import Republish
 from ackkit._core.events import FRAME_BUCKETS
 from ackkit._core.listener import ListenerCore
 from ackkit._core.policy import FlushPolicy, ListenerPolicy
 from ackkit._logs import FailureLog
 from ackkit._spec import ListenerSpec, probe_for
+from ackkit.observability import Event, Stage
 
 
 class _Settler:
@@ -235,7 +236,7 @@ def test_prometheus_metrics_read_the_core_at_scrape_time() -> None:
 
     app = App()
 
-    @app.listener("orders", name="o", prefetch=10)
+    @app.listener("orders", name="o", consumer=Consumer(prefetch=10))
     def handle(body: bytes) -> None: ...
 
     registry = prometheus_client.CollectorRegistry()
@@ -246,7 +247,7 @@ def test_prometheus_metrics_read_the_core_at_scrape_time() -> None:
         d = delivery(c, tag)
         done = probe((d,))
         done(None if tag < 5 else DeadLetterMessage("no"))
-        c.finish(d.tracked, None if tag < 5 else DeadLetterMessage("no"))
+        c.finish(d._tracked, None if tag < 5 else DeadLetterMessage("no"))
     c.receive(6)  # in flight
     c.drain()
 
@@ -339,8 +340,8 @@ def test_tracing_span_continues_the_producer_trace_and_is_carried_on(
     assert inner.get_span_context().span_id == span.context.span_id  # current in the handler
     assert span.attributes is not None and span.attributes["messaging.message.id"] == "m-1"
     assert span.status.status_code is trace.StatusCode.ERROR
-    assert d.tracked.carry is not None
-    carried = d.tracked.carry["traceparent"]
+    assert d._tracked.carry is not None
+    carried = d._tracked.carry["traceparent"]
     assert carried.split("-")[1:3] == [
         "0af7651916cd43dd8448eb211c80319c",
         format(span.context.span_id, "016x"),

@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 from ackkit import (
     AckIndex,
     AckMode,
-    BadPayload,
     DeadLetterMessage,
     RejectMessage,
     RequeueMessage,
@@ -33,6 +32,7 @@ from ackkit._core.actions import Ack, Action, Nack, Reinvoke, Reject, Republish,
 from ackkit._core.listener import ListenerCore
 from ackkit._core.outcome import succeeded
 from ackkit._core.policy import ListenerPolicy
+from ackkit.errors import BadPayload
 
 
 def core(**kw: Any) -> ListenerCore:

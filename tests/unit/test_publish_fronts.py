@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from ackkit import MessageUnroutable
 from ackkit._core import wire
+from ackkit.errors import MessageUnroutable
 from ackkit.testing import InMemoryBroker
 from tests.unit._fronts import FRONTS, Fronts, fronts
 

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 import ackkit
-from ackkit import App, AsyncApp, AsyncDelivery, Delivery, MessageUnroutable
+from ackkit import App, AsyncApp, AsyncDelivery, Delivery, Queue
+from ackkit.errors import MessageUnroutable
 from ackkit.testing import InMemoryBroker
 
 
@@ -26,7 +27,7 @@ def test_a_sync_handler_publishes_and_replies_in_memory() -> None:
     with InMemoryBroker() as broker:
         app = App(broker.url, shutdown_timeout=2)
 
-        @app.listener("orders", bind=[("shop", "order.*")])
+        @app.listener(Queue("orders", bind=[("shop", "order.*")]))
         def on_order(order: dict[str, Any], d: Delivery) -> None:
             app.publish("results", {"order": order["id"]})
             d.reply({"ok": order["id"]})
@@ -50,7 +51,7 @@ def test_an_async_handler_publishes_in_memory() -> None:
     async def scenario(broker: InMemoryBroker) -> None:
         app = AsyncApp(broker.url, shutdown_timeout=2)
 
-        @app.listener("orders", bind=("shop", "order.*"))
+        @app.listener(Queue("orders", bind=("shop", "order.*")))
         async def on_order(order: dict[str, Any], d: AsyncDelivery) -> None:
             await d.publish("results", {"order": order["id"]})
 

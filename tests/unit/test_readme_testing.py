@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ackkit import App, AsyncApp
+from ackkit import App, AsyncApp, Consumer
 from ackkit.testing import BrokerError, InMemoryBroker
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "guide" / "testing.md"
@@ -75,7 +75,7 @@ def test_prefetch_bounds_what_a_consumer_holds() -> None:
         release = threading.Event()
         app = App(broker.url, shutdown_timeout=5)
 
-        @app.listener("orders", prefetch=2, max_concurrency=1)
+        @app.listener("orders", consumer=Consumer(prefetch=2, concurrency=1))
         def handle(order: dict[str, Any]) -> None:
             release.wait(10)
 
@@ -126,10 +126,10 @@ def test_dlq_tools_and_pull_mode_take_the_memory_url() -> None:
         with app.running():
             broker.publish("orders", {"id": 1})
             broker.wait_for("orders.dlq", ready=1)
-            (dead,) = ackkit.inspect_dead_letters(broker.url, "orders.dlq")
+            (dead,) = ackkit.dead_letters.inspect_dead_letters(broker.url, "orders.dlq")
             assert dead.error_type == "ValueError" and dead.original_queue == "orders"
             fail[0] = False
-            assert ackkit.replay_dead_letters(broker.url, "orders.dlq").replayed == 1
+            assert ackkit.dead_letters.replay_dead_letters(broker.url, "orders.dlq").replayed == 1
             broker.wait_for("orders.dlq", ready=0)
             broker.wait_for("orders", ready=0, unacked=0)
         assert seen == [{"id": 1}]

@@ -16,13 +16,15 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ackkit import DeadLetterMessage, FlowState, Retry, Stage
+from ackkit import DeadLetterMessage, Retry
 from ackkit._core.actions import Ack, Action, CopyPurpose, Nack, Reject, Republish, Start
 from ackkit._core.brokers import V3
 from ackkit._core.gate import MAX_REFUSAL_WAIT, REFUSAL_WAIT, Admission
 from ackkit._core.listener import MAX_LOST_COPIES, ListenerCore
 from ackkit._core.policy import ListenerPolicy
 from ackkit._core.republish import refused
+from ackkit.flow import FlowState
+from ackkit.observability import Stage
 
 RETRY3 = Retry(max_attempts=3, initial_interval=0.2)
 ACCESS_REFUSED = (

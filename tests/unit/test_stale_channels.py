@@ -7,8 +7,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from ackkit import AckMode, App, Delivery, Stage
+from ackkit import AckMode, App, Delivery
 from ackkit._core.actions import Republish
+from ackkit.observability import Stage
 from tests.unit._fakes import RETRY3, Broker, FakeChannel, core
 
 

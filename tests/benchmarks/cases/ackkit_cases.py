@@ -24,7 +24,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ackkit import Delivery  # module level: handler annotations are resolved at registration
+# module level: handler annotations are resolved at registration
+from ackkit import Consumer, Delivery, Queue
 
 from .. import broker as _broker
 from . import CaseUnavailable, case
@@ -41,7 +42,7 @@ def ackkit_sync_auto(url: str, queue: str, n: int) -> None:
 
     app = App(url, connection_name="bench-sync-auto")
 
-    @app.listener(queue, declare=False)
+    @app.listener(Queue(queue, declare=False))
     def noop(body: bytes) -> None:
         pass
 
@@ -55,7 +56,7 @@ def ackkit_sync_manual(url: str, queue: str, n: int) -> None:
 
     app = App(url, connection_name="bench-sync-manual")
 
-    @app.listener(queue, ack_mode=AckMode.MANUAL, declare=False)
+    @app.listener(Queue(queue, declare=False), ack_mode=AckMode.MANUAL)
     def manual(d: Delivery) -> None:
         d.ack()
 
@@ -98,7 +99,7 @@ def ackkit_async_auto(url: str, queue: str, n: int) -> None:
 
     app = AsyncApp(url, connection_name="bench-async-auto")
 
-    @app.listener(queue, declare=False)
+    @app.listener(Queue(queue, declare=False))
     async def noop(body: bytes) -> None:
         pass
 
@@ -114,7 +115,7 @@ def ackkit_async_manual(url: str, queue: str, n: int) -> None:
 
     app = AsyncApp(url, connection_name="bench-async-manual")
 
-    @app.listener(queue, ack_mode=AckMode.MANUAL, declare=False)
+    @app.listener(Queue(queue, declare=False), ack_mode=AckMode.MANUAL)
     async def manual(d: Delivery) -> None:  # an AsyncDelivery arrives: ack is awaitable
         await d.ack()  # type: ignore[func-returns-value]
 
@@ -192,7 +193,7 @@ def ackkit_deadletter(url: str, queue: str, n: int) -> None:
 
     app = App(url, connection_name="bench-deadletter")
 
-    @app.listener(queue, prefetch=1000, declare=False)
+    @app.listener(Queue(queue, declare=False), consumer=Consumer(prefetch=1000))
     def poison(d: Delivery) -> None:
         raise _Poison("poison message")
 
@@ -239,7 +240,7 @@ def ackkit_retry_broker(url: str, queue: str, n: int) -> None:
     app = App(url, connection_name="bench-retry")
     retry = Retry(max_attempts=2, initial_interval=_RETRY_MS / 1000, strategy=RetryStrategy.BROKER)
 
-    @app.listener(queue, prefetch=1000, retry=retry, declare=False)
+    @app.listener(Queue(queue, declare=False), consumer=Consumer(prefetch=1000), retry=retry)
     def flaky(d: Delivery) -> None:
         if d.attempt == 1:
             raise _Poison("fails once")

@@ -15,7 +15,7 @@ import time
 import uuid
 from typing import Any
 
-from ackkit import Delivery  # module level: handler annotations are resolved at registration
+from ackkit import Delivery, Queue  # module level: handler annotations are resolved at registration
 
 from .. import broker as _broker
 from . import CaseUnavailable, Watchdog, case
@@ -121,7 +121,7 @@ def ackkit_inbox(url: str, queue: str, n: int) -> None:
     inbox = Inbox(DSN, table=f"{table}_inbox", outbox_table=f"{table}_outbox", retention=None)
     app = App(url, connection_name="bench-inbox")
 
-    @app.listener(queue, declare=False, inbox=inbox, name="bench")
+    @app.listener(Queue(queue, declare=False), inbox=inbox, name="bench")
     def handle(body: bytes, d: Delivery) -> None:
         d.db.execute(f"INSERT INTO {table} (msg) VALUES (%s)", (d.message_id,))
 
@@ -143,7 +143,7 @@ def ackkit_inbox_outbox(url: str, queue: str, n: int) -> None:
     inbox = Inbox(DSN, table=f"{table}_inbox", outbox_table=f"{table}_outbox", retention=None)
     app = App(url, connection_name="bench-inbox-outbox")
 
-    @app.listener(queue, declare=False, inbox=inbox, name="bench")
+    @app.listener(Queue(queue, declare=False), inbox=inbox, name="bench")
     def handle(body: bytes, d: Delivery) -> None:
         d.db.execute(f"INSERT INTO {table} (msg) VALUES (%s)", (d.message_id,))
         d.publish(follow, body)

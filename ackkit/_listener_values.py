@@ -1,0 +1,208 @@
+"""The grouped values `listener()` takes: `Queue`, `Consumer`, `Batch`, `Flow`.
+
+Each is a frozen value checked when it is built, so a wrong option fails at the line
+that builds it (the decorator's line, when it is written inline). No I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._core import checks as C
+from ._core.exchanges import Bind, Exchange, binds
+from ._core.flow import CircuitBreaker, FlowPolicy, RateLimit, SerialKey
+from ._core.policy import DEFAULT_PREFETCH, FlushPolicy
+from ._handler import DEFAULT_MAX_BODY
+
+_DAY = 86_400.0
+_INT32 = 2**31 - 1
+MAX_CONCURRENCY = 10_000
+
+BindOption = Bind | str | Exchange | tuple[str | Exchange, str] | Sequence[Any] | None
+"""Queue(bind=...): see `ackkit._core.exchanges.binds`."""
+
+
+@dataclass(frozen=True, init=False)
+class Queue:
+    """The queue a listener consumes, and how ackkit prepares it.
+
+    `name`: the queue. `declare`: declare it (durable) before consuming, with the
+    dead-letter and retry queues ackkit adds; False only checks that it exists.
+    `arguments`: its x-arguments (`{"x-queue-type": "quorum"}`, `x-max-length`, ...).
+    `bind`: exchanges to bind it to first: an `(exchange, routing_key)` pair, an exchange
+    name or `Exchange`, a `Bind`, or a list of these (an exchange named by a string is
+    declared as a durable topic exchange if it does not exist).
+    """
+
+    name: str
+    declare: bool = field(default=True, kw_only=True)
+    arguments: dict[str, Any] = field(default_factory=dict, kw_only=True, hash=False)
+    bind: tuple[Bind, ...] = field(default=(), kw_only=True)
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        declare: bool = True,
+        arguments: dict[str, Any] | None = None,
+        bind: BindOption = None,
+    ) -> None:
+        C.queue_name("queue", name, declared=False)
+        C.flag("Queue.declare", declare)
+        if declare:
+            C.queue_name("queue", name)
+        args = C.amqp_table("Queue.arguments", arguments)
+        check_queue_arguments(name, args)
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "declare", declare)
+        object.__setattr__(self, "arguments", args)
+        object.__setattr__(self, "bind", binds(bind))
+
+    @property
+    def queue_type(self) -> str | None:
+        """The queue's x-queue-type argument ("classic", "quorum"), None when unset."""
+        value = self.arguments.get("x-queue-type")
+        return None if value is None else str(value)
+
+
+def check_queue_arguments(queue: str, args: dict[str, Any]) -> None:
+    """Arguments that contradict how ackkit consumes the queue."""
+    qtype = args.get("x-queue-type")
+    if qtype is not None and qtype not in ("classic", "quorum"):
+        why = ""
+        if qtype == "stream":
+            why = ": a stream keeps messages after their ack, ackkit's settling does not apply"
+        raise ValueError(
+            f"Queue.arguments['x-queue-type'] must be 'classic' or 'quorum', got {qtype!r}{why}"
+        )
+    for key in (
+        "x-message-ttl",
+        "x-expires",
+        "x-max-length",
+        "x-max-length-bytes",
+        "x-delivery-limit",
+        "x-max-priority",
+    ):
+        if key in args:
+            C.integer(f"Queue.arguments[{key!r}]", args[key], 0)
+    if "x-single-active-consumer" in args:
+        C.flag("Queue.arguments['x-single-active-consumer']", args["x-single-active-consumer"])
+    if args.get("x-dead-letter-routing-key") == queue and args.get("x-dead-letter-exchange") == "":
+        raise ValueError(
+            f"Queue.arguments dead-letter {queue!r} into itself "
+            "(x-dead-letter-exchange '' and x-dead-letter-routing-key the queue): "
+            "every rejected message would come straight back"
+        )
+
+
+_CONSUMER_NAMED = {"x-priority": "priority", "x-consumer-timeout": "timeout"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Consumer:
+    """How a listener consumes its queue.
+
+    `prefetch`: unacked deliveries the broker may send ahead (basic.qos; 0 is no limit).
+    `concurrency`: handlers running at once. `exclusive`: no other consumer on the queue
+    while this one is. `priority`: x-priority (higher-priority consumers get messages
+    first). `timeout`: seconds a delivery may stay unacked (x-consumer-timeout).
+    `arguments`: any other basic.consume arguments. `flush`: when pending acks are sent
+    (a `FlushPolicy`; by default derived from the ack mode and prefetch).
+    `max_body_size`: larger bodies are dead-lettered unread. `check_content_type`: a
+    JSON handler refuses bodies whose content type says they are not JSON.
+    """
+
+    prefetch: int = DEFAULT_PREFETCH
+    concurrency: int = 1
+    exclusive: bool = False
+    priority: int | None = None
+    timeout: float | None = None
+    arguments: dict[str, Any] | None = field(default=None, hash=False)
+    """basic.consume arguments; None is read as {} (the value holds a dict)."""
+    flush: FlushPolicy | None = None
+    max_body_size: int = DEFAULT_MAX_BODY
+    check_content_type: bool = True
+
+    def __post_init__(self) -> None:
+        C.integer("Consumer.prefetch", self.prefetch, 0, C.MAX_SHORT)
+        C.integer("Consumer.concurrency", self.concurrency, 1, MAX_CONCURRENCY)
+        C.flag("Consumer.exclusive", self.exclusive)
+        args = C.amqp_table("Consumer.arguments", self.arguments)
+        for key, option in _CONSUMER_NAMED.items():
+            if key in args:
+                raise ValueError(f"Consumer.arguments[{key!r}]: use Consumer({option}=...)")
+        if self.priority is not None:
+            C.integer("Consumer.priority", self.priority, -_INT32 - 1, _INT32)
+        if self.timeout is not None:
+            t = C.number("Consumer.timeout", self.timeout, 0, _DAY * 7, above=True)
+            object.__setattr__(self, "timeout", t)
+        object.__setattr__(self, "arguments", args)
+        if self.flush is not None and not isinstance(self.flush, FlushPolicy):
+            raise TypeError(f"Consumer.flush must be a FlushPolicy or None, got {self.flush!r}")
+        C.integer("Consumer.max_body_size", self.max_body_size, 1)
+        C.flag("Consumer.check_content_type", self.check_content_type)
+
+    def consume_arguments(self) -> dict[str, Any]:
+        """The basic.consume arguments: `arguments` with x-priority and
+        x-consumer-timeout (in milliseconds) from `priority` and `timeout`."""
+        args = dict(self.arguments or {})
+        if self.priority is not None:
+            args["x-priority"] = self.priority
+        if self.timeout is not None:
+            args["x-consumer-timeout"] = max(1, round(self.timeout * 1000))
+        return args
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Hand a `list[...]` handler up to `size` deliveries at once, waiting at most
+    `timeout` seconds for a batch to fill."""
+
+    size: int
+    timeout: float = 0.2
+
+    def __post_init__(self) -> None:
+        C.integer("Batch.size", self.size, 1, C.MAX_SHORT)
+        object.__setattr__(self, "timeout", C.number("Batch.timeout", self.timeout, 0, _DAY))
+
+
+@dataclass(frozen=True, init=False)
+class Flow:
+    """Flow control for one listener (all off by default).
+
+    `circuit_breaker`: stop consuming while the handler keeps failing. `rate_limit`: a
+    `RateLimit`, or messages per second: spaces handler starts. `serial_key`: never run
+    two deliveries with the same key at once (and run them in arrival order).
+    """
+
+    circuit_breaker: CircuitBreaker | None = None
+    rate_limit: RateLimit | None = None
+    serial_key: SerialKey | None = None
+
+    def __init__(
+        self,
+        *,
+        circuit_breaker: CircuitBreaker | None = None,
+        rate_limit: RateLimit | float | None = None,
+        serial_key: SerialKey | None = None,
+    ) -> None:
+        if rate_limit is not None and not isinstance(rate_limit, RateLimit):
+            if isinstance(rate_limit, bool) or not isinstance(rate_limit, int | float):
+                raise TypeError(
+                    "Flow.rate_limit must be a RateLimit, a number of messages per second "
+                    f"or None, got {rate_limit!r}"
+                )
+            rate_limit = RateLimit(float(rate_limit))
+        policy = FlowPolicy(breaker=circuit_breaker, rate_limit=rate_limit, serial_key=serial_key)
+        object.__setattr__(self, "circuit_breaker", policy.breaker)
+        object.__setattr__(self, "rate_limit", policy.rate_limit)
+        object.__setattr__(self, "serial_key", policy.serial_key)
+
+    def policy(self) -> FlowPolicy | None:
+        """The core's FlowPolicy for these options; None when all are off."""
+        if self.circuit_breaker is None and self.rate_limit is None and self.serial_key is None:
+            return None
+        return FlowPolicy(
+            breaker=self.circuit_breaker, rate_limit=self.rate_limit, serial_key=self.serial_key
+        )
