@@ -88,7 +88,9 @@ class AsyncConsumer(ChannelSettler):
         observer: Observer | None,
         instruments: Sequence[Instrument] = (),
     ) -> None:
-        core = ListenerCore(spec.policy, observer=observer, hold_early_copies=True)
+        core = ListenerCore(
+            spec.policy, observer=observer, hold_early_copies=True, dedup=spec.inbox is not None
+        )
         super().__init__(rt, spec.name, core)
         self.rt: ConsumerHost = rt
         # this listener's own confirm channel for its copies: another listener's refused
