@@ -177,6 +177,8 @@ class AsyncConsumer(ChannelSettler):
             self.consuming = False
         self.consumer_tag = ok.consumer_tag
         refusals.consume_ok(self)
+        if not self.core.flow.consuming:  # paused while the broker answered: no cancel went
+            await flowing.reconcile(self)  # out (no tag yet), so it goes now
 
     def _on_channel_closed(self, ch: AbstractChannel, fut: asyncio.Future[Any]) -> None:
         reason = None if fut.cancelled() else fut.exception()

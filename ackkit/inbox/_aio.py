@@ -69,6 +69,7 @@ class AsyncInbox:
         self.paused_by_db = False
         """The listener was consuming when the database went down: resume it when it answers."""
         self._probe: asyncio.Task[Any] | None = None
+        self._probing = False  # see SyncInbox._probing
         self._retention: asyncio.Task[Any] | None = None
         self._relay: asyncio.Task[Any] | None = None
         self._kick = asyncio.Event()
@@ -238,7 +239,10 @@ class AsyncInbox:
         if c.core.flow.active:
             step.returned.extend(c.core.flow.done(ts, None).returned)
         step.returned[:0] = ts
-        if self._probe is None or self._probe.done():
+        # not `self._probe.done()`: a probe awaiting its resume's basic.consume has resumed
+        # already, and would leave this pause with no probe (see SyncInbox.down)
+        if not self._probing:
+            self._probing = True
             log.error(
                 "%s: inbox database unreachable (%s): listener paused, deliveries returned "
                 "unstarted (not attempts); probing until it answers",
@@ -257,6 +261,7 @@ class AsyncInbox:
             n += 1
             if self.store is None or await self.store.ping():
                 log.warning("%s: inbox database answers again: listener resumed", self.name)
+                self._probing = False  # a down() from now on starts a probe of its own
                 mine, self.paused_by_db = self.paused_by_db, False
                 step = self.c.core.flow.resume("inbox database answers again") if mine else None
                 if step:

@@ -62,8 +62,10 @@ class SyncInbox:
         self.paused_by_db = False
         """The listener was consuming when the database went down: resume it when it answers."""
         self._probe: threading.Thread | None = None
+        self._probing = False
+        """A probe is on its way to resume the listener (under the consumer's lock): a
+        down() meanwhile needs none of its own; once it resumed, a down() starts one."""
         self._retention: threading.Thread | None = None
-        self._down_lock = threading.Lock()
         self._current = threading.local()  # .tx: the transaction of the handler running here
         self._kick = threading.Event()
         self._relay: threading.Thread | None = None
@@ -234,18 +236,21 @@ class SyncInbox:
                 more = c.core.flow.done(ts, None)
                 step.returned.extend(more.returned)
             step.returned[:0] = ts
-        with self._down_lock:
-            if self._probe is None or not self._probe.is_alive():
-                log.error(
-                    "%s: inbox database unreachable (%s): listener paused, deliveries "
-                    "returned unstarted (not attempts); probing until it answers",
-                    self.name,
-                    why,
-                )
-                self._probe = threading.Thread(
-                    target=self._probe_loop, name=f"ackkit-{self.name}-dbprobe", daemon=True
-                )
-                self._probe.start()
+            # Decided with the pause, under the lock the probe resumes under: a probe that
+            # resumed already, and is only finishing, no longer counts (it left a down()
+            # after its resume paused with no probe, deliveries held for ever).
+            probe, self._probing = not self._probing, True
+        if probe:
+            log.error(
+                "%s: inbox database unreachable (%s): listener paused, deliveries "
+                "returned unstarted (not attempts); probing until it answers",
+                self.name,
+                why,
+            )
+            self._probe = threading.Thread(
+                target=self._probe_loop, name=f"ackkit-{self.name}-dbprobe", daemon=True
+            )
+            self._probe.start()
         flowing.carry_out(c, step)
         return Outcome([])
 
@@ -258,6 +263,7 @@ class SyncInbox:
             if self.store.ping():
                 log.warning("%s: inbox database answers again: listener resumed", self.name)
                 with self.c.lock:
+                    self._probing = False  # a down() from now on starts a probe of its own
                     mine, self.paused_by_db = self.paused_by_db, False
                     step = self.c.core.flow.resume("inbox database answers again") if mine else None
                 if step:
