@@ -22,6 +22,7 @@ import json
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
+from enum import Enum
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from pydantic import BaseModel
@@ -45,6 +46,19 @@ AUTO = "auto"
 """content_type=AUTO: application/json for a model or a JSON value, none for bytes or str."""
 
 JSON = "application/json"
+
+
+class _NewId(Enum):
+    """The default of `message_id`: a new id for each message (None sends none)."""
+
+    NEW = "new"
+
+    def __repr__(self) -> str:  # as help() and the docs show the default
+        return "<a new uuid4().hex>"
+
+
+NEW_ID = _NewId.NEW
+"""message_id=NEW_ID (the default): a new uuid4().hex for each message."""
 NOT_RUNNING = (
     "publish() needs the app running (app.start(), app.run() or `with app.running()`); "
     "a script that only publishes uses `with ackkit.connect(url) as conn: conn.publish(...)`"
@@ -96,7 +110,7 @@ def outgoing(
     *,
     exchange: str = "",
     headers: Mapping[str, Any] | None = None,
-    message_id: str | None = None,
+    message_id: str | _NewId | None = NEW_ID,
     correlation_id: str | None = None,
     content_type: str | None = AUTO,
     persistent: bool = True,
@@ -111,7 +125,8 @@ def outgoing(
     ==================  ==========================================================
     property            when the caller does not set it
     ==================  ==========================================================
-    ``message_id``      a new ``uuid4().hex`` (32 hex digits): every message has one
+    ``message_id``      a new ``uuid4().hex`` (32 hex digits) for each message;
+                        ``message_id=None`` sends the message without one
     ``content_type``    from the body: ``application/json`` for a pydantic model or
                         any other JSON value; none for ``bytes`` / ``str`` (sent as
                         they are: a str may already be JSON text)
@@ -155,12 +170,15 @@ def outgoing(
         raise ValueError(
             f"body of {len(data)} bytes is larger than any RabbitMQ takes ({MAX_BODY} bytes)"
         )
-    for name in ("message_id", "correlation_id", "content_type"):
-        value = locals()[name]
+    if message_id is NEW_ID:
+        message_id = uuid.uuid4().hex
+    for name, value in (
+        ("message_id", message_id),
+        ("correlation_id", correlation_id),
+        ("content_type", content_type),
+    ):
         if value is not None and not isinstance(value, str):
             raise TypeError(f"{name} must be a str or None, got {value!r}")
-    if message_id is None:
-        message_id = uuid.uuid4().hex
     props: dict[str, Any] = {
         **{k: v for k, v in properties.items() if v is not None},
         "headers": C.amqp_table("headers", headers) or None,

@@ -88,7 +88,9 @@ class AsyncConsumer(ChannelSettler):
         observer: Observer | None,
         instruments: Sequence[Instrument] = (),
     ) -> None:
-        core = ListenerCore(spec.policy, observer=observer, hold_early_copies=True)
+        core = ListenerCore(
+            spec.policy, observer=observer, hold_early_copies=True, dedup=spec.inbox is not None
+        )
         super().__init__(rt, spec.name, core)
         self.rt: ConsumerHost = rt
         # this listener's own confirm channel for its copies: another listener's refused
@@ -175,6 +177,8 @@ class AsyncConsumer(ChannelSettler):
             self.consuming = False
         self.consumer_tag = ok.consumer_tag
         refusals.consume_ok(self)
+        if not self.core.flow.consuming:  # paused while the broker answered: no cancel went
+            await flowing.reconcile(self)  # out (no tag yet), so it goes now
 
     def _on_channel_closed(self, ch: AbstractChannel, fut: asyncio.Future[Any]) -> None:
         reason = None if fut.cancelled() else fut.exception()

@@ -33,6 +33,13 @@ if TYPE_CHECKING:
 async def handle(c: AsyncConsumer, ds: list[DeliveryBase]) -> None:
     """Run the handler for `ds` (one delivery, or a batch) until the core is done with it."""
     core = c.core
+    if c.tx is not None:
+        try:
+            if await c.tx.duplicate_before_start(ds[0]):
+                return
+        except asyncio.CancelledError:  # shutdown or a lost channel: never started
+            await release(c, ds)
+            raise
     if len(ds) == 1:  # may it start? (not once stopping, not after its channel closed)
         acts = core.start(ds[0]._tracked)
         if acts is not None:
@@ -100,6 +107,13 @@ async def attempt(c: AsyncConsumer, inv: Invocation) -> Outcome:
         c.failures.failed(c.spec.name, inv, e)  # before the core moves attempt
     if done is not None:
         done(exc)
+    return await conclude(c, inv, result, exc, tb)
+
+
+async def conclude(
+    c: AsyncConsumer, inv: Invocation, result: object, exc: BaseException | None, tb: str | None
+) -> Outcome:
+    """Carry out what the core makes of a handler's result or exception."""
     if isinstance(exc, DatabaseDown) and c.tx is not None:
         return await c.tx.down(inv, exc)  # returned unstarted, the listener paused
     core = c.core

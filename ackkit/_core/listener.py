@@ -69,6 +69,7 @@ class ListenerCore(Fates, Shutdown, LostRuns):
         shared_channel: bool = False,
         broker: BrokerTraits = UNKNOWN,
         hold_early_copies: bool = False,
+        dedup: bool = False,
     ) -> None:
         self.policy = policy
         # Other consumers take tags on this core's channel (pull mode: one channel, one
@@ -94,7 +95,9 @@ class ListenerCore(Fates, Shutdown, LostRuns):
             policy, self.ledger, self.counters, self._emit, hold=hold_early_copies
         )
         self._declared: set[str] = set()
-        self.init_lost_runs(clock)
+        # an inbox listener: a redelivery whose key is recorded is a duplicate, never a
+        # crash loop or an exhausted message (see `LostRuns.look_up_first`)
+        self.init_lost_runs(clock, dedup)
         self.broker = UNKNOWN
         self._count = CountSource.REDELIVERED
         self.use_broker(broker)
@@ -271,13 +274,8 @@ class ListenerCore(Fates, Shutdown, LostRuns):
         elif verdict is Arrival.FORGED:
             t.verdict = self._dead_letter(t, bad or "", BadPayload(bad or ""), None)
         elif verdict is Arrival.EXHAUSTED:
-            t.verdict = self._dead_letter(
-                t,
-                f"attempts exhausted ({attempt - 1} of {mx}, last one lost)",
-                None,
-                None,
-                attempts=attempt - 1,  # this delivery never reaches the handler
-            )
+            why = f"attempts exhausted ({attempt - 1} of {mx}, last one lost)"
+            self.doom(t, why, attempt - 1)  # this delivery never reaches the handler
         elif verdict is Arrival.RESTAMP:
             t.verdict = [self._restamp(t)]
         return t

@@ -9,6 +9,12 @@ the run (`_charge_lost`), one charged run at a time (`slot_free`): other suspect
 wait (`start_waiting`, from `tick`), so that deliveries prefetched behind a message
 that kills the process are not charged with it. Explicit requeues of this process
 (`owe_requeue`) are no lost runs: they loop as RabbitMQ does.
+
+An inbox listener (`dedup`) counts only runs lost before their transaction committed:
+a redelivery whose key the inbox recorded was done, only its ack was lost, so it is a
+duplicate to ack, never a crash loop (nor an exhausted message). Its runtime looks the
+key up before `start` charges the run or dead-letters the message (`look_up_first`):
+found, it acks the duplicate; not found, `start` decides as for any listener.
 """
 
 from __future__ import annotations
@@ -45,11 +51,19 @@ class LostRuns:
         def _emit(self, stage: Stage, t: Tracked, reason: str, count: bool = True) -> None: ...
 
         def _dead_letter(
-            self, t: Tracked, reason: str, exc: BaseException | None, tb: str | None
+            self,
+            t: Tracked,
+            reason: str,
+            exc: BaseException | None,
+            tb: str | None,
+            attempts: int | None = None,
         ) -> list[Action]: ...
 
-    def init_lost_runs(self, clock: Callable[[], float]) -> None:
+    def init_lost_runs(self, clock: Callable[[], float], dedup: bool = False) -> None:
         self._clock = clock
+        self.dedup = dedup
+        """The runtime records the keys of committed runs (an inbox listener): see
+        `look_up_first`."""
         self._requeued: dict[str, int] = {}
         self.charging: str | None = None
         """The restamp id of the copy a charged run waits for (see `_charge_lost`)."""
@@ -75,10 +89,31 @@ class LostRuns:
         lost = H.lost_of(headers, wire)
         if lost >= H.LOST_BOUND:
             why = f"consumer died or lost its connection {lost} times while handling it"
-            t.verdict = self._dead_letter(t, why, None, None)
+            self.doom(t, why)
         else:
             t.lost = lost
         return lost
+
+    def doom(self, t: Tracked, why: str, attempts: int | None = None) -> None:
+        """A redelivery that ends in the dead-letter queue unrun: at once (`t.verdict`),
+        or for a `dedup` listener at `start`, once its runtime found its key unrecorded
+        (`look_up_first`)."""
+        if self.dedup:
+            t.doomed = (why, attempts)
+        else:
+            t.verdict = self._dead_letter(t, why, None, None, attempts)
+
+    def look_up_first(self, t: Tracked) -> bool:
+        """Must the runtime of a `dedup` listener look `t`'s key up in its record before
+        it asks `start`? Yes for a redelivery ackkit would not simply run: one to run on
+        a charged copy (`t.lost`) or to dead-letter (`t.doomed`, past the crash-loop
+        bound or its attempts). A key recorded means its last run committed and only
+        the ack was lost: the runtime acks it as a duplicate (`ListenerCore.duplicate`,
+        then finished as a handler that returned), neither charged nor dead-lettered:
+        the bound counts only runs lost before their commit. No key recorded (or none
+        to look up): `start` charges the run or dead-letters the message, as for any
+        listener, so a message that kills its consumer before it commits stays bounded."""
+        return self.dedup and not t.settled and (t.lost is not None or t.doomed is not None)
 
     def owe_requeue(self, t: Tracked) -> None:
         """`t` goes back to its queue by an explicit requeue (the handler's, or

@@ -40,6 +40,15 @@ class Shutdown:
 
         def _charge_lost(self, t: Tracked) -> Republish: ...
 
+        def _dead_letter(
+            self,
+            t: Tracked,
+            reason: str,
+            exc: BaseException | None,
+            tb: str | None,
+            attempts: int | None = None,
+        ) -> list[Action]: ...
+
         def slot_free(self) -> bool: ...
 
     def startable(self, t: Tracked) -> bool:
@@ -64,6 +73,9 @@ class Shutdown:
             return self.release(t)
         if not self.startable(t):
             return []
+        if t.doomed is not None:  # an inbox listener's, its key not recorded (`look_up_first`)
+            why, attempts = t.doomed
+            return self._dead_letter(t, why, None, None, attempts)
         if t.lost is not None:  # a redelivery that may have been lost: run on a copy
             if self.slot_free():
                 return [self._charge_lost(t)]

@@ -15,6 +15,7 @@ class Tracked:
     __slots__ = (
         "attempt",
         "carry",
+        "doomed",
         "exchange",
         "first_failure",
         "generation",
@@ -59,6 +60,10 @@ class Tracked:
         # the handler runs on a copy counting one more lost run (`ListenerCore.start`).
         self.lost: int | None = None
         self.lost_copies = 0  # copies of it sent again after their channel closed (republish)
+        # An inbox listener's redelivery ackkit ends unrun unless its key is recorded (a
+        # duplicate then): (the dead-letter reason, the attempts it reports); see
+        # `LostRuns.look_up_first`.
+        self.doomed: tuple[str, int | None] | None = None
 
     def attach(self, payload: Any) -> None:
         """Attach the runtime's object for this delivery (its Delivery).

@@ -52,7 +52,9 @@ class Consumer(Executor):
         observer: Observer | None,
         instruments: Sequence[Instrument] = (),
     ) -> None:
-        core = ListenerCore(spec.policy, observer=observer, hold_early_copies=True)
+        core = ListenerCore(
+            spec.policy, observer=observer, hold_early_copies=True, dedup=spec.inbox is not None
+        )
         super().__init__(spec.name, core, rt, log)
         self.rt = rt
         self.spec = spec
@@ -316,6 +318,8 @@ class Consumer(Executor):
     def _run(self, ds: list[Delivery]) -> None:
         """Run the handler for `ds` (one delivery, or a batch) until the core is done with it."""
         core = self.core
+        if self.tx is not None and self.tx.duplicate_before_start(ds[0]):
+            return
         with self.lock:  # may it start? (not once stopping, not after its channel closed)
             if len(ds) == 1:
                 acts = core.start(ds[0]._tracked)
@@ -376,6 +380,10 @@ class Consumer(Executor):
             self.in_handler -= 1
         if done is not None:
             done(exc)
+        return self.conclude(inv, result, exc)
+
+    def conclude(self, inv: Invocation, result: object, exc: BaseException | None) -> Outcome:
+        """Carry out what the core makes of a handler's result or exception."""
         if isinstance(exc, DatabaseDown) and self.tx is not None:
             return self.tx.down(inv, exc)  # returned unstarted, the listener paused
         if exc is not None:

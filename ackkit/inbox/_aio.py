@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._core.inbox import probe_delay, retention_batches
 from .._core.outcome import Outcome
@@ -15,12 +16,24 @@ from .._publish import Outgoing
 from .._wire import describe
 from ._options import Inbox
 from ._outbox import arelay_once, to_row
-from ._run import DatabaseDown, duplicate, guard_key, log, retry_after, set_db
+from ._run import (
+    DatabaseDown,
+    Duplicate,
+    duplicate,
+    guard_key,
+    log,
+    look_up_key,
+    retry_after,
+    set_db,
+)
 from ._sql import SCHEMA_LOCK, expire, schema
 from ._sql import enqueue as enqueue_sql
 
 if TYPE_CHECKING:
     from .._async.consumer import AsyncConsumer
+    from .._delivery import DeliveryBase
+
+T = TypeVar("T")
 
 
 RELAY_POLL = 1.0
@@ -30,8 +43,8 @@ _CURRENT: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
 """[transaction, wrote to the outbox] of the inbox handler running in this task."""
 
 
-class _Duplicate(Exception):
-    pass
+class _Unrecorded(Exception):
+    """Rolls back a look-up's transaction (`AsyncInbox.recorded`)."""
 
 
 class AsyncInbox:
@@ -56,6 +69,7 @@ class AsyncInbox:
         self.paused_by_db = False
         """The listener was consuming when the database went down: resume it when it answers."""
         self._probe: asyncio.Task[Any] | None = None
+        self._probing = False  # see SyncInbox._probing
         self._retention: asyncio.Task[Any] | None = None
         self._relay: asyncio.Task[Any] | None = None
         self._kick = asyncio.Event()
@@ -84,14 +98,54 @@ class AsyncInbox:
         self.started()
         d = inv.deliveries[0]
         key = guard_key(self.inbox, d)
+        try:
+            return await self._retrying(lambda tx_ref: self._once(inv, key, tx_ref))
+        except Duplicate:
+            duplicate(self.c.core, self.name, d, key or "")
+            return None
+
+    async def duplicate_before_start(self, d: DeliveryBase) -> bool:
+        """See `SyncInbox.duplicate_before_start`."""
+        from .._async.handlers import conclude
+
+        c = self.c
+        if not c.core.look_up_first(d._tracked):
+            return False
+        exc: BaseException | None = None
+        try:
+            if not await self.recorded(d):
+                return False
+        except DatabaseDown as e:
+            exc = e
+        except Exception as e:  # a broken inbox table: the run will meet it too
+            log.warning("%s: inbox look-up failed: %s", self.name, describe(e))
+            return False
+        await conclude(c, Invocation(c.binding, [d]), None, exc, None)
+        return True
+
+    async def recorded(self, d: DeliveryBase) -> bool:
+        """See `SyncInbox.recorded`."""
+        self.started()
+        key = look_up_key(self.inbox, d)
+        if key is None:
+            return False
+        try:
+            await self._retrying(lambda tx_ref: self._look_up(key, tx_ref))
+        except Duplicate:
+            duplicate(self.c.core, self.name, d, key)
+            return True
+        return False
+
+    async def _retrying(self, once: Callable[[list[Any]], Awaitable[T]]) -> T:
+        """`await once(tx_ref)` (it opens a transaction), tried again after a transient
+        error."""
         done = 0
         while True:
             tx_ref: list[Any] = []
             try:
-                return await self._once(inv, key, tx_ref)
-            except _Duplicate:
-                duplicate(self.c.core, self.name, d, key or "")
-                return None
+                return await once(tx_ref)
+            except Duplicate:
+                raise
             except Exception as exc:
                 done += 1
                 fault = self.fault(exc, tx_ref[0] if tx_ref else None)
@@ -99,12 +153,20 @@ class AsyncInbox:
                 if await self.c.rt.pause(wait):
                     raise DatabaseDown("the app is stopping") from exc
 
+    async def _look_up(self, key: str, tx_ref: list[Any]) -> None:
+        with contextlib.suppress(_Unrecorded):
+            async with self._transaction() as tx:
+                tx_ref.append(tx.db)
+                if not await tx.aclaim(self.name, key):
+                    raise Duplicate
+                raise _Unrecorded  # rolls the claim back: a look-up records nothing
+
     async def _once(self, inv: Invocation, key: str | None, tx_ref: list[Any]) -> object:
         ds = inv.deliveries
         async with self._transaction() as tx:
             tx_ref.append(tx.db)
             if key is not None and not await tx.aclaim(self.name, key):
-                raise _Duplicate
+                raise Duplicate
             set_db(ds, tx.db)
             cur: list[Any] = [tx, False]
             token = _CURRENT.set(cur)
@@ -177,7 +239,10 @@ class AsyncInbox:
         if c.core.flow.active:
             step.returned.extend(c.core.flow.done(ts, None).returned)
         step.returned[:0] = ts
-        if self._probe is None or self._probe.done():
+        # not `self._probe.done()`: a probe awaiting its resume's basic.consume has resumed
+        # already, and would leave this pause with no probe (see SyncInbox.down)
+        if not self._probing:
+            self._probing = True
             log.error(
                 "%s: inbox database unreachable (%s): listener paused, deliveries returned "
                 "unstarted (not attempts); probing until it answers",
@@ -196,6 +261,7 @@ class AsyncInbox:
             n += 1
             if self.store is None or await self.store.ping():
                 log.warning("%s: inbox database answers again: listener resumed", self.name)
+                self._probing = False  # a down() from now on starts a probe of its own
                 mine, self.paused_by_db = self.paused_by_db, False
                 step = self.c.core.flow.resume("inbox database answers again") if mine else None
                 if step:

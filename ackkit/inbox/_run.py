@@ -23,6 +23,10 @@ class DatabaseDown(Exception):
     unstarted (not an attempt) and pauses the listener until it answers."""
 
 
+class Duplicate(Exception):
+    """The key is recorded already (raised in the transaction, which rolls back)."""
+
+
 def guard_key(inbox: Inbox, d: DeliveryBase) -> str | None:
     """The delivery's key (None: run unguarded); DeadLetterMessage when it has none to use."""
     try:
@@ -33,6 +37,15 @@ def guard_key(inbox: Inbox, d: DeliveryBase) -> str | None:
     if verdict is KeyVerdict.DEAD_LETTER:
         raise DeadLetterMessage(why)
     return key if verdict is KeyVerdict.GUARDED else None
+
+
+def look_up_key(inbox: Inbox, d: DeliveryBase) -> str | None:
+    """The key to look up before a redelivery starts (`ListenerCore.look_up_first`);
+    None when it has none to guard (`start` decides; the run then finds the same)."""
+    try:
+        return guard_key(inbox, d)
+    except DeadLetterMessage:
+        return None
 
 
 def duplicate(core: ListenerCore, name: str, d: DeliveryBase, key: str) -> None:

@@ -4,8 +4,10 @@ listener (`_core.inbox` decides; this module carries it out on threads)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._core.inbox import probe_delay, retention_batches
 from .._core.outcome import Outcome
@@ -15,15 +17,27 @@ from .._wire import describe
 from ._options import Inbox
 from ._outbox import relay_once, to_row
 from ._relay import RELAY_POLL, relay_connection
-from ._run import DatabaseDown, duplicate, guard_key, log, retry_after, set_db
+from ._run import (
+    DatabaseDown,
+    Duplicate,
+    duplicate,
+    guard_key,
+    log,
+    look_up_key,
+    retry_after,
+    set_db,
+)
 from ._sql import enqueue as enqueue_sql
 
 if TYPE_CHECKING:
+    from .._delivery import Delivery
     from .._sync.consumer import Consumer
 
+T = TypeVar("T")
 
-class _Duplicate(Exception):
-    pass
+
+class _Unrecorded(Exception):
+    """Rolls back a look-up's transaction (`SyncInbox.recorded`)."""
 
 
 def _store(inbox: Inbox) -> tuple[Any, Any]:
@@ -48,8 +62,10 @@ class SyncInbox:
         self.paused_by_db = False
         """The listener was consuming when the database went down: resume it when it answers."""
         self._probe: threading.Thread | None = None
+        self._probing = False
+        """A probe is on its way to resume the listener (under the consumer's lock): a
+        down() meanwhile needs none of its own; once it resumed, a down() starts one."""
         self._retention: threading.Thread | None = None
-        self._down_lock = threading.Lock()
         self._current = threading.local()  # .tx: the transaction of the handler running here
         self._kick = threading.Event()
         self._relay: threading.Thread | None = None
@@ -82,18 +98,61 @@ class SyncInbox:
         """Run the handler for `inv` in a transaction; None for a duplicate (acked
         without running). Raises what the handler raised (rolled back), DeadLetterMessage
         for a message without a key, DatabaseDown when the database cannot be reached."""
-        ds = inv.deliveries
-        d = ds[0]
+        d = inv.deliveries[0]
         key = guard_key(self.inbox, d)
+        try:
+            return self._retrying(lambda tx_ref: self._once(inv, key, tx_ref))
+        except Duplicate:
+            with self.c.lock:
+                duplicate(self.c.core, self.name, d, key or "")
+            return None
+
+    def duplicate_before_start(self, d: Delivery) -> bool:
+        """A redelivery the core would charge or dead-letter: is its key recorded
+        (`ListenerCore.look_up_first`)? Then it is finished as a duplicate (or returned
+        unstarted, the database down): True. Else `start` decides."""
+        c = self.c
+        with c.lock:
+            if not c.core.look_up_first(d._tracked):
+                return False
+        exc: BaseException | None = None
+        try:
+            if not self.recorded(d):
+                return False
+        except DatabaseDown as e:
+            exc = e
+        except Exception as e:  # a broken inbox table: the run will meet it too
+            log.warning("%s: inbox look-up failed: %s", self.name, describe(e))
+            return False
+        c.conclude(Invocation(c.binding, [d]), None, exc)
+        return True
+
+    def recorded(self, d: Delivery) -> bool:
+        """Is `d`'s key recorded already (`ListenerCore.look_up_first`, before `start`)?
+        Then it is counted and logged as a duplicate. The key is claimed in a
+        transaction rolled back at once, so a twin's transaction holding it is waited
+        for, as the handler's claim would. False when it has no key to look up;
+        DatabaseDown when the database cannot be reached."""
+        key = look_up_key(self.inbox, d)
+        if key is None:
+            return False
+        try:
+            self._retrying(lambda tx_ref: self._look_up(key, tx_ref))
+        except Duplicate:
+            with self.c.lock:
+                duplicate(self.c.core, self.name, d, key)
+            return True
+        return False
+
+    def _retrying(self, once: Callable[[list[Any]], T]) -> T:
+        """`once(tx_ref)` (it opens a transaction), tried again after a transient error."""
         done = 0
         while True:
             tx_ref: list[Any] = []
             try:
-                return self._once(inv, key, tx_ref)
-            except _Duplicate:
-                with self.c.lock:
-                    duplicate(self.c.core, self.name, d, key or "")
-                return None
+                return once(tx_ref)
+            except Duplicate:
+                raise
             except Exception as exc:
                 done += 1
                 fault = self.fault(exc, tx_ref[0] if tx_ref else None)
@@ -101,12 +160,19 @@ class SyncInbox:
                 if self.c.rt.stop_event.wait(wait):
                     raise DatabaseDown("the app is stopping") from exc
 
+    def _look_up(self, key: str, tx_ref: list[Any]) -> None:
+        with contextlib.suppress(_Unrecorded), self.store.transaction() as tx:
+            tx_ref.append(tx.db)
+            if not tx.claim(self.name, key):
+                raise Duplicate
+            raise _Unrecorded  # rolls the claim back: a look-up records nothing
+
     def _once(self, inv: Invocation, key: str | None, tx_ref: list[Any]) -> object:
         ds = inv.deliveries
         with self.store.transaction() as tx:
             tx_ref.append(tx.db)
             if key is not None and not tx.claim(self.name, key):
-                raise _Duplicate
+                raise Duplicate
             set_db(ds, tx.db)
             self._current.tx = tx
             self._current.wrote = False
@@ -170,18 +236,21 @@ class SyncInbox:
                 more = c.core.flow.done(ts, None)
                 step.returned.extend(more.returned)
             step.returned[:0] = ts
-        with self._down_lock:
-            if self._probe is None or not self._probe.is_alive():
-                log.error(
-                    "%s: inbox database unreachable (%s): listener paused, deliveries "
-                    "returned unstarted (not attempts); probing until it answers",
-                    self.name,
-                    why,
-                )
-                self._probe = threading.Thread(
-                    target=self._probe_loop, name=f"ackkit-{self.name}-dbprobe", daemon=True
-                )
-                self._probe.start()
+            # Decided with the pause, under the lock the probe resumes under: a probe that
+            # resumed already, and is only finishing, no longer counts (it left a down()
+            # after its resume paused with no probe, deliveries held for ever).
+            probe, self._probing = not self._probing, True
+        if probe:
+            log.error(
+                "%s: inbox database unreachable (%s): listener paused, deliveries "
+                "returned unstarted (not attempts); probing until it answers",
+                self.name,
+                why,
+            )
+            self._probe = threading.Thread(
+                target=self._probe_loop, name=f"ackkit-{self.name}-dbprobe", daemon=True
+            )
+            self._probe.start()
         flowing.carry_out(c, step)
         return Outcome([])
 
@@ -194,6 +263,7 @@ class SyncInbox:
             if self.store.ping():
                 log.warning("%s: inbox database answers again: listener resumed", self.name)
                 with self.c.lock:
+                    self._probing = False  # a down() from now on starts a probe of its own
                     mine, self.paused_by_db = self.paused_by_db, False
                     step = self.c.core.flow.resume("inbox database answers again") if mine else None
                 if step:

@@ -117,7 +117,7 @@ def test_no_key_is_dead_lettered_with_its_reason(kind: str, setup: Setup, queue:
     b = Behaviour()
     app = build(kind, setup.broker.url, queue, setup.inbox(), b, name="c")
     with running(kind, app):
-        setup.broker.publish(queue, b"x")
+        setup.broker.publish(queue, b"x", message_id=None)
         setup.broker.wait_for(f"{queue}.dlq", ready=1, timeout=20)
     assert b.calls == 0
     assert "no inbox key" in (setup.broker.dead_letters(f"{queue}.dlq")[0].reason or "")
@@ -141,8 +141,8 @@ def test_missing_key_run_option_runs_unguarded(kind: str, setup: Setup, queue: s
     b = Behaviour()
     app = build(kind, setup.broker.url, queue, setup.inbox(missing_key=MissingKey.RUN), b, name="c")
     with running(kind, app):
-        setup.broker.publish(queue, b"one")
-        setup.broker.publish(queue, b"one")
+        setup.broker.publish(queue, b"one", message_id=None)
+        setup.broker.publish(queue, b"one", message_id=None)
         setup.broker.wait_for(queue, ready=0, unacked=0, timeout=20)
         eventually(lambda: app.stats()["c"]["acked"] == 2)
     assert b.succeeded == ["one", "one"]  # no key, no dedup: the documented cost

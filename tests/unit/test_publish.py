@@ -144,3 +144,17 @@ def test_a_body_larger_than_any_broker_takes_fails_at_the_call(
     assert outgoing("q", b"12345678").body == b"12345678"
     with pytest.raises(ValueError, match="body of 9 bytes is larger than any RabbitMQ"):
         outgoing("q", b"123456789")
+
+
+def test_message_id_is_new_by_default_and_none_sends_none() -> None:
+    from ackkit._publish import outgoing
+
+    a, b = outgoing("q", b"x"), outgoing("q", b"x")
+    assert (
+        len(a.properties["message_id"]) == 32
+        and a.properties["message_id"] != b.properties["message_id"]
+    )
+    assert "message_id" not in outgoing("q", b"x", message_id=None).properties
+    assert outgoing("q", b"x", message_id="auto").properties["message_id"] == "auto"
+    with pytest.raises(TypeError, match="message_id"):
+        outgoing("q", b"x", message_id=5)  # type: ignore[arg-type]
