@@ -77,7 +77,6 @@ class Delivery:
         """An inbox listener's transaction connection while its handler runs (a psycopg
         Connection, or AsyncConnection on AsyncApp); None otherwise."""
         self._decoder = decoder
-        tracked.attach(self)
 
     # -- what the message is ------------------------------------------------
 

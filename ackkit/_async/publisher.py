@@ -17,6 +17,7 @@ from typing import Protocol
 from aiormq.abc import AbstractChannel, AbstractConnection
 
 from .._core.actions import Republish
+from .._delivery import Delivery
 from .._logs import short
 from .._publish import Outgoing, failure, not_confirmed
 from ._amqp import CHANNEL_GONE, ChannelNumbers, WireProperties, confirmed_publish, publish_copy
@@ -46,8 +47,9 @@ class AsyncPublisher:
         self.pending: set[asyncio.Task[None]] = set()
         self.declaring: dict[str, asyncio.Future[None]] = {}
 
-    def submit(self, c: ChannelSettler, a: Republish) -> None:
-        task = self.rt.loop.create_task(self._publish(c, a))
+    def submit(self, c: ChannelSettler, a: Republish, original: Delivery) -> None:
+        """Publish the copy `a` of `original` (a task); the core is told the outcome."""
+        task = self.rt.loop.create_task(self._publish(c, a, original))
         self.pending.add(task)
         task.add_done_callback(self.pending.discard)
 
@@ -87,7 +89,7 @@ class AsyncPublisher:
         if error is not None:
             raise error
 
-    async def _publish(self, c: ChannelSettler, a: Republish) -> None:
+    async def _publish(self, c: ChannelSettler, a: Republish, original: Delivery) -> None:
         ok = unroutable = False
         error: str | None = None
         lost: str | None = None
@@ -100,7 +102,7 @@ class AsyncPublisher:
                 if pending is not None:  # its queue is being declared: publish after that
                     await asyncio.shield(pending)
             if c.core.publishable(a.token):  # else its channel closed while we waited
-                ok, unroutable, error, lost = await publish_copy(ch, a)
+                ok, unroutable, error, lost = await publish_copy(ch, a, original)
         except (TimeoutError, *CHANNEL_GONE) as exc:
             lost = short(exc)
             log.warning("republish to %r failed: %s", a.routing_key, lost)
@@ -110,7 +112,8 @@ class AsyncPublisher:
         core = c.core
         acts = core.republished(a.token, ok, unroutable=unroutable, error=error, lost=lost)
         if acts:
-            await c.execute(core.generation, acts)
+            await c.execute(core.generation, acts)  # a copy sent once more: its original kept
+        c.originals.answered(a.token)
 
     async def _declare(self, ch: AbstractChannel, a: Republish) -> Republish:
         """Declare the queue a Republish asks for, once at a time per queue; publishes

@@ -21,6 +21,7 @@ from .._core.errors import SettleNotAllowed
 from .._core.listener import ListenerCore
 from .._core.policy import DLQ_DEFAULT, AckMode, FlushPolicy, ListenerPolicy
 from .._delivery import Delivery
+from .._originals import Originals
 from .._publish import Outgoing, failure, not_confirmed, outgoing
 from .._tls import TLS, client_tls
 from .._url import check_url, mask_url
@@ -73,6 +74,7 @@ class AsyncPullConnection:
         self._ch: AbstractChannel | None = None
         self._numbers = ChannelNumbers()
         self._cores: dict[str, ListenerCore] = {}
+        self._originals: dict[str, Originals[Delivery]] = {}  # per queue: tag -> Delivery
         self._lock = asyncio.Lock()
         self._closed = False
         self._inner: set[asyncio.Future[Any]] = set()
@@ -142,6 +144,7 @@ class AsyncPullConnection:
             core.channel_opened()
             await declare_queues(self._amqp, self._numbers, core.topology())
             self._cores[queue] = core
+            self._originals[queue] = Originals()
         return core
 
     async def get(
@@ -218,6 +221,7 @@ class AsyncPullConnection:
                     redelivered=bool(dv.redelivered),
                     queue=queue,
                 )
+                self._originals[queue].put(t.generation, t.tag, d)
                 if t.verdict is None:
                     return d
                 await self._execute(core, ch, t.verdict)  # e.g. a forged attempt header
@@ -263,15 +267,23 @@ class AsyncPullConnection:
         raise RuntimeError("AsyncPullConnection deliveries settle with `await delivery.ack()`")
 
     async def _execute(self, core: ListenerCore, ch: AbstractChannel, acts: list[Action]) -> None:
+        gen = core.generation
+        originals = self._originals[core.policy.queue]
+        originals.decided(gen, acts)
         for a in acts:
             if ch is not self._ch or ch.is_closed:
                 return  # tags of a closed channel are worthless: never sent elsewhere
             if isinstance(a, Republish):
-                ok, unroutable, error, lost = await publish_copy(ch, a)
+                d = originals.copy(a.token)
+                if d is None:
+                    continue  # not a delivery of this channel's
+                ok, unroutable, error, lost = await publish_copy(ch, a, d)
                 again = core.republished(a.token, ok, unroutable=unroutable, error=error, lost=lost)
                 await self._execute(core, ch, again)
+                originals.answered(a.token)
             else:
                 await send_settles(ch, (a,))
+                originals.settled(gen, a)  # type: ignore[arg-type]  # pull: settles only
 
     async def publish(
         self,

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from .actions import Action, Reinvoke
+from .actions import Action
 from .errors import RequeueMessage
 from .policy import AckMode
 from .tracked import Tracked
@@ -135,13 +135,17 @@ def handled(
         acts.extend(core.finish_batch(batch, 0, exc, traceback))
     for t, e in undecodable:
         acts.extend(core.finish(t, e, None))
-    if not any(type(a) is Reinvoke for a in acts):
+    rerun = tuple(t for t in batch if t.again is not None)
+    if not rerun:
         return Outcome(acts, stop=stop)
-    again = {a.tag: a.delay for a in acts if type(a) is Reinvoke}
-    rerun = tuple(t for t in batch if t.tag in again)
-    rest = [a for a in acts if type(a) is not Reinvoke]
+    delay = 0.0
+    for t in rerun:
+        assert t.again is not None
+        delay = max(delay, t.again.delay)
+        t.again = None
+    rest = acts
     if core.stopping:  # no retry waits out a shutdown: back to the queue instead
         for t in rerun:
             rest.extend(core.release(t))
         return Outcome(rest, stop=stop)
-    return Outcome(rest, rerun, max(again.values()), stop)
+    return Outcome(rest, rerun, delay, stop)

@@ -21,7 +21,6 @@ from .._core.events import Observer
 from .._core.listener import ListenerCore
 from .._core.outcome import Outcome
 from .._core.policy import AckMode
-from .._core.tracked import Tracked
 from .._delivery import Delivery
 from .._invocation import Invocation
 from .._logs import FailureLog, log_cancel
@@ -221,10 +220,14 @@ class Consumer(Executor):
             queue=self.spec.queue,
             decoder=self.binding.decoder,
         )
+        with self.lock:
+            self.originals.put(t.generation, t.tag, d)
+            if t.verdict:
+                self.queue(t.generation, t.verdict)
+                if self.no_ack:  # the broker settled it on send: its copy has its original
+                    self.originals.drop(t.generation, t.tag)
         if t.verdict is not None:
             if t.verdict:
-                with self.lock:
-                    self.outbox.append((t.generation, t.verdict))
                 self.flush()
             return
         self._admit(d)
@@ -235,8 +238,8 @@ class Consumer(Executor):
             return
         self.inbox.put(d)
 
-    def _start(self, t: Tracked) -> None:
-        self._admit(t.payload)
+    def _start(self, held: Delivery) -> None:
+        self._admit(held)
 
     def tick(self) -> None:
         if self.channel is not None:
@@ -251,7 +254,8 @@ class Consumer(Executor):
         self.copies.publish(self, gen, a)
 
     def original(self, a: Republish) -> tuple[Any, bytes]:
-        d: Delivery = a.source
+        d = self.originals.copy(a.token)  # remembered when the copy was decided
+        assert d is not None
         return d.properties, d.body
 
     # -- worker threads --------------------------------------------------------
@@ -315,6 +319,15 @@ class Consumer(Executor):
 
     def _run(self, ds: list[Delivery]) -> None:
         """Run the handler for `ds` (one delivery, or a batch) until the core is done with it."""
+        try:
+            self._handle(ds)
+        finally:
+            if self.no_ack:  # no settle frame ends them: done with here
+                with self.lock:
+                    for d in ds:
+                        self.originals.drop(d.tracked.generation, d.tracked.tag)
+
+    def _handle(self, ds: list[Delivery]) -> None:
         core = self.core
         with self.lock:  # may it start? (not once stopping, not after its channel closed)
             if len(ds) == 1:
