@@ -104,11 +104,10 @@ async def attempt(c: AsyncConsumer, inv: Invocation) -> Outcome:
         return await c.tx.down(inv, exc)  # returned unstarted, the listener paused
     core = c.core
     out = inv.outcome(core, result, exc, tb)
-    step = inv.flow(core, exc, out) if core.flow.active else None
     if out.actions:
         await c.execute(core.generation, out.actions)
-    if step:
-        await flowing.carry_out(c, step)
+    if out.flow is not None:
+        await flowing.carry_out(c, out.flow)
     if out.stop is not None:
         c.rt.fail(out.stop, f"{c.spec.name}: handler raised {type(out.stop).__name__}")
     return out

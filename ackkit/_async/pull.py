@@ -20,8 +20,7 @@ from .._core.brokers import traits_of
 from .._core.errors import SettleNotAllowed
 from .._core.listener import ListenerCore
 from .._core.policy import DLQ_DEFAULT, AckMode, FlushPolicy, ListenerPolicy
-from .._delivery import Delivery
-from .._originals import Originals
+from .._delivery import Delivery, Originals
 from .._publish import Outgoing, failure, not_confirmed, outgoing
 from .._tls import TLS, client_tls
 from .._url import check_url, mask_url

@@ -27,9 +27,8 @@ from aiormq.abc import AbstractChannel
 
 from .._core.actions import Action, Republish, Start, TxCommit, TxSelect
 from .._core.listener import ListenerCore
-from .._delivery import Delivery
+from .._delivery import Delivery, Originals
 from .._logs import short
-from .._originals import Originals
 from ._amqp import CHANNEL_GONE, send_settles
 
 log = logging.getLogger("ackkit")

@@ -18,6 +18,7 @@ from typing import Protocol
 
 from .actions import Action
 from .errors import RequeueMessage
+from .gate import FlowStep
 from .policy import AckMode
 from .tracked import Tracked
 
@@ -76,6 +77,9 @@ class Outcome:
     stop: BaseException | None = None
     """The handler raised an interpreter-exit signal: stop the app with it (after the
     actions are carried out)."""
+    flow: FlowStep | None = None
+    """What the listener's flow gate decided now that the call ended (a breaker, or serial
+    mode: the breaker counted it, keys were freed): carry it out after `actions`."""
 
 
 def succeeded(result: object, size: int, batch: bool) -> int:

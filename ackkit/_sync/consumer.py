@@ -61,6 +61,7 @@ class Consumer(Executor):
         self.in_handler = 0
         self.cancelled = threading.Event()
         self.binding = spec.binding
+        self.queue_name = spec.queue
         self.no_ack = spec.policy.mode is AckMode.NONE
         self.failures = FailureLog(log)
         self.probe = probe_for(instruments, spec, self.core)  # metrics, tracing: None when off
@@ -217,7 +218,7 @@ class Consumer(Executor):
             exchange=exchange,
             routing_key=rk,
             redelivered=method.redelivered,
-            queue=self.spec.queue,
+            queue=self.queue_name,
             decoder=self.binding.decoder,
         )
         with self.lock:
@@ -288,11 +289,12 @@ class Consumer(Executor):
 
     def _take_one_by_one(self) -> None:
         inbox = self.inbox
+        run = self._run_no_ack if self.no_ack else self._run
         while True:
             d = inbox.get()
             if d is None:
                 return
-            self._run([d])
+            run([d])
 
     def _take_batches(self) -> None:
         size = self.spec.batch_size or 1
@@ -315,19 +317,20 @@ class Consumer(Executor):
                     self.inbox.put(None)
                     break
                 batch.append(nxt)
-            self._run(batch)
+            (self._run_no_ack if self.no_ack else self._run)(batch)
+
+    def _run_no_ack(self, ds: list[Delivery]) -> None:
+        """`_run`, for deliveries the broker settled on send: no settle frame ends them,
+        so the executor is done with them here."""
+        try:
+            self._run(ds)
+        finally:
+            with self.lock:
+                for d in ds:
+                    self.originals.drop(d.tracked.generation, d.tracked.tag)
 
     def _run(self, ds: list[Delivery]) -> None:
         """Run the handler for `ds` (one delivery, or a batch) until the core is done with it."""
-        try:
-            self._handle(ds)
-        finally:
-            if self.no_ack:  # no settle frame ends them: done with here
-                with self.lock:
-                    for d in ds:
-                        self.originals.drop(d.tracked.generation, d.tracked.tag)
-
-    def _handle(self, ds: list[Delivery]) -> None:
         core = self.core
         with self.lock:  # may it start? (not once stopping, not after its channel closed)
             if len(ds) == 1:
@@ -397,9 +400,8 @@ class Consumer(Executor):
             out = inv.outcome(self.core, result, exc)
             if out.actions:
                 self.send(self.core.generation, out.actions)
-            step = inv.flow(self.core, exc, out) if self.core.flow.active else None
-        if step:
-            flowing.carry_out(self, step)
+        if out.flow is not None:
+            flowing.carry_out(self, out.flow)
         if out.stop is not None:
             self.rt.fail(out.stop, f"{self.spec.name}: handler raised {type(out.stop).__name__}")
         return out

@@ -20,7 +20,7 @@ import pika.exceptions
 
 from .._core.actions import Ack, Action, Nack, Reject, Republish, Start, TxCommit, TxSelect
 from .._core.listener import ListenerCore
-from .._originals import Originals
+from .._delivery import Originals
 
 
 class IoThread(Protocol):
@@ -62,7 +62,8 @@ class Executor:
         delivery tag to the broker (it closes the channel), and a requeue overtaken by
         such an ack would ack a message that was meant to go back to the queue.
         """
-        self.queue(gen, acts)
+        self.originals.decided(gen, acts)
+        self.outbox.append((gen, acts))
         self.io.call_soon(self.flush)
 
     def queue(self, gen: int, acts: list[Action]) -> None:
