@@ -83,7 +83,7 @@ async def attempt(c: AsyncConsumer, inv: Invocation) -> Outcome:
         else:
             result = await c.rt.loop.run_in_executor(c.pool, _call, b.fn, inv.args)
     except asyncio.CancelledError as e:
-        if cancels.cancelled_from_outside(asyncio.current_task(), c.rt.stopping):
+        if c.core.interrupted(cancels.interruption(asyncio.current_task(), c.rt.stopping)):
             # shutdown or a lost channel: released by handle()
             if done is not None:
                 done(e)

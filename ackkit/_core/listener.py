@@ -285,6 +285,11 @@ class ListenerCore(Fates, Shutdown, LostRuns, Queues):
         step = flow.done(ts, flow.failed(exc), out.rerun)
         return dataclasses.replace(out, flow=step) if step else out
 
+    def interrupted(self, fact: _outcome.Interruption) -> bool:
+        """A cancellation reached a running handler: True to release its deliveries
+        (`release(t, started=True)`), False to report it to `handled` as a failure."""
+        return _outcome.released(fact)
+
     def take_held(self) -> list[Tracked]:
         """Shutdown: deliveries held unstarted by `receive` or `start` (return them)."""
         waiting, self._waiting = self._waiting, []

@@ -65,6 +65,32 @@ class AckIndex:
 
 
 @dataclass(frozen=True, slots=True)
+class Interruption:
+    """What a runtime knows of a cancellation that reached a running handler (asyncio's
+    CancelledError): facts only; `released` decides what it comes to."""
+
+    ours: bool
+    """ackkit cancelled the handler's task itself (a handler past the shutdown timeout,
+    the runtime's own tasks at stop), or the handler runs in no task at all."""
+    asked: bool | None
+    """Someone asked the task to cancel (asyncio's Task.cancelling() > 0, or a task the
+    runtime cannot ask); None: this Python cannot tell (3.10)."""
+    stopping: bool
+    """The app is stopping."""
+
+
+def released(i: Interruption) -> bool:
+    """Is an interrupted handler call released (its deliveries go back to their queue,
+    the call counted as an attempt, never retried or dead-lettered), or a failure like
+    any other? Released when the cancellation came from outside the handler: ackkit's
+    own, asked of its task, or (with no way to tell) while the app stops. A
+    CancelledError the handler raised itself (or got from something it awaited) while
+    nobody cancelled its task is a failure: released, it would come straight back, for
+    ever with max_attempts=1."""
+    return i.ours or i.stopping or i.asked is True
+
+
+@dataclass(frozen=True, slots=True)
 class Outcome:
     """The core's answer to one handler invocation."""
 

@@ -70,3 +70,23 @@ def test_an_in_process_retry_keeps_its_key() -> None:
     assert out.flow is None  # nothing to do: the key stays taken, 2 still waits
     out = c.handled((t1,), None, None)
     assert out.flow is not None and out.flow.ready == [t2]
+
+
+@pytest.mark.parametrize(
+    ("ours", "asked", "stopping", "released"),
+    [
+        (True, None, False, True),  # ackkit cancelled the task (shutdown timeout)
+        (False, True, False, True),  # someone asked the task to cancel (3.11+)
+        (False, False, False, False),  # the handler's own CancelledError: a failure
+        (False, None, False, False),  # 3.10, not stopping: cannot tell, a failure
+        (False, None, True, True),  # 3.10, stopping: taken for ours
+        (False, False, True, True),  # stopping: released
+    ],
+)
+def test_an_interrupted_handler_is_released_or_a_failure(
+    ours: bool, asked: bool | None, stopping: bool, released: bool
+) -> None:
+    """The asyncio runtime gathers the facts of a cancellation; the core decides."""
+    from ackkit._core.outcome import Interruption
+
+    assert core().interrupted(Interruption(ours, asked, stopping)) is released
