@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._core.gate import FlowStep
 from ._core.listener import ListenerCore, Tracked
 from ._core.outcome import Outcome
 from ._delivery import DeliveryBase
@@ -77,13 +76,6 @@ class Invocation:
             undecodable=[(d._tracked, e) for d, e in self.undecodable],
             traceback=traceback,
         )
-
-    def flow(self, core: ListenerCore, exc: BaseException | None, out: Outcome) -> FlowStep:
-        """Tell the listener's flow gate the call ended (call with the core's lock held,
-        only when `core.flow.active`): the breaker counts it, keys are freed."""
-        ts = [d._tracked for d in self.deliveries]
-        ts.extend(d._tracked for d, _ in self.undecodable)
-        return core.flow.done(ts, core.flow.failed(exc), out.rerun)
 
     def again(self, rerun: Sequence[Tracked]) -> Invocation:
         """The invocation that runs the handler again for `rerun` (in-process retry)."""

@@ -228,14 +228,13 @@ async def send_settles(ch: AbstractChannel, acts: Iterable[Action]) -> None:
 
 
 async def publish_copy(
-    ch: AbstractChannel, a: Republish, timeout: float = 30.0
+    ch: AbstractChannel, a: Republish, d: DeliveryBase, timeout: float = 30.0
 ) -> tuple[bool, bool, str | None, str | None]:
     """Publish the copy a Republish asks for on a confirm channel (declaring its queue
     first when asked). Returns (confirmed, unroutable, error, lost) for
     `ListenerCore.republished(token, ok, unroutable=..., error=..., lost=...)`:
     unroutable when it came back with basic.return; error when it could not be built;
     lost when the channel closed (or no answer came) first: why, in the broker's words."""
-    d: DeliveryBase = a.source
     try:
         props = copy_properties(
             None if a.minimal else d.properties, a.set_headers, **copy_options(a, ch)

@@ -21,6 +21,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from .._core.outcome import Interruption, released
+
 _ours: weakref.WeakSet[asyncio.Future[Any]] = weakref.WeakSet()
 
 _task_cancelling: Callable[[asyncio.Task[Any]], int] | None = getattr(
@@ -35,17 +37,23 @@ def cancel(task: asyncio.Future[Any]) -> None:
     task.cancel()
 
 
-def cancelled_from_outside(task: asyncio.Task[Any] | None, stopping: bool = False) -> bool:
-    """Was `task` (the running handler task, when a CancelledError reached it) asked to
-    cancel: by ackkit (recorded by `cancel`), by anyone (Task.cancelling(), 3.11+), or,
-    with no way to tell (3.10), while the runtime is `stopping`? False: the handler's
-    own CancelledError."""
-    if task is None or task in _ours or stopping:
-        return True
+def interruption(task: asyncio.Task[Any] | None, stopping: bool = False) -> Interruption:
+    """What is known of the cancellation that reached `task` (the running handler task):
+    did ackkit cancel it (recorded by `cancel`), did anyone ask it to (Task.cancelling(),
+    3.11+; unknown on 3.10), is the runtime `stopping`? The core decides what that comes
+    to (`ListenerCore.interrupted`)."""
+    ours = task is None or task in _ours
     how = _task_cancelling
-    if how is None:
-        return False
-    try:
-        return how(task) > 0
-    except TypeError:  # not an asyncio.Task (a custom task factory's future)
-        return True
+    asked: bool | None = None
+    if how is not None and task is not None and not ours:
+        try:
+            asked = how(task) > 0
+        except TypeError:  # not an asyncio.Task (a custom task factory's future)
+            asked = True
+    return Interruption(ours, asked, stopping)
+
+
+def cancelled_from_outside(task: asyncio.Task[Any] | None, stopping: bool = False) -> bool:
+    """Is the cancellation that reached `task` released (not the handler's own
+    CancelledError)? The core's rule (`outcome.released`) on `interruption`'s facts."""
+    return released(interruption(task, stopping))

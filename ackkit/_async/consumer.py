@@ -48,7 +48,6 @@ from .._core.consume import RETRY_DELAY, Consuming
 from .._core.events import Observer
 from .._core.listener import ListenerCore
 from .._core.policy import AckMode
-from .._core.tracked import Tracked
 from .._delivery import Delivery, DeliveryBase
 from .._logs import FailureLog, log_cancel, short
 from .._publish import Outgoing
@@ -258,9 +257,12 @@ class AsyncConsumer(ChannelSettler):
                 return  # a late delivery of a closed channel: the broker requeued it
             d = self._receive(msg)
             t = d._tracked
+            self.originals.put(t.generation, t.tag, d)
             if t.verdict is not None:
                 if t.verdict:
                     await self.execute(t.generation, t.verdict)
+                    if self.no_ack:  # the broker settled it on send: its copy has its original
+                        self.originals.drop(t.generation, t.tag)
             elif self.running < self.limit and self.batcher is None and not self.core.flow.gated:
                 await self._run(d)  # what `_admit` comes to: a free slot, no gate, no batch
             else:
@@ -305,10 +307,10 @@ class AsyncConsumer(ChannelSettler):
             decoder=self.binding.decoder,
         )
 
-    def start_held(self, t: Tracked) -> None:
+    def start_held(self, d: DeliveryBase) -> None:
         """Start a delivery the core held (from `execute`, which holds the settle lock:
         the handler runs in a task of its own)."""
-        self.rt.spawn(self._admit(t.payload))
+        self.rt.spawn(self._admit(d))
 
     async def _admit(self, d: DeliveryBase) -> None:
         """Run it, through the flow gate when it is on; in a batch; or queued behind the
@@ -334,7 +336,13 @@ class AsyncConsumer(ChannelSettler):
             self.tasks.add(task)
         try:
             while True:
-                await handlers.handle(self, unit if isinstance(unit, list) else [unit])
+                ds = unit if isinstance(unit, list) else [unit]
+                try:
+                    await handlers.handle(self, ds)
+                finally:
+                    if self.no_ack:  # no settle frame ends them: done with here
+                        for d in ds:
+                            self.originals.drop(d._tracked.generation, d._tracked.tag)
                 if not self.backlog:
                     return
                 unit = self.backlog.popleft()

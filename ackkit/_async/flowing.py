@@ -63,7 +63,9 @@ async def carry_out(c: AsyncConsumer, step: FlowStep) -> None:
     if step.returned:
         await give_back(c, step.returned)
     for t in step.ready:
-        c.start(t.payload)
+        d = c.originals.get(t.generation, t.tag)
+        if d is not None:
+            c.start(d)
 
 
 async def give_back(c: AsyncConsumer, ts: list[Tracked]) -> None:
@@ -133,4 +135,5 @@ def waiting(c: AsyncConsumer) -> list[DeliveryBase]:
     (returned with the unstarted)."""
     ts = c.core.flow.drain() if c.core.flow.active else []
     ts.extend(c.core.take_held())
-    return [t.payload for t in ts]
+    held = (c.originals.get(t.generation, t.tag) for t in ts)
+    return [d for d in held if d is not None]

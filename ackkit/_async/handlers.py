@@ -90,7 +90,7 @@ async def attempt(c: AsyncConsumer, inv: Invocation) -> Outcome:
         else:
             result = await c.rt.loop.run_in_executor(c.pool, _call, b.fn, inv.args)
     except asyncio.CancelledError as e:
-        if cancels.cancelled_from_outside(asyncio.current_task(), c.rt.stopping):
+        if c.core.interrupted(cancels.interruption(asyncio.current_task(), c.rt.stopping)):
             # shutdown or a lost channel: released by handle()
             if done is not None:
                 done(e)
@@ -118,11 +118,10 @@ async def conclude(
         return await c.tx.down(inv, exc)  # returned unstarted, the listener paused
     core = c.core
     out = inv.outcome(core, result, exc, tb)
-    step = inv.flow(core, exc, out) if core.flow.active else None
     if out.actions:
         await c.execute(core.generation, out.actions)
-    if step:
-        await flowing.carry_out(c, step)
+    if out.flow is not None:
+        await flowing.carry_out(c, out.flow)
     if out.stop is not None:
         c.rt.fail(out.stop, f"{c.spec.name}: handler raised {type(out.stop).__name__}")
     return out

@@ -18,6 +18,7 @@ from aiormq.abc import AbstractChannel, AbstractConnection
 
 from .._core.actions import Action, Republish
 from .._core.listener import ListenerCore
+from .._delivery import DeliveryBase
 from .._logs import short
 from .._publish import Outgoing, failure, not_confirmed
 from ._amqp import CHANNEL_GONE, ChannelNumbers, WireProperties, confirmed_publish, publish_copy
@@ -47,8 +48,9 @@ class AsyncPublisher:
         self.pending: set[asyncio.Task[None]] = set()
         self.declaring: dict[str, asyncio.Future[None]] = {}
 
-    def submit(self, c: ChannelSettler, a: Republish) -> None:
-        task = self.rt.loop.create_task(self._publish(c, a))
+    def submit(self, c: ChannelSettler, a: Republish, original: DeliveryBase) -> None:
+        """Publish the copy `a` of `original` (a task); the core is told the outcome."""
+        task = self.rt.loop.create_task(self._publish(c, a, original))
         self.pending.add(task)
         task.add_done_callback(self.pending.discard)
 
@@ -72,14 +74,15 @@ class AsyncPublisher:
             raise not_confirmed(msg, f"not published: {short(exc)}") from None
         await carry(ch, msg)
 
-    async def _publish(self, c: ChannelSettler, a: Republish) -> None:
-        acts = await self.copy(c.core, a)
+    async def _publish(self, c: ChannelSettler, a: Republish, original: DeliveryBase) -> None:
+        acts = await self.copy(c.core, a, original)
         if acts:
-            await c.execute(c.core.generation, acts)
+            await c.execute(c.core.generation, acts)  # a copy sent once more: its original kept
+        c.originals.answered(a.token)
 
-    async def copy(self, core: ListenerCore, a: Republish) -> list[Action]:
-        """Publish the copy `a` of one of `core`'s deliveries, confirmed; what the core
-        answers (`ListenerCore.republished`) is the caller's to carry out."""
+    async def copy(self, core: ListenerCore, a: Republish, original: DeliveryBase) -> list[Action]:
+        """Publish the copy `a` of `original`, one of `core`'s deliveries, confirmed; what
+        the core answers (`ListenerCore.republished`) is the caller's to carry out."""
         ok = unroutable = False
         error: str | None = None
         lost: str | None = None
@@ -92,7 +95,7 @@ class AsyncPublisher:
                 if pending is not None:  # its queue is being declared: publish after that
                     await asyncio.shield(pending)
             if core.publishable(a.token):  # else its channel closed while we waited
-                ok, unroutable, error, lost = await publish_copy(ch, a)
+                ok, unroutable, error, lost = await publish_copy(ch, a, original)
         except (TimeoutError, *CHANNEL_GONE) as exc:
             lost = short(exc)
             log.warning("republish to %r failed: %s", a.routing_key, lost)

@@ -20,7 +20,7 @@ from .._core.brokers import traits_of
 from .._core.errors import PublishNotConfirmed, SettleNotAllowed
 from .._core.listener import ListenerCore
 from .._core.policy import DLQ_DEFAULT, AckMode, FlushPolicy, ListenerPolicy
-from .._delivery import DeliveryBase
+from .._delivery import DeliveryBase, Originals
 from .._publish import Outgoing, apublishes
 from .._tls import TLS, client_tls
 from .._url import check_url, mask_url
@@ -65,6 +65,7 @@ class AsyncPullConnection:
         self._ch: AbstractChannel | None = None
         self._numbers = ChannelNumbers()
         self._cores: dict[str, ListenerCore] = {}
+        self._originals: dict[str, Originals[AsyncDelivery]] = {}  # per queue: tag -> AsyncDelivery
         self._lock = asyncio.Lock()
         self._closed = False
         self._inner: set[asyncio.Future[Any]] = set()
@@ -136,6 +137,7 @@ class AsyncPullConnection:
             core.channel_opened()
             await declare_queues(self._amqp, self._numbers, core.topology())
             self._cores[queue] = core
+            self._originals[queue] = Originals()
         return core
 
     async def get(
@@ -212,6 +214,7 @@ class AsyncPullConnection:
                     redelivered=bool(dv.redelivered),
                     queue=queue,
                 )
+                self._originals[queue].put(t.generation, t.tag, d)
                 if t.verdict is None:
                     return d
                 await self._execute(core, ch, t.verdict)  # e.g. a forged attempt header
@@ -258,13 +261,21 @@ class AsyncPullConnection:
                 )
 
     async def _execute(self, core: ListenerCore, ch: AbstractChannel, acts: list[Action]) -> None:
+        gen = core.generation
+        originals = self._originals[core.policy.queue]
+        originals.decided(gen, acts)
         for a in acts:
             if ch is not self._ch or ch.is_closed:
                 return  # tags of a closed channel are worthless: never sent elsewhere
             if isinstance(a, Republish):  # on the confirm publisher's channel, as the App's
-                await self._execute(core, ch, await self._copies.copy(core, a))
+                d = originals.copy(a.token)
+                if d is None:
+                    continue  # not a delivery of this channel's
+                await self._execute(core, ch, await self._copies.copy(core, a, d))
+                originals.answered(a.token)
             else:
                 await send_settles(ch, (a,))
+                originals.settled(gen, a)  # type: ignore[arg-type]  # pull: settles only
 
     @apublishes
     async def publish(self, msg: Outgoing) -> None:

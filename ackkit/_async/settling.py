@@ -27,8 +27,7 @@ from aiormq.abc import AbstractChannel
 
 from .._core.actions import Action, Republish, Start, TxCommit, TxSelect
 from .._core.listener import ListenerCore
-from .._core.tracked import Tracked
-from .._delivery import DeliveryBase
+from .._delivery import DeliveryBase, Originals
 from .._logs import short
 from ._amqp import CHANNEL_GONE, send_settles
 
@@ -38,7 +37,7 @@ log = logging.getLogger("ackkit")
 class Republisher(Protocol):
     """Publishes the copies a listener's core asks for (retry delays, dead letters)."""
 
-    def submit(self, c: ChannelSettler, a: Republish) -> None: ...
+    def submit(self, c: ChannelSettler, a: Republish, original: DeliveryBase) -> None: ...
 
 
 class SettlerHost(Protocol):
@@ -67,6 +66,8 @@ class ChannelSettler:
         # Settle frames leave in the order the core decided them (asyncio.Lock is FIFO and
         # every caller enters execute() right after deciding, without awaiting in between).
         self.settling = asyncio.Lock()
+        # tag -> the Delivery; token -> the original of a copy in flight
+        self.originals: Originals[DeliveryBase] = Originals()
 
     async def execute(self, gen: int, acts: list[Action]) -> None:
         """Carry out actions on the channel of generation `gen`, or drop them.
@@ -75,6 +76,7 @@ class ChannelSettler:
         waits for room in the connection's write queue) by a later multiple-ack that
         covers it is an unknown delivery tag, and the broker closes the channel.
         """
+        self.originals.decided(gen, acts)  # right after the core decided them
         async with self.settling:
             await self._execute(gen, acts)
 
@@ -93,21 +95,27 @@ class ChannelSettler:
             ta = type(a)
             try:
                 if ta is Republish:
-                    self.copies.submit(self, cast(Republish, a))
+                    r = cast(Republish, a)
+                    original = self.originals.copy(r.token)
+                    if original is not None:
+                        self.copies.submit(self, r, original)
                 elif ta is TxCommit:
                     await ch.tx_commit()
                 elif ta is TxSelect:
                     await ch.tx_select()
                 elif ta is Start:
-                    self.start_held(cast(Start, a).tracked)
+                    held = self.originals.get(gen, cast(Start, a).tag)
+                    if held is not None:
+                        self.start_held(held)
                 else:
                     await send_settles(ch, (a,))
+                    self.originals.settled(gen, a)  # type: ignore[arg-type]
             except CHANNEL_GONE as exc:
                 log.info("%s: channel lost while settling: %s", self.name, short(exc))
                 return
 
-    def start_held(self, t: Tracked) -> None:
-        """Start the handler of `t`, a delivery the core held (consumers only)."""
+    def start_held(self, d: DeliveryBase) -> None:
+        """Start the handler of `d`, a delivery the core held (consumers only)."""
         raise NotImplementedError
 
     async def _asettle(

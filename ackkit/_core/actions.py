@@ -79,8 +79,10 @@ class Republish:
     purpose: CopyPurpose = CopyPurpose.RETRY
     declare: tuple[str, dict[str, Any]] | None = None
     """A queue (name, arguments) to declare before publishing, when not declared yet."""
-    source: Any = field(default=None, compare=False, repr=False)
-    """The runtime's object for the original delivery (Tracked.payload)."""
+    again_of: int = 0
+    """The token of the copy this one repeats (sent once more after it was lost, or
+    declaring its queue first): the runtime copies the same original (0: a first copy,
+    of delivery `tag` of the generation it was decided for)."""
     minimal: bool = False
     """The copy carries the original's body and `set_headers` only (no property of the
     original): the fallback after a full copy could not be published."""
@@ -88,10 +90,9 @@ class Republish:
 
 @dataclass(frozen=True, slots=True)
 class Reinvoke:
-    """Run the handler again for delivery `tag` after `delay` seconds (in-process retry).
-
-    The delivery stays unacked meanwhile; after the handler returns, report the
-    outcome to `ListenerCore.finish` again.
+    """Not an `Action`: the core's record (`Tracked.again`) that the handler runs again
+    for delivery `tag` after `delay` seconds. `outcome.handled` turns it into
+    `Outcome.rerun`, which is what a runtime sees of an in-process retry.
     """
 
     tag: int
@@ -111,11 +112,12 @@ class TxSelect:
 
 @dataclass(frozen=True, slots=True)
 class Start:
-    """Start the handler of `tracked`, a delivery the core held back until now: a
-    restamp copy that arrived before the ack of the original it replaces was out."""
+    """Start the handler of delivery `tag` (of the generation the action was decided for),
+    a delivery the core held back until now: a restamp copy that arrived before the ack
+    of the original it replaces was out. The runtime maps the tag to its own object."""
 
-    tracked: Any = field(compare=False)
-    """The `Tracked` delivery (its `payload` is the runtime's object)."""
+    tag: int
 
 
-Action = Ack | Nack | Reject | Republish | Reinvoke | TxCommit | TxSelect | Start
+Action = Ack | Nack | Reject | Republish | TxCommit | TxSelect | Start
+"""What a runtime carries out on the listener's channel, in order."""

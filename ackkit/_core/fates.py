@@ -219,7 +219,8 @@ class Fates:
             if t.first_failure is None:
                 t.first_failure = CH.iso(self._wallclock())
             t.attempt += 1
-            return [Reinvoke(t.tag, f.delay, t.attempt)]
+            t.again = Reinvoke(t.tag, f.delay, t.attempt)  # `outcome.handled` reruns it
+            return []
         extra = self.extra_delay_queue(f.delay_ms / 1000) if f.asked else None
         hdrs = CH.retry_headers(t, exc, self._wallclock())
         act = self.confirms.issue(t, self.policy.delay_queue(f.delay_ms), hdrs, CopyPurpose.RETRY)

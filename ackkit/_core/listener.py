@@ -9,7 +9,7 @@ state and turns events into actions, with its parts in their own modules:
 - `shutdown.Shutdown`: whether a handler may start, and stopping;
 - `ledger.Ledger`: channel generations, the tag window and when acks go out;
 - `copy_headers`: the headers each retry, dead-letter and restamp copy carries;
-- `topology`: the queues the listener needs (dead-letter queue, delay tiers);
+- `topology.Queues`: the queues the listener needs (dead-letter queue, delay tiers);
 - `republish.Confirms`: copies awaiting the broker's confirm, and what that settles.
 
 What stays here is the state and the lifecycle that ties them together.
@@ -17,13 +17,13 @@ What stays here is the state and the lifecycle that ties them together.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from . import headers as H
 from . import outcome as _outcome
-from . import topology as _topology
 from .actions import (
     Action,
     Nack,
@@ -42,13 +42,13 @@ from .outcome import Outcome
 from .policy import AckMode, ListenerPolicy
 from .republish import MAX_LOST_COPIES, Confirms
 from .shutdown import Shutdown
-from .topology import QueueSpec, missing_queue
+from .topology import Queues, QueueSpec, missing_queue
 from .tracked import Tracked
 
 __all__ = ["MAX_LOST_COPIES", "ListenerCore", "QueueSpec", "Tracked", "missing_queue"]
 
 
-class ListenerCore(Fates, Shutdown, LostRuns):
+class ListenerCore(Fates, Shutdown, LostRuns, Queues):
     """Decisions for one listener on one channel at a time.
 
     A runtime calls: `channel_opened()` when its channel for this listener is
@@ -133,32 +133,6 @@ class ListenerCore(Fates, Shutdown, LostRuns):
     def open(self) -> bool:
         """Is the listener's channel open now?"""
         return self.ledger.open
-
-    # -- topology ---------------------------------------------------------
-
-    def topology(self) -> list[QueueSpec]:
-        """Queues ackkit declares for this listener: the DLQ and the retry delay tiers."""
-        return _topology.topology(self.policy)
-
-    def queue_arguments(
-        self, arguments: Mapping[str, Any]
-    ) -> tuple[dict[str, Any], tuple[str, ...]]:
-        """The listener queue's arguments to declare on this broker, and those left off
-        (see `topology.listener_arguments`)."""
-        return _topology.listener_arguments(self.policy, self.broker, arguments)
-
-    def check_broker(self) -> None:
-        """Raise TopologyConflict when the listener needs what this broker lacks."""
-        _topology.check_broker(self.policy, self.broker)
-
-    def extra_delay_queue(self, delay: float) -> QueueSpec | None:
-        """The delay queue a RetryLater(delay=...) needs, if it is not one of the tiers
-        and not declared yet."""
-        return _topology.extra_delay_queue(self.policy, delay, self._declared)
-
-    def declared(self, name: str) -> None:
-        """The runtime declared queue `name` (one not in `topology()`)."""
-        self._declared.add(name)
 
     # -- channel lifecycle -----------------------------------------------
 
@@ -292,8 +266,8 @@ class ListenerCore(Fates, Shutdown, LostRuns):
     ) -> Outcome:
         """A handler ran for `batch` (one delivery, or a batch) and returned `result` or
         raised `exc` (any exception, interpreter-exit signals included): what it comes
-        to. See `outcome.handled`."""
-        return _outcome.handled(
+        to (see `outcome.handled`), and what the flow gate makes of it (`Outcome.flow`)."""
+        out = _outcome.handled(
             self,
             batch,
             result,
@@ -302,6 +276,17 @@ class ListenerCore(Fates, Shutdown, LostRuns):
             undecodable=undecodable,
             traceback=traceback,
         )
+        flow = self.flow
+        if not flow.active:
+            return out
+        ts = [*batch, *(t for t, _ in undecodable)]
+        step = flow.done(ts, flow.failed(exc), out.rerun)
+        return dataclasses.replace(out, flow=step) if step else out
+
+    def interrupted(self, fact: _outcome.Interruption) -> bool:
+        """A cancellation reached a running handler: True to release its deliveries
+        (`release(t, started=True)`), False to report it to `handled` as a failure."""
+        return _outcome.released(fact)
 
     def take_held(self) -> list[Tracked]:
         """Shutdown: deliveries held unstarted by `receive` or `start` (return them)."""

@@ -175,5 +175,5 @@ class LostRuns:
         while self._waiting and not self.stopping and self.slot_free():
             t = self._waiting.pop(0)
             if not t.settled and self.ledger.current(t):
-                return [Start(t)]
+                return [Start(t.tag)]
         return []

@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from .actions import Action, Reinvoke
+from .actions import Action
 from .errors import RequeueMessage
+from .gate import FlowStep
 from .policy import AckMode
 from .tracked import Tracked
 
@@ -64,6 +65,32 @@ class AckIndex:
 
 
 @dataclass(frozen=True, slots=True)
+class Interruption:
+    """What a runtime knows of a cancellation that reached a running handler (asyncio's
+    CancelledError): facts only; `released` decides what it comes to."""
+
+    ours: bool
+    """ackkit cancelled the handler's task itself (a handler past the shutdown timeout,
+    the runtime's own tasks at stop), or the handler runs in no task at all."""
+    asked: bool | None
+    """Someone asked the task to cancel (asyncio's Task.cancelling() > 0, or a task the
+    runtime cannot ask); None: this Python cannot tell (3.10)."""
+    stopping: bool
+    """The app is stopping."""
+
+
+def released(i: Interruption) -> bool:
+    """Is an interrupted handler call released (its deliveries go back to their queue,
+    the call counted as an attempt, never retried or dead-lettered), or a failure like
+    any other? Released when the cancellation came from outside the handler: ackkit's
+    own, asked of its task, or (with no way to tell) while the app stops. A
+    CancelledError the handler raised itself (or got from something it awaited) while
+    nobody cancelled its task is a failure: released, it would come straight back, for
+    ever with max_attempts=1."""
+    return i.ours or i.stopping or i.asked is True
+
+
+@dataclass(frozen=True, slots=True)
 class Outcome:
     """The core's answer to one handler invocation."""
 
@@ -76,6 +103,9 @@ class Outcome:
     stop: BaseException | None = None
     """The handler raised an interpreter-exit signal: stop the app with it (after the
     actions are carried out)."""
+    flow: FlowStep | None = None
+    """What the listener's flow gate decided now that the call ended (a breaker, or serial
+    mode: the breaker counted it, keys were freed): carry it out after `actions`."""
 
 
 def succeeded(result: object, size: int, batch: bool) -> int:
@@ -135,13 +165,17 @@ def handled(
         acts.extend(core.finish_batch(batch, 0, exc, traceback))
     for t, e in undecodable:
         acts.extend(core.finish(t, e, None))
-    if not any(type(a) is Reinvoke for a in acts):
+    rerun = tuple(t for t in batch if t.again is not None)
+    if not rerun:
         return Outcome(acts, stop=stop)
-    again = {a.tag: a.delay for a in acts if type(a) is Reinvoke}
-    rerun = tuple(t for t in batch if t.tag in again)
-    rest = [a for a in acts if type(a) is not Reinvoke]
+    delay = 0.0
+    for t in rerun:
+        assert t.again is not None
+        delay = max(delay, t.again.delay)
+        t.again = None
+    rest = acts
     if core.stopping:  # no retry waits out a shutdown: back to the queue instead
         for t in rerun:
             rest.extend(core.release(t))
         return Outcome(rest, stop=stop)
-    return Outcome(rest, rerun, max(again.values()), stop)
+    return Outcome(rest, rerun, delay, stop)

@@ -87,7 +87,7 @@ class Confirms:
             hdrs = {**t.carry, **hdrs}
         self._ledger.take(t)
         self._token += 1
-        act = Republish(self._token, t.tag, "", queue, hdrs, purpose=purpose, source=t.payload)
+        act = Republish(self._token, t.tag, "", queue, hdrs, purpose=purpose)
         self._originals[self._token] = t
         self._acts[self._token] = act
         if self.hold and purpose is CopyPurpose.RESTAMP and len(self.held) < MAX_HELD:
@@ -143,7 +143,7 @@ class Confirms:
         early = self.held.pop(rid, None)
         if early is None or early.settled or not self._ledger.current(early):
             return acts
-        return [*acts, Start(early)]  # after the original's settle
+        return [*acts, Start(early.tag)]  # after the original's settle
 
     def _confirmed(
         self, token: int, ok: bool, unroutable: bool, error: str | None, lost: str | None
@@ -240,7 +240,7 @@ class Confirms:
             # the copy arrived all the same, that one runs: `confirmed` starts it.)
             self._ledger.untake(t)
             self._emit(Stage.COPY_REFUSED, t, f"{where}; the message runs without it")
-            return [Start(t)]
+            return [Start(t.tag)]
         self._ledger.window.mark_gone(t.tag)
         self._emit(Stage.COPY_REFUSED, t, f"{where}; the message goes back to its queue")
         self._emit(Stage.REQUEUED, t, f"{act.purpose} copy refused by the broker")
@@ -265,7 +265,9 @@ class Confirms:
     def _again(self, t: Tracked, act: Republish, **changes: Any) -> Republish:
         """`act` once more, under a new token, with `changes`."""
         self._token += 1
-        again = dataclasses.replace(act, token=self._token, source=t.payload, **changes)
+        again = dataclasses.replace(
+            act, token=self._token, again_of=act.again_of or act.token, **changes
+        )
         self._originals[self._token] = t
         self._acts[self._token] = again
         return again

@@ -169,3 +169,35 @@ def check_delivery_limit(retry: Retry, arguments: Mapping[str, Any]) -> None:
             "attempts are used up; set queue_arguments['x-delivery-limit'] to at least "
             "max_attempts"
         )
+
+
+class Queues:
+    """ListenerCore's part for the queues its listener needs (mixed in)."""
+
+    policy: ListenerPolicy
+    broker: BrokerTraits
+    _declared: set[str]
+
+    def topology(self) -> list[QueueSpec]:
+        """Queues ackkit declares for this listener: the DLQ and the retry delay tiers."""
+        return topology(self.policy)
+
+    def queue_arguments(
+        self, arguments: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], tuple[str, ...]]:
+        """The listener queue's arguments to declare on this broker, and those left off
+        (see `topology.listener_arguments`)."""
+        return listener_arguments(self.policy, self.broker, arguments)
+
+    def check_broker(self) -> None:
+        """Raise TopologyConflict when the listener needs what this broker lacks."""
+        check_broker(self.policy, self.broker)
+
+    def extra_delay_queue(self, delay: float) -> QueueSpec | None:
+        """The delay queue a RetryLater(delay=...) needs, if it is not one of the tiers
+        and not declared yet."""
+        return extra_delay_queue(self.policy, delay, self._declared)
+
+    def declared(self, name: str) -> None:
+        """The runtime declared queue `name` (one not in `topology()`)."""
+        self._declared.add(name)

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from .actions import Action, Republish
+from .actions import Action, Reinvoke
 
 
 class Tracked:
-    """The core's record of one delivery. Runtimes hold it inside their Delivery."""
+    """The core's record of one delivery. Runtimes hold it inside their Delivery; the core
+    never holds a runtime object (runtimes map delivery tags to theirs)."""
 
     __slots__ = (
+        "again",
         "attempt",
         "carry",
         "doomed",
@@ -24,7 +25,6 @@ class Tracked:
         "lost_copies",
         "message_id",
         "parked",
-        "payload",
         "routing_key",
         "settled",
         "tag",
@@ -53,8 +53,9 @@ class Tracked:
         self.carry: Mapping[str, Any] | None = None
         self.settled = False
         self.parked = False
-        self.payload: Any = None  # the runtime's own object for this delivery (opaque here)
         self.verdict: list[Action] | None = None
+        # `finish` decided an in-process retry (until `outcome.handled` takes it)
+        self.again: Reinvoke | None = None
         self.first_failure: str | None = None  # in-process retries: when attempt 1 failed
         # A redelivery that may have been lost while its handler ran (max_attempts=1):
         # the handler runs on a copy counting one more lost run (`ListenerCore.start`).
@@ -64,22 +65,6 @@ class Tracked:
         # duplicate then): (the dead-letter reason, the attempts it reports); see
         # `LostRuns.look_up_first`.
         self.doomed: tuple[str, int | None] | None = None
-
-    def attach(self, payload: Any) -> None:
-        """Attach the runtime's object for this delivery (its Delivery).
-
-        A verdict decided in `receive()` (dead-letter a forged attempt header, or a
-        redelivery past max attempts) was made before the runtime had built that
-        object; its Republish actions get it here as their source.
-        """
-        self.payload = payload
-        if self.verdict:
-            self.verdict = [
-                dataclasses.replace(a, source=payload)
-                if isinstance(a, Republish) and a.source is None
-                else a
-                for a in self.verdict
-            ]
 
     def __repr__(self) -> str:
         return f"Tracked(tag={self.tag}, gen={self.generation}, attempt={self.attempt})"

@@ -21,7 +21,6 @@ from .._core.events import Observer
 from .._core.listener import ListenerCore
 from .._core.outcome import Outcome
 from .._core.policy import AckMode
-from .._core.tracked import Tracked
 from .._delivery import Delivery, DeliveryBase
 from .._invocation import Invocation
 from .._logs import FailureLog, log_cancel
@@ -64,6 +63,7 @@ class Consumer(Executor):
         self.in_handler = 0
         self.cancelled = threading.Event()
         self.binding = spec.binding
+        self.queue_name = spec.queue
         self.no_ack = spec.policy.mode is AckMode.NONE
         self.failures = FailureLog(log)
         self.probe = probe_for(instruments, spec, self.core)  # metrics, tracing: None when off
@@ -220,13 +220,17 @@ class Consumer(Executor):
             exchange=exchange,
             routing_key=rk,
             redelivered=method.redelivered,
-            queue=self.spec.queue,
+            queue=self.queue_name,
             decoder=self.binding.decoder,
         )
+        with self.lock:
+            self.originals.put(t.generation, t.tag, d)
+            if t.verdict:
+                self.queue(t.generation, t.verdict)
+                if self.no_ack:  # the broker settled it on send: its copy has its original
+                    self.originals.drop(t.generation, t.tag)
         if t.verdict is not None:
             if t.verdict:
-                with self.lock:
-                    self.outbox.append((t.generation, t.verdict))
                 self.flush()
             return
         self._admit(d)
@@ -237,8 +241,8 @@ class Consumer(Executor):
             return
         self.inbox.put(d)
 
-    def _start(self, t: Tracked) -> None:
-        self._admit(t.payload)
+    def _start(self, held: Delivery) -> None:
+        self._admit(held)
 
     def tick(self) -> None:
         if self.channel is not None:
@@ -253,7 +257,8 @@ class Consumer(Executor):
         self.copies.publish(self, gen, a)
 
     def original(self, a: Republish) -> tuple[Any, bytes]:
-        d: Delivery = a.source
+        d = self.originals.copy(a.token)  # remembered when the copy was decided
+        assert d is not None
         return d.properties, d.body
 
     # -- worker threads --------------------------------------------------------
@@ -286,11 +291,12 @@ class Consumer(Executor):
 
     def _take_one_by_one(self) -> None:
         inbox = self.inbox
+        run = self._run_no_ack if self.no_ack else self._run
         while True:
             d = inbox.get()
             if d is None:
                 return
-            self._run([d])
+            run([d])
 
     def _take_batches(self) -> None:
         size = self.spec.batch_size or 1
@@ -313,7 +319,17 @@ class Consumer(Executor):
                     self.inbox.put(None)
                     break
                 batch.append(nxt)
-            self._run(batch)
+            (self._run_no_ack if self.no_ack else self._run)(batch)
+
+    def _run_no_ack(self, ds: list[Delivery]) -> None:
+        """`_run`, for deliveries the broker settled on send: no settle frame ends them,
+        so the executor is done with them here."""
+        try:
+            self._run(ds)
+        finally:
+            with self.lock:
+                for d in ds:
+                    self.originals.drop(d._tracked.generation, d._tracked.tag)
 
     def _run(self, ds: list[Delivery]) -> None:
         """Run the handler for `ds` (one delivery, or a batch) until the core is done with it."""
@@ -392,9 +408,8 @@ class Consumer(Executor):
             out = inv.outcome(self.core, result, exc)
             if out.actions:
                 self.send(self.core.generation, out.actions)
-            step = inv.flow(self.core, exc, out) if self.core.flow.active else None
-        if step:
-            flowing.carry_out(self, step)
+        if out.flow is not None:
+            flowing.carry_out(self, out.flow)
         if out.stop is not None:
             self.rt.fail(out.stop, f"{self.spec.name}: handler raised {type(out.stop).__name__}")
         return out

@@ -20,7 +20,7 @@ import pika.exceptions
 
 from .._core.actions import Ack, Action, Nack, Reject, Republish, Start, TxCommit, TxSelect
 from .._core.listener import ListenerCore
-from .._core.tracked import Tracked
+from .._delivery import Originals
 
 
 class IoThread(Protocol):
@@ -33,9 +33,10 @@ class IoThread(Protocol):
 
 
 class Executor:
-    """One listener's side of its channel: the outbox of decided actions and the one rule
-    for whether they may still be sent (`valid`). Subclasses say how a copy is
-    published (`_publish`) and what it is a copy of (`original`)."""
+    """One listener's side of its channel: the outbox of decided actions, the one rule
+    for whether they may still be sent (`valid`), and what the core's tags are to it
+    (`originals`). Subclasses say how a copy is published (`_publish`), what it is a
+    copy of (`original`) and how a held delivery starts (`_start`)."""
 
     def __init__(self, name: str, core: ListenerCore, io: IoThread, log: logging.Logger) -> None:
         self.name = name
@@ -47,6 +48,8 @@ class Executor:
         # Decided actions wait here for the I/O thread, in decision order (see send()).
         self.outbox: deque[tuple[int, list[Action]]] = deque()
         self._flushing = False
+        # tag -> the runtime's object for the delivery; token -> the original of a copy
+        self.originals: Originals[Any] = Originals()
 
     # -- any thread -------------------------------------------------------------
 
@@ -59,8 +62,15 @@ class Executor:
         delivery tag to the broker (it closes the channel), and a requeue overtaken by
         such an ack would ack a message that was meant to go back to the queue.
         """
+        self.originals.decided(gen, acts)
         self.outbox.append((gen, acts))
         self.io.call_soon(self.flush)
+
+    def queue(self, gen: int, acts: list[Action]) -> None:
+        """Holding `self.lock` right after the core decided `acts`: into the outbox (the
+        caller flushes it, or has the I/O thread do it)."""
+        self.originals.decided(gen, acts)
+        self.outbox.append((gen, acts))
 
     # -- I/O thread -------------------------------------------------------------
 
@@ -69,7 +79,7 @@ class Executor:
         with self.lock:
             acts = ask()
             if acts:
-                self.outbox.append((self.core.generation, acts))
+                self.queue(self.core.generation, acts)
         self.flush()
 
     def republished(
@@ -78,10 +88,14 @@ class Executor:
         """The broker confirmed (ok) or refused a copy, or (`lost`: why) its channel closed
         before the broker answered: the core decides what now."""
         self.decide(lambda: self.core.republished(token, ok, unroutable=unroutable, lost=lost))
+        with self.lock:
+            self.originals.answered(token)
 
     def republish_failed(self, token: int, why: str) -> None:
         """The copy could not be sent at all: the core decides what now."""
         self.decide(lambda: self.core.republished(token, False, error=why))
+        with self.lock:
+            self.originals.answered(token)
 
     def flush(self) -> None:
         """Carry out the queued actions, oldest first."""
@@ -115,20 +129,28 @@ class Executor:
     def execute(self, gen: int, acts: list[Action]) -> None:
         """Carry out actions on the channel of generation `gen`, or drop them."""
         if not self.valid(gen):
+            with self.lock:
+                for a in acts:
+                    if type(a) is Republish:
+                        self.originals.answered(a.token)  # never sent, never answered
             if any(not isinstance(a, Republish) for a in acts):
                 self.log.info(
                     "%s: dropped %d settle actions for a closed channel", self.name, len(acts)
                 )
             return
         ch = self.channel
+        originals = self.originals
         try:
             for a in acts:
                 if type(a) is Ack:
                     ch.basic_ack(a.tag, a.multiple)
+                    originals.settled(gen, a)
                 elif type(a) is Reject:
                     ch.basic_reject(a.tag, a.requeue)
+                    originals.settled(gen, a)
                 elif type(a) is Nack:
                     ch.basic_nack(a.tag, a.multiple, a.requeue)
+                    originals.settled(gen, a)
                 elif type(a) is Republish:
                     self._publish(gen, a)
                 elif type(a) is TxCommit:
@@ -136,7 +158,9 @@ class Executor:
                 elif type(a) is TxSelect:
                     ch.tx_select()
                 elif type(a) is Start:
-                    self._start(a.tracked)
+                    held = originals.get(gen, a.tag)
+                    if held is not None:
+                        self._start(held)
         except (pika.exceptions.ChannelWrongStateError, pika.exceptions.ConnectionWrongStateError):
             # Closed under us: the broker requeues what was not settled; the close
             # callback that follows marks the generation stale.
@@ -152,7 +176,7 @@ class Executor:
         """(pika properties, body) of the delivery `a` is a copy of."""
         raise NotImplementedError
 
-    def _start(self, t: Tracked) -> None:
-        """Start the handler of `t`, a delivery the core held (cores built with
-        `hold_early_copies=True` only)."""
+    def _start(self, held: Any) -> None:
+        """Start the handler of `held` (the runtime's object for a delivery the core held:
+        cores built with `hold_early_copies=True` only)."""
         raise NotImplementedError

@@ -30,7 +30,7 @@ def admit(c: Consumer, d: Delivery) -> bool:
     with c.lock:
         how = flow.arrive(t, key)
         if how is Admission.RETURN:
-            c.outbox.append((t.generation, c.core.hold_back(t, flow.state.value)))
+            c.queue(t.generation, c.core.hold_back(t, flow.state.value))
     if how is Admission.RETURN:
         # the consumer goes first: a requeue the broker sees before the cancel would
         # come straight back to this consumer
@@ -74,7 +74,9 @@ def carry_out(c: Consumer, step: FlowStep) -> None:
         ts = list(step.returned)
         c.rt.call_soon(lambda: _give_back(c, ts))
     for t in step.ready:
-        c.inbox.put(t.payload)
+        d = c.originals.get(t.generation, t.tag)
+        if d is not None:
+            c.inbox.put(d)
 
 
 def _give_back(c: Consumer, ts: list[Tracked]) -> None:
@@ -86,7 +88,7 @@ def _give_back(c: Consumer, ts: list[Tracked]) -> None:
         for t in ts:
             acts = c.core.hold_back(t, why)
             if acts:
-                c.outbox.append((t.generation, acts))
+                c.queue(t.generation, acts)
     c.flush()
 
 
@@ -150,4 +152,5 @@ def waiting(c: Consumer) -> list[Delivery]:
     with c.lock:
         ts = c.core.flow.drain() if c.core.flow.active else []
         ts.extend(c.core.take_held())
-    return [t.payload for t in ts]
+        held = (c.originals.get(t.generation, t.tag) for t in ts)
+        return [d for d in held if d is not None]

@@ -19,7 +19,7 @@ from .._core.brokers import traits_of
 from .._core.errors import SettleNotAllowed
 from .._core.listener import ListenerCore
 from .._core.policy import DLQ_DEFAULT, AckMode, FlushPolicy, ListenerPolicy
-from .._delivery import Delivery, DeliveryBase
+from .._delivery import Delivery, DeliveryBase, Originals
 from .._io import FatalConnectError
 from .._publish import Outgoing, not_confirmed, publishes
 from .._tls import TLS, client_tls, tls_failure
@@ -94,6 +94,7 @@ class PullConnection:
         self._conn: Any = self._connect()
         self._ch: Any = None
         self._cores: dict[str, ListenerCore] = {}
+        self._originals: dict[str, Originals[Delivery]] = {}  # per queue: tag -> Delivery
         self._lock = threading.RLock()
         self._closed = False
         self._copies = BlockingCopies()  # retry / dead-letter copies, confirmed
@@ -161,6 +162,7 @@ class PullConnection:
             core.channel_opened()
             declare_queues(self._conn, core.topology())
             self._cores[queue] = core
+            self._originals[queue] = Originals()
         return core
 
     def get(
@@ -210,6 +212,7 @@ class PullConnection:
                     redelivered=method.redelivered,
                     queue=queue,
                 )
+                self._originals[queue].put(t.generation, t.tag, d)
                 if t.verdict is None:
                     return d
                 self._execute(core, ch, t.verdict)
@@ -243,19 +246,27 @@ class PullConnection:
                 )
 
     def _execute(self, core: ListenerCore, ch: Any, acts: list[Action]) -> None:
+        gen = core.generation
+        originals = self._originals[core.policy.queue]
+        originals.decided(gen, acts)
         for a in acts:
             if ch is not self._ch or ch is None or not ch.is_open:
                 return  # tags of a closed channel are worthless: never sent elsewhere
-            if isinstance(a, Ack):
-                ch.basic_ack(a.tag, a.multiple)
-            elif isinstance(a, Nack):
-                ch.basic_nack(a.tag, a.multiple, a.requeue)
-            elif isinstance(a, Reject):
-                ch.basic_reject(a.tag, a.requeue)
+            if isinstance(a, (Ack, Nack, Reject)):
+                if isinstance(a, Ack):
+                    ch.basic_ack(a.tag, a.multiple)
+                elif isinstance(a, Nack):
+                    ch.basic_nack(a.tag, a.multiple, a.requeue)
+                else:
+                    ch.basic_reject(a.tag, a.requeue)
+                originals.settled(gen, a)
             elif isinstance(a, Republish):  # on a confirm channel of its own, as the App's
-                d: Delivery = a.source
+                d = originals.copy(a.token)
+                if d is None:
+                    continue  # not a delivery of this channel's
                 again = self._copies.copy(self._conn, core, a, d.properties, d.body)
                 self._execute(core, ch, again)
+                originals.answered(a.token)
 
     @publishes
     def publish(self, msg: Outgoing) -> None:

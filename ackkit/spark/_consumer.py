@@ -187,7 +187,7 @@ class SourceConsumer(Engine, Executor):
         with self.lock:
             w = self.ledger.written(end)
             if w.actions:
-                self.outbox.append((self.core.generation, w.actions))
+                self.queue(self.core.generation, w.actions)
         sent = True
         if w.actions:
             done = threading.Event()
@@ -377,7 +377,7 @@ class SourceConsumer(Engine, Executor):
                 unreadable=why,
                 wire_headers=getattr(props, "wire_headers", None),
             )
-            t.attach((props, body))
+            self.originals.put(t.generation, t.tag, (props, body))
             self.received += 1
             acts: list[Action] | None = t.verdict
             if acts is None and error is not None:
@@ -392,7 +392,7 @@ class SourceConsumer(Engine, Executor):
                 ):
                     self.cond.notify_all()
             if acts:
-                self.outbox.append((t.generation, acts))
+                self.queue(t.generation, acts)
         if acts:  # (actions queued by other threads come with a call_soon(flush) of their own)
             self.flush()
 
@@ -409,5 +409,7 @@ class SourceConsumer(Engine, Executor):
         self.publisher.publish(self, gen, a)
 
     def original(self, a: Republish) -> tuple[Any, bytes]:
-        props, body = a.source
+        original = self.originals.copy(a.token)  # remembered when the copy was decided
+        assert original is not None
+        props, body = original
         return props, body

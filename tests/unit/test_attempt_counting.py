@@ -15,6 +15,7 @@ import pytest
 from ackkit import Retry
 from ackkit._core import headers as H
 from ackkit._core.actions import Ack, Republish
+from ackkit._delivery import Originals
 from tests.unit._fakes import RETRY3, core
 
 
@@ -116,7 +117,6 @@ def test_redelivery_past_max_attempts_reports_the_attempts_made() -> None:
     c = core(retry=Retry(max_attempts=5))
     t = c.receive(1, redelivered=True, headers={H.ATTEMPT: 5})
     assert t.attempt == 6 and t.verdict is not None
-    t.attach("d")
     (act,) = t.verdict
     assert isinstance(act, Republish)
     assert act.set_headers[H.REASON] == "attempts exhausted (5 of 5, last one lost)"
@@ -133,24 +133,39 @@ def test_redelivery_past_max_attempts_reports_the_attempts_made() -> None:
         {H.ATTEMPT: 6},
     ],
 )
-def test_verdict_from_receive_gets_the_delivery_as_source(headers: dict[str, Any]) -> None:
-    """receive() decides before the runtime built its Delivery: the verdict's Republish
-    must still carry it (it used to carry None, and the pika publisher crashed the
-    connection on every redelivery of such a message: an endless reconnect loop)."""
+def test_verdict_from_receive_copies_the_delivery_the_runtime_built(
+    headers: dict[str, Any],
+) -> None:
+    """receive() decides before the runtime built its Delivery: the verdict's copy must
+    still be made of it (a copy without its original once crashed the pika publisher on
+    every redelivery of such a message: an endless reconnect loop). The core names the
+    tag; the executor's `Originals` turn it into its Delivery when the copy is decided."""
     c = core(retry=Retry(max_attempts=5))
     t = c.receive(1, headers=headers)
     assert t.verdict is not None
     payload = object()
-    t.attach(payload)
-    assert t.payload is payload
+    originals: Originals[object] = Originals()
+    originals.put(t.generation, t.tag, payload)
+    originals.decided(t.generation, t.verdict)
     (act,) = t.verdict
     assert isinstance(act, Republish)
-    assert act.source is payload
+    assert originals.copy(act.token) is payload
     assert act.routing_key == "q.dlq"
 
 
-def test_attach_without_verdict_only_sets_payload() -> None:
-    c = core()
+def test_a_copy_sent_once_more_is_made_of_the_same_original() -> None:
+    """A lost copy is sent again under a new token (`again_of` the first): its original
+    is the first copy's, even once the executor is done with the delivery's tag."""
+    c = core(retry=Retry(max_attempts=1))
     t = c.receive(1)
-    t.attach("d")
-    assert t.payload == "d" and t.verdict is None
+    (first,) = c.finish(t, ValueError("x"))
+    assert isinstance(first, Republish) and first.again_of == 0
+    originals: Originals[str] = Originals()
+    originals.put(t.generation, 1, "d")
+    originals.decided(t.generation, [first])
+    originals.drop(t.generation, 1)
+    (again,) = c.republished(first.token, False, lost="connection reset")
+    assert isinstance(again, Republish) and again.again_of == first.token
+    originals.decided(t.generation, [again])
+    originals.answered(first.token)
+    assert originals.copy(again.token) == "d" and originals.copy(first.token) is None

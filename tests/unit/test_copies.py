@@ -187,7 +187,6 @@ def _core(**kw: Any) -> ListenerCore:
 def test_an_unpublishable_copy_gets_one_minimal_copy_then_a_reject() -> None:
     c = _core()
     t = c.receive(1)
-    t.attach("d")
     (first,) = c.finish(t, ValueError("\ud800"))
     assert isinstance(first, Republish) and not first.minimal
     (again,) = c.republished(first.token, False, error="encode failed")
@@ -203,7 +202,6 @@ def test_broker_nacks_requeue_every_original_however_many_in_a_row() -> None:
     c = _core(retry=Retry(max_attempts=3, initial_interval=0.05))
     for tag in range(1, 51):
         t = c.receive(tag)
-        t.attach("d")
         (a,) = c.finish(t, ValueError("x"))
         assert c.republished(a.token, False) == [Reject(tag, requeue=True)]
     assert c.counters.counts[Stage.COPY_REFUSED] == 50

@@ -16,7 +16,6 @@ def test_broker_retry_copy_drops_the_quorum_delivery_count() -> None:
     c = core(retry=Retry(max_attempts=5, initial_interval=0.2), queue_type="quorum")
     t = c.receive(1, redelivered=True, headers={H.X_DELIVERY_COUNT: 1})
     assert t.attempt == 2
-    t.attach("d")
     (act,) = c.finish(t, ValueError("boom"))
     assert isinstance(act, Republish) and act.purpose == "retry"
     assert act.set_headers[H.ATTEMPT] == 3
@@ -41,7 +40,6 @@ def test_in_process_retries_keep_the_first_failure_time() -> None:
         retry=Retry(max_attempts=3, initial_interval=0.1, strategy=RetryStrategy.IN_PROCESS),
     )
     t = c.receive(1)
-    t.attach("d")
     c.finish(t, ValueError("1"))
     now[0] = 1001.0
     c.finish(t, ValueError("2"))
@@ -58,6 +56,5 @@ def test_broker_retry_keeps_first_failure_from_headers() -> None:
     c = core(retry=Retry(max_attempts=3))
     first = "2020-01-01T00:00:00.000+00:00"
     t = c.receive(1, headers={H.ATTEMPT: 3, H.FIRST_FAILURE: first})
-    t.attach("d")
     (act,) = c.finish(t, ValueError("x"))
     assert act.set_headers[H.FIRST_FAILURE] == first  # type: ignore[union-attr]

@@ -41,19 +41,17 @@ def test_unroutable_dead_letter_declares_the_dlq_and_publishes_again() -> None:
 
     c = core()
     t = c.receive(1)
-    t.attach("d")
     (first,) = c.finish(t, ValueError("x"))
     assert isinstance(first, Republish) and first.declare is None
     (again,) = c.republished(first.token, False, unroutable=True)
     assert isinstance(again, Republish)
     assert again.token != first.token and again.routing_key == "q.dlq"
     assert again.declare == ("q.dlq", {})
-    assert again.set_headers == first.set_headers and again.source == "d"
+    assert again.set_headers == first.set_headers and again.again_of == first.token
     assert c.republished(again.token, True) == [Ack(1)]  # acked at once after the confirm
     assert c.drain() == []
 
     t = c.receive(2)
-    t.attach("d2")
     (first,) = c.finish(t, ValueError("x"))
     (again,) = c.republished(first.token, False, unroutable=True)
     # Declared and still unroutable: give the original back, once.
@@ -63,7 +61,6 @@ def test_unroutable_dead_letter_declares_the_dlq_and_publishes_again() -> None:
 def test_unroutable_retry_declares_the_delay_queue_with_its_ttl() -> None:
     c = core(retry=Retry(max_attempts=3, initial_interval=0.2))
     t = c.receive(1)
-    t.attach("d")
     (first,) = c.finish(t, ValueError("x"))
     assert isinstance(first, Republish) and first.routing_key == "q.retry.200ms"
     (again,) = c.republished(first.token, False, unroutable=True)
@@ -79,13 +76,11 @@ def test_retry_later_delay_queue_is_declared_again_too() -> None:
 
     c = core(retry=Retry(max_attempts=3, initial_interval=0.2))
     t = c.receive(1)
-    t.attach("d")
     (first,) = c.finish(t, RetryLater(delay=0.7))
     assert isinstance(first, Republish) and first.declare is not None  # first use declares
     # Declared with this very publish and still unroutable: requeue.
     assert c.republished(first.token, False, unroutable=True) == [Reject(1, requeue=True)]
     t = c.receive(2)
-    t.attach("d2")
     (second,) = c.finish(t, RetryLater(delay=0.7))
     assert isinstance(second, Republish) and second.declare is None
     (again,) = c.republished(second.token, False, unroutable=True)
@@ -100,6 +95,5 @@ def test_refused_but_routable_copy_still_requeues() -> None:
 
     c = core()
     t = c.receive(1)
-    t.attach("d")
     (first,) = c.finish(t, ValueError("x"))
     assert c.republished(first.token, False) == [Reject(1, requeue=True)]

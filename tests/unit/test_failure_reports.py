@@ -20,7 +20,6 @@ def _raise_at_one_place(n: int) -> BaseException:
 def test_dead_letter_formats_the_traceback_from_the_exception() -> None:
     c = core()
     t = c.receive(1)
-    t.attach("d")
     (act,) = c.finish(t, _raise_at_one_place(0))  # no traceback text passed
     tb = act.set_headers[H.ERROR_TRACEBACK]  # type: ignore[union-attr]
     assert tb.startswith("Traceback (most recent call last):")
@@ -34,11 +33,9 @@ def test_retry_does_not_format_a_traceback(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(L, "format_traceback", lambda e: calls.append(e) or "tb")
     c = core(retry=Retry(max_attempts=2))
     t = c.receive(1)
-    t.attach("d")
     (act,) = c.finish(t, _raise_at_one_place(0))
     assert act.purpose == "retry" and calls == []  # type: ignore[union-attr]
     t = c.receive(2, headers={H.ATTEMPT: 2})
-    t.attach("d")
     c.finish(t, _raise_at_one_place(0))
     assert len(calls) == 1
 
@@ -92,7 +89,6 @@ def test_a_dead_letter_is_made_when_str_of_the_error_raises_a_base_exception(
     __str__ escape: the dead letter was never made and the consumer's worker died."""
     c = core()
     t = c.receive(1)
-    t.attach("d")
     try:
         try:
             raise KeyError("inner")

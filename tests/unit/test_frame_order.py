@@ -128,7 +128,7 @@ def test_async_runtime_sends_frames_in_decision_order() -> None:
                 await asyncio.sleep(self.delays.get(tag, 0.0))  # a full write queue
                 self.broker.apply([Ack(tag, multiple)])
 
-        rt = SimpleNamespace(app=app, publisher=SimpleNamespace(submit=lambda c, a: None))
+        rt = SimpleNamespace(app=app, publisher=SimpleNamespace(submit=lambda c, a, original: None))
         c = AsyncConsumer(rt, app.specs[0], None)  # type: ignore[arg-type]
         c.copies = rt.publisher  # type: ignore[assignment]
         c.channel = SlowChannel(broker, {2: 0.05})  # type: ignore[assignment]

@@ -23,6 +23,7 @@ from ackkit._core.gate import MAX_REFUSAL_WAIT, REFUSAL_WAIT, Admission
 from ackkit._core.listener import MAX_LOST_COPIES, ListenerCore
 from ackkit._core.policy import ListenerPolicy
 from ackkit._core.republish import refused
+from ackkit._core.tracked import Tracked
 from ackkit.flow import FlowState
 from ackkit.observability import Stage
 
@@ -143,7 +144,7 @@ def test_a_refused_restamp_runs_its_original_and_pull_mode_requeues_it() -> None
     assert t.verdict is not None
     (a,) = t.verdict
     assert isinstance(a, Republish) and a.purpose is CopyPurpose.RESTAMP
-    assert c.republished(a.token, False) == [Start(t)]
+    assert c.republished(a.token, False) == [Start(t.tag)]
     assert c.flow.state is FlowState.CONSUMING
     pull = core(now, hold=False)
     t = pull.receive(1, redelivered=True, message_id="m1")
@@ -177,13 +178,14 @@ def test_any_answers_never_lose_an_original(
     copied: set[int] = set()  # tags with a confirmed copy
     handled: set[int] = set()  # tags whose handler ran after a refused restamp
     dead_confirmed = 0
+    received: dict[int, Tracked] = {}  # tag -> the core's record (the runtime's map)
 
     def carry(acts: list[Action]) -> None:
         for x in acts:
             if isinstance(x, Republish):
                 open_copies[x.token] = x
             elif isinstance(x, Start):
-                t = x.tracked
+                t = received[x.tag]  # the runtime maps the tag to its delivery
                 handled.add(t.tag)
                 carry(c.finish(t))  # its handler runs and succeeds
             elif isinstance(x, Ack):
@@ -197,7 +199,7 @@ def test_any_answers_never_lose_an_original(
 
     for tag, kind in enumerate(kinds, 1):
         if kind == "redelivered":
-            t = c.receive(tag, redelivered=True, message_id=f"m{tag}")
+            t = received[tag] = c.receive(tag, redelivered=True, message_id=f"m{tag}")
             assert t.verdict is not None
             carry(t.verdict)
         else:

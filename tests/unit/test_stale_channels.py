@@ -101,8 +101,10 @@ def test_sync_publisher_closing_with_its_connection_does_not_settle_stale_tags()
     c.channel = DeadChannel(Broker(range(1, 2)))
     c.core.channel_opened()
     t = c.core.receive(1)
-    Delivery(b"{}", SimpleNamespace(headers=None, message_id="m1"), t, c)
+    d = Delivery(b"{}", SimpleNamespace(headers=None, message_id="m1"), t, c)
+    c.originals.put(t.generation, t.tag, d)  # what the consumer does on a delivery
     [a] = c.core.finish(t, ValueError("x"))
+    c.originals.decided(c.core.generation, [a])  # what it does with the core's decisions
     pub.channel = SimpleNamespace(is_open=True, basic_publish=lambda *args, **kw: None)
     pub.publish(c, c.core.generation, a)
     assert len(pub.pending) == 1

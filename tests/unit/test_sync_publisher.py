@@ -26,9 +26,15 @@ class Owner:
         self.log = SimpleNamespace(error=lambda *a: None)
         self.reports: dict[int, tuple[bool, bool]] = {}
         self.lost: dict[int, str | None] = {}
+        self.bodies: dict[int, bytes] = {}  # token -> the original's body
 
     def original(self, a: Republish) -> tuple[Any, bytes]:
-        return None, a.source
+        return None, self.bodies[a.token]
+
+    def copy(self, token: int, body: bytes, **kw: Any) -> Republish:
+        """A copy (token = the original's tag) of a delivery with `body`."""
+        self.bodies[token] = body
+        return Republish(token, token, **kw)
 
     def republished(
         self, gen: int, token: int, ok: bool, unroutable: bool = False, lost: str | None = None
@@ -83,7 +89,7 @@ def test_a_routed_copy_waiting_for_its_confirm_is_not_taken_for_a_returned_one()
     pub, _ = publisher()
     owner = Owner()
     for token, body in ((1, b"one"), (2, b"two")):
-        pub.publish(owner, 1, Republish(token, token, "", "q.dlq", source=body))  # type: ignore[arg-type]
+        pub.publish(owner, 1, owner.copy(token, body, exchange="", routing_key="q.dlq"))  # type: ignore[arg-type]
     pub._on_return(None, returned("", "q.dlq"), None, b"two")
     pub._on_confirm(confirm(2))
     pub._on_confirm(confirm(1))
@@ -106,7 +112,8 @@ def test_every_confirm_reports_whether_that_copy_came_back(copies: Any, order: A
     pub, sent = publisher()
     owners = [Owner(), Owner()]
     for i, ((ex, rk), body, _routed) in enumerate(copies, start=1):
-        pub.publish(owners[i % 2], 1, Republish(i, i, ex, rk, source=body))  # type: ignore[arg-type]
+        copy = owners[i % 2].copy(i, body, exchange=ex, routing_key=rk)
+        pub.publish(owners[i % 2], 1, copy)  # type: ignore[arg-type]
     assert [s for s in sent] == [(ex, rk, body) for (ex, rk), body, _ in copies]
     acks: list[int] = []
     for i, ((ex, rk), body, routed) in enumerate(copies, start=1):
@@ -136,7 +143,8 @@ def test_a_copy_waiting_for_its_queue_is_reported_when_the_channel_closes() -> N
     pub, _ = publisher()
     owner = Owner()
     pub.channel.queue_declare = lambda *a, **kw: None
-    pub.publish(owner, 1, Republish(7, 7, "", "q.x", declare=("q.x", {}), source=b"b"))  # type: ignore[arg-type]
+    copy = owner.copy(7, b"b", exchange="", routing_key="q.x", declare=("q.x", {}))
+    pub.publish(owner, 1, copy)  # type: ignore[arg-type]
     assert owner.reports == {}
     pub._on_closed(pub.channel, ConnectionError("406"))
     assert owner.reports == {7: (False, False)}
