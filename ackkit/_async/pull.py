@@ -248,7 +248,7 @@ class AsyncPullConnection:
                 )
             core = self._cores[delivery.queue]
             self._note_lost_channel()
-            stale = delivery._tracked.generation != core.generation or not core.open
+            stale = not core.current(delivery._tracked.generation)
             acts = core.settle(delivery._tracked, kind, requeue=requeue, multiple=multiple)
             ch = self._ch
             if acts and ch is not None:
@@ -265,7 +265,7 @@ class AsyncPullConnection:
         originals = self._originals[core.policy.queue]
         originals.decided(gen, acts)
         for a in acts:
-            if ch is not self._ch or ch.is_closed:
+            if ch is not self._ch or ch.is_closed or not core.current(gen):
                 return  # tags of a closed channel are worthless: never sent elsewhere
             if isinstance(a, Republish):  # on the confirm publisher's channel, as the App's
                 d = originals.copy(a.token)

@@ -84,7 +84,7 @@ class ChannelSettler:
         core = self.core
         ch = self.channel
         for a in acts:
-            if ch is None or ch is not self.channel or ch.is_closed or gen != core.generation:
+            if ch is None or ch is not self.channel or ch.is_closed or not core.current(gen):
                 if any(type(x) is not Republish for x in acts):
                     log.info(
                         "%s: dropped %d settle actions for a closed channel",

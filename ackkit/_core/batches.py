@@ -14,8 +14,12 @@ output: the broker redelivers, the ledger suppresses.
 
 Every ack goes through the ListenerCore, so settle-once, channel generation
 fencing and the contiguous multiple-ack prefix are the core's as usual. The
-core's flush policy should not flush by count on its own (max_pending above
-the prefetch), so that a written batch goes out as one multiple-ack frame.
+core's flush policy must not flush by count on its own (max_pending above the
+prefetch), so that a written batch goes out as one multiple-ack frame: the
+ledger refuses a core whose policy would (`BatchLedger.flush_policy` derives one).
+
+A row that does not validate is a fact the ledger decides on (`invalid`), by the
+source's `OnInvalid` policy: it fails the query, or it is dead-lettered.
 """
 
 from __future__ import annotations
@@ -25,7 +29,19 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from .actions import Action
+from .errors import BadPayload
 from .listener import ListenerCore, Tracked
+from .policy import FlushPolicy
+
+
+class OnInvalid(str, Enum):
+    """What the source does with a body that does not validate against the model."""
+
+    FAIL = "fail"
+    """Stop the query with the validation error; nothing of the batch is acked (default)."""
+    DEAD_LETTER = "dead_letter"
+    """Publish it to the dead-letter queue with its reason (confirmed), then ack it; the
+    rest of the batch goes on."""
 
 
 class Admission(str, Enum):
@@ -72,14 +88,44 @@ class Written:
 class BatchLedger:
     """Batches handed out, their deliveries, and the keys of every row still remembered."""
 
-    def __init__(self, core: ListenerCore, *, written_upto: int = 0) -> None:
+    def __init__(
+        self,
+        core: ListenerCore,
+        *,
+        written_upto: int = 0,
+        on_invalid: OnInvalid = OnInvalid.FAIL,
+    ) -> None:
+        fp, prefetch = core.policy.flush_policy, core.policy.prefetch
+        if prefetch == 0 or fp.max_pending <= prefetch:
+            raise ValueError(
+                f"a batch ledger's core must not flush acks by count (max_pending "
+                f"{fp.max_pending} is not above prefetch {prefetch}): a written batch "
+                "goes out as one multiple-ack; see BatchLedger.flush_policy"
+            )
         self.core = core
+        self.on_invalid = on_invalid
         self.written_upto = written_upto
         self.last_end = written_upto
         self._rows: dict[int, list[Tracked]] = {}
         self._held: dict[int, list[Tracked]] = {}
         self._index: dict[str, int] = {}
         self._keys: dict[int, list[str]] = {}
+
+    @staticmethod
+    def flush_policy(prefetch: int, interval: float = 0.2) -> FlushPolicy:
+        """The flush policy of a batch ledger's core: never by count (the prefetch window
+        cannot fill it), only by time, for the acks of dead-lettered rows."""
+        return FlushPolicy(max_pending=prefetch + 1, interval=interval)
+
+    # -- rows that do not validate ------------------------------------------
+
+    def invalid(self, t: Tracked, error: str) -> list[Action] | None:
+        """Delivery `t`'s body does not validate (`error`). With OnInvalid.DEAD_LETTER it
+        is dead-lettered now (the actions to carry out); with FAIL it stays a row of its
+        batch and fails the query there (None)."""
+        if self.on_invalid is OnInvalid.DEAD_LETTER:
+            return self.core.finish(t, BadPayload(error))
+        return None
 
     # -- batches from an earlier life (a write-ahead log) -------------------
 

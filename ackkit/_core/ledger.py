@@ -93,11 +93,6 @@ class Ledger:
         self._tracked = {}
         self.parked = 0
 
-    def current_generation(self, generation: int) -> bool:
-        """Do actions decided for channel generation `generation` still belong on the
-        channel (it is open and is that generation)?"""
-        return generation == self.generation and self.open
-
     def current(self, t: Tracked) -> bool:
         """Was `t` delivered on the channel that is open now (may its tag be sent)?"""
         return t.generation == self.generation and self.open

@@ -315,8 +315,10 @@ class ListenerCore(Fates, Shutdown, LostRuns, Queues):
 
     def current(self, generation: int) -> bool:
         """Do actions decided for channel generation `generation` still belong on the
-        listener's channel (it is open and is that generation)?"""
-        return self.ledger.current_generation(generation)
+        listener's channel (it is open and is that generation)? One rule for every
+        executor (asked per action: kept to one call)."""
+        led = self.ledger
+        return generation == led.generation and led.open
 
     # -- copies awaiting the broker's confirm ------------------------------
 

@@ -235,7 +235,7 @@ class PullConnection:
                 )
             core = self._cores[delivery.queue]
             self._note_lost_channel()
-            stale = delivery._tracked.generation != core.generation or not core.open
+            stale = not core.current(delivery._tracked.generation)
             acts = core.settle(delivery._tracked, kind, requeue=requeue, multiple=multiple)
             self._execute(core, self._ch, acts)
             if stale:
@@ -250,7 +250,7 @@ class PullConnection:
         originals = self._originals[core.policy.queue]
         originals.decided(gen, acts)
         for a in acts:
-            if ch is not self._ch or ch is None or not ch.is_open:
+            if ch is not self._ch or ch is None or not ch.is_open or not core.current(gen):
                 return  # tags of a closed channel are worthless: never sent elsewhere
             if isinstance(a, (Ack, Nack, Reject)):
                 if isinstance(a, Ack):

@@ -29,9 +29,9 @@ from pydantic import BaseModel
 from .._core.actions import Ack, Action, Republish
 from .._core.batches import Admission, BatchLedger, BatchPlan
 from .._core.brokers import traits_of
-from .._core.errors import AckkitError, BadPayload, TopologyConflict
+from .._core.errors import AckkitError, TopologyConflict
 from .._core.listener import ListenerCore
-from .._core.policy import NO_RETRY, AckMode, FlushPolicy, ListenerPolicy
+from .._core.policy import NO_RETRY, AckMode, ListenerPolicy
 from .._io import FatalConnectError
 from .._logs import log_cancel
 from .._sync import _frames as frames
@@ -77,11 +77,11 @@ class SourceConsumer(Engine, Executor):
             dead_letter=opts.dead_letter_queue,
             # Batches are acked when written (one multiple-ack); only dead-letter
             # acks are left for the periodic flush.
-            flush=FlushPolicy(max_pending=opts.prefetch + 1, interval=0.2),
+            flush=BatchLedger.flush_policy(opts.prefetch),
         )
         Engine.__init__(self, opts.url, mask_url(opts.url), max_interval=5.0)
         Executor.__init__(self, policy.name, ListenerCore(policy), self, log)
-        self.ledger = BatchLedger(self.core, written_upto=written_upto)
+        self.ledger = BatchLedger(self.core, written_upto=written_upto, on_invalid=opts.on_invalid)
         self.cond = threading.Condition(self.lock)
         self.buffer: collections.deque[Item] = collections.deque()
         self.publisher = Publisher(self)
@@ -382,8 +382,7 @@ class SourceConsumer(Engine, Executor):
             acts: list[Action] | None = t.verdict
             if acts is None and error is not None:
                 self.invalid += 1
-                if o.on_invalid is OnInvalid.DEAD_LETTER:
-                    acts = self.core.finish(t, BadPayload(error))
+                acts = self.ledger.invalid(t, error)
             if acts is None:
                 meta = rows.row_meta(method, props, body, hdrs, t.attempt)
                 self.buffer.append(Item(t, key, meta, parsed, error))

@@ -10,21 +10,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
+from .._core.batches import OnInvalid as OnInvalid
 from .._core.policy import DLQ_DEFAULT
 from .._url import check_url
 from ._store import check_location, child_location, is_local, normalize_location
 
 MAX_PREFETCH = 65535  # basic.qos prefetch-count is a short
-
-
-class OnInvalid(str, Enum):
-    """What the source does with a body that does not validate against the model."""
-
-    FAIL = "fail"
-    """Stop the query with the validation error; nothing of the batch is acked (default)."""
-    DEAD_LETTER = "dead_letter"
-    """Publish it to the dead-letter queue with its reason (confirmed), then ack it; the
-    rest of the batch goes on."""
 
 
 class KeyFrom(str, Enum):

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ackkit._core.actions import Ack, Republish
-from ackkit._core.batches import Admission, BatchLedger
+from ackkit._core.batches import Admission, BatchLedger, OnInvalid
 from ackkit._core.errors import BadPayload
 from ackkit._core.listener import ListenerCore, Tracked
 from ackkit._core.policy import FlushPolicy, ListenerPolicy
@@ -214,6 +214,62 @@ def test_dead_letter_of_a_poison_delivery_does_not_block_the_batch_ack():
     assert w.actions == [Ack(2), Ack(3)]
     assert core.republished(rep.token, True) == [Ack(1)]  # acked at once after the confirm
     assert core.drain() == []
+
+
+@pytest.mark.parametrize(
+    ("on_invalid", "dead_lettered"),
+    [(OnInvalid.FAIL, False), (OnInvalid.DEAD_LETTER, True)],
+)
+def test_an_invalid_row_fails_its_batch_or_is_dead_lettered(on_invalid, dead_lettered):
+    core = make_core()
+    led = BatchLedger(core, on_invalid=on_invalid)
+    feed = Feed(core)
+    [(bad, _)] = feed("p")
+    acts = led.invalid(bad, "not an order")
+    if not dead_lettered:
+        assert acts is None  # it stays a row: the query fails on it, nothing is acked
+        assert led.plan(0, [(bad, "p")]).rows == [0]
+        assert core.drain() == []
+        return
+    [rep] = acts
+    assert isinstance(rep, Republish) and rep.routing_key == "q.dlq"
+    assert core.republished(rep.token, True) == [Ack(1)]
+    with pytest.raises(ValueError):  # settled: never a row of a batch
+        led.plan(0, [(bad, "p")])
+
+
+@pytest.mark.parametrize(
+    ("max_pending", "accepted"), [(999, False), (1000, False), (1001, True), (5000, True)]
+)
+def test_a_batch_ledger_refuses_a_core_that_flushes_by_count(max_pending, accepted):
+    policy = ListenerPolicy(
+        name="spark",
+        queue="q",
+        prefetch=1000,
+        flush=FlushPolicy(max_pending=max_pending, interval=0.2),
+    )
+    core = ListenerCore(policy, wallclock=lambda: 0.0, clock=lambda: 0.0)
+    if accepted:
+        BatchLedger(core)
+    else:
+        with pytest.raises(ValueError, match="max_pending"):
+            BatchLedger(core)
+
+
+def test_the_derived_flush_policy_never_flushes_a_full_window_by_count():
+    fp = BatchLedger.flush_policy(1000)
+    assert fp.max_pending == 1001 and fp.interval == 0.2
+    core = ListenerCore(
+        ListenerPolicy(name="spark", queue="q", prefetch=3, flush=BatchLedger.flush_policy(3)),
+        wallclock=lambda: 0.0,
+        clock=lambda: 0.0,
+    )
+    core.channel_opened()
+    led = BatchLedger(core)
+    feed = Feed(core)
+    led.plan(0, feed("a", "b", "c"))
+    assert core.tick() == []  # a full window, nothing flushed before the write
+    assert led.written(3).actions == [Ack(3, multiple=True)]
 
 
 def test_already_settled_delivery_is_refused():
