@@ -10,7 +10,7 @@ from typing import Any
 
 from .._core.inbox import Fault, fault_of
 from ._options import Inbox
-from ._sql import SCHEMA_LOCK, claim, schema
+from ._sql import SCHEMA_LOCK, claim, schema, unclaim
 
 try:
     import psycopg
@@ -53,6 +53,9 @@ class PgTx:
     def claim(self, listener: str, key: str) -> bool:
         return self.db.execute(claim(self.inbox.table), (listener, key)).fetchone() is not None
 
+    def unclaim(self, listener: str, keys: tuple[str, ...]) -> None:
+        self.db.execute(unclaim(self.inbox.table), (listener, list(keys)))
+
     def check(self) -> None:
         status = self.db.info.transaction_status
         if status == psycopg.pq.TransactionStatus.INERROR:
@@ -68,6 +71,9 @@ class AsyncPgTx(PgTx):
     async def aclaim(self, listener: str, key: str) -> bool:
         cur = await self.db.execute(claim(self.inbox.table), (listener, key))
         return await cur.fetchone() is not None
+
+    async def aunclaim(self, listener: str, keys: tuple[str, ...]) -> None:
+        await self.db.execute(unclaim(self.inbox.table), (listener, list(keys)))
 
 
 class PgStore:

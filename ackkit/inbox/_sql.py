@@ -36,6 +36,11 @@ def claim(inbox: str) -> str:
     )
 
 
+def unclaim(inbox: str) -> str:
+    """Remove keys claimed in this transaction (a batch's failed tail: not done)."""
+    return f"DELETE FROM {inbox} WHERE listener = %s AND key = ANY(%s)"
+
+
 def expire(inbox: str) -> str:
     """Delete at most %s rows received more than %s seconds ago."""
     return (
