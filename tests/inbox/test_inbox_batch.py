@@ -330,11 +330,11 @@ def test_a_batch_redelivered_after_a_connection_cut_is_all_duplicates(
     calls = Calls()
     hold = FlushPolicy(max_pending=1000, interval=3600.0)
     mids = [f"c{i}" for i in range(5)]
-    publish(rabbitmq, fresh_queue, mids)
     app = build_batch(
-        kind, rabbitmq.url, fresh_queue, Inbox(postgres_dsn), calls, size=5, flush=hold
+        kind, rabbitmq.url, fresh_queue, Inbox(postgres_dsn), calls, size=5, timeout=5.0, flush=hold
     )
     with running(kind, app):
+        publish(rabbitmq, fresh_queue, mids)
         eventually(lambda: len(effects(postgres_dsn)) == 5, what="5 committed")
         assert rabbitmq.counts(fresh_queue).unacked == 5  # committed, not acked
         assert close_connections_named(rabbitmq, app.connection_name_for_tests) == 1
