@@ -131,8 +131,8 @@ class AsyncInbox:
         wrote = False
         async with self._transaction() as tx:
             tx_ref.append(tx.db)
-            recorded = [i for i, key in b.plan.claims if not await tx.aclaim(self.name, key)]
-            run = b.claimed(recorded)
+            new = await tx.aclaim_all(self.name, b.claims) if b.claims else set()
+            run = b.claimed(new)
             result: object = None
             if run:
                 ds = [inv.deliveries[i] for i in run]

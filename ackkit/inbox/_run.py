@@ -126,8 +126,15 @@ class BatchTry:
         self.recorded: list[int] = []
         self.run = batch_run(self.plan, ())
 
-    def claimed(self, recorded: list[int]) -> tuple[int, ...]:
-        """The claims are made (`recorded`: found recorded already): the handler's list."""
+    @property
+    def claims(self) -> list[str]:
+        """The keys to claim, in the order to claim them."""
+        return [k for _, k in self.plan.claims]
+
+    def claimed(self, new: set[str]) -> tuple[int, ...]:
+        """The claims are made (`new`: the keys newly recorded; the others were recorded
+        already: duplicates): the handler's list."""
+        recorded = [i for i, k in self.plan.claims if k not in new]
         self.recorded = recorded
         self.run = batch_run(self.plan, recorded)
         return self.run

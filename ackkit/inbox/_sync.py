@@ -136,7 +136,7 @@ class SyncInbox:
         b.begin()
         with self.store.transaction() as tx:
             tx_ref.append(tx.db)
-            run = b.claimed([i for i, key in b.plan.claims if not tx.claim(self.name, key)])
+            run = b.claimed(tx.claim_all(self.name, b.claims) if b.claims else set())
             result: object = None
             if run:
                 ds = [inv.deliveries[i] for i in run]
