@@ -346,3 +346,46 @@ def test_a_batch_redelivered_after_a_connection_cut_is_all_duplicates(
     assert sorted(effects(postgres_dsn)) == mids
     assert calls.lists == [mids]  # never run again
     assert transactions(postgres_dsn) == 1
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", KINDS)
+def test_database_down_returns_the_batch_unstarted_and_pauses(
+    kind: str, rabbitmq: BrokerHandle, fresh_queue: str, postgres: Any, postgres_dsn: str
+) -> None:
+    """As for single deliveries: the batch goes back to the queue (no attempt, nothing
+    dead-lettered), the listener pauses, and resumes when the database answers."""
+    if not postgres.own:
+        pytest.skip("needs the kit's own PostgreSQL (it is stopped and started)")
+    effects_table(postgres_dsn)
+    from ackkit.inbox import Inbox
+
+    calls = Calls()
+    retry = Retry(max_attempts=1)
+    app = build_batch(
+        kind,
+        rabbitmq.url,
+        fresh_queue,
+        Inbox(postgres_dsn),
+        calls,
+        size=5,
+        timeout=0.5,
+        retry=retry,
+    )
+    with running(kind, app):
+        publish(rabbitmq, fresh_queue, ["before"])
+        eventually(lambda: effects(postgres_dsn) == ["before"])
+        postgres.stop()
+        try:
+            publish(rabbitmq, fresh_queue, [f"down{i}" for i in range(5)])
+            eventually(lambda: app.flow_state()["b"].value == "paused", what="paused")
+            rabbitmq.wait_for(fresh_queue, ready=5, consumers=0, timeout=30)
+            assert rabbitmq.counts(f"{fresh_queue}.dlq").total == 0
+        finally:
+            postgres.start()
+        rabbitmq.wait_for(fresh_queue, ready=0, unacked=0, consumers=1, timeout=60)
+        eventually(lambda: len(effects(postgres_dsn)) == 6, what="6 rows")
+        stats = app.stats()["b"]
+    assert sorted(effects(postgres_dsn)) == ["before", *(f"down{i}" for i in range(5))]
+    assert rabbitmq.counts(f"{fresh_queue}.dlq").total == 0
+    assert stats["dead_lettered"] == 0
