@@ -90,10 +90,12 @@ def build_batch(
     timeout: float = 1.0,
     retry: Retry | None = None,
     flush: FlushPolicy | None = None,
+    follow: str | None = None,
 ) -> Any:
     """An App or AsyncApp with one batch inbox listener named "b". The handler writes an
     effect row (with its transaction's id) for each message it reports done; a raising
-    verdict writes rows for all first, then raises (they must roll back)."""
+    verdict writes rows for all first, then raises (they must roll back). With `follow`,
+    the same for a message published to that queue (through the outbox)."""
     cname = f"inbox-batch-{kind}-{uuid.uuid4().hex[:6]}"
     retry = retry or Retry(max_attempts=3, initial_interval=0.05, strategy=RetryStrategy.IN_PROCESS)
     opts: dict[str, Any] = dict(
@@ -116,12 +118,18 @@ def build_batch(
             index, exc = calls.decide(mids)
             db = ds[0].db
             if exc is not None:
-                for m in mids if db is not None else ():
-                    db.execute(INSERT, (m,))
+                for m, d in zip(mids, ds, strict=True):
+                    if db is not None:
+                        db.execute(INSERT, (m,))
+                    if follow:
+                        d.publish(follow, m.encode(), message_id=f"f-{m}")
                 raise exc
             ok = calls.finished(mids, index)
-            for m in ok if db is not None else ():
-                db.execute(INSERT, (m,))
+            for m, d in zip(ok, ds, strict=False):
+                if db is not None:
+                    db.execute(INSERT, (m,))
+                if follow:
+                    d.publish(follow, m.encode(), message_id=f"f-{m}")
             return None if index is None else AckIndex(index)
 
     else:
@@ -133,12 +141,18 @@ def build_batch(
             index, exc = calls.decide(mids)
             db = ds[0].db
             if exc is not None:
-                for m in mids if db is not None else ():
-                    await db.execute(INSERT, (m,))
+                for m, d in zip(mids, ds, strict=True):
+                    if db is not None:
+                        await db.execute(INSERT, (m,))
+                    if follow:
+                        await d.publish(follow, m.encode(), message_id=f"f-{m}")
                 raise exc
             ok = calls.finished(mids, index)
-            for m in ok if db is not None else ():
-                await db.execute(INSERT, (m,))
+            for m, d in zip(ok, ds, strict=False):
+                if db is not None:
+                    await db.execute(INSERT, (m,))
+                if follow:
+                    await d.publish(follow, m.encode(), message_id=f"f-{m}")
             await asyncio.sleep(0)
             return None if index is None else AckIndex(index)
 
@@ -389,3 +403,44 @@ def test_database_down_returns_the_batch_unstarted_and_pauses(
     assert sorted(effects(postgres_dsn)) == ["before", *(f"down{i}" for i in range(5))]
     assert rabbitmq.counts(f"{fresh_queue}.dlq").total == 0
     assert stats["dead_lettered"] == 0
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", KINDS)
+def test_outbox_messages_of_a_batch_follow_its_commit(
+    kind: str, rabbitmq: BrokerHandle, queue_factory: Any, postgres_dsn: str
+) -> None:
+    """A raising first call publishes for all (rolled back: nothing sent); then
+    AckIndex(0) of 3 (only o0's follow-up sent), then the rest: each follow-up once."""
+
+    def verdict(n: int, mids: list[str]) -> int | None:
+        if n == 1:
+            raise RuntimeError("boom")
+        return 0 if n == 2 else None
+
+    effects_table(postgres_dsn)
+    from ackkit.inbox import Inbox
+
+    q1, q2 = queue_factory("batch"), queue_factory("follow", declare=True)
+    calls = Calls(verdict)
+    retry = Retry(max_attempts=5, initial_interval=0.05, strategy=RetryStrategy.IN_PROCESS)
+    app = build_batch(
+        kind,
+        rabbitmq.url,
+        q1,
+        Inbox(postgres_dsn),
+        calls,
+        size=3,
+        timeout=5.0,
+        retry=retry,
+        follow=q2,
+    )
+    mids = ["o0", "o1", "o2"]
+    with running(kind, app):
+        publish(rabbitmq, q1, mids)
+        rabbitmq.wait_for(q1, ready=0, unacked=0, timeout=30)
+        rabbitmq.wait_for(q2, ready=3, timeout=30)
+    assert calls.lists == [mids, mids, ["o1", "o2"]]
+    sent = rabbitmq.messages(q2)
+    assert sorted(m.body for m in sent) == [b"o0", b"o1", b"o2"]
+    assert sorted(effects(postgres_dsn)) == mids
