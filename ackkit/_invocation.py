@@ -58,6 +58,27 @@ class Invocation:
             return self._args
         return self.binding.args(self.deliveries[0])
 
+    def args_of(self, indexes: Sequence[int]) -> tuple[Any, ...]:
+        """A batch handler's arguments for only `indexes` of `deliveries` (an inbox batch
+        leaves its duplicates and twins out): nothing decoded again."""
+        assert self._args is not None
+        values, rest = self._args[0], self._args[1:]
+        picked = [values[i] for i in indexes]
+        if not rest:
+            return (picked,)
+        return (picked, [self.deliveries[i] for i in indexes])
+
+    def narrow(
+        self, settled: Sequence[int], failures: Sequence[tuple[DeliveryBase, BaseException]]
+    ) -> None:
+        """Keep only `settled` (indexes of `deliveries`, in the order the core settles
+        them) for `outcome`, and fail `failures` with their own errors; the deliveries
+        left out are settled elsewhere (an inbox batch's duplicates)."""
+        ds = self.deliveries
+        self.deliveries = [ds[i] for i in settled]
+        if failures:
+            self.undecodable = [*self.undecodable, *failures]
+
     def outcome(
         self,
         core: ListenerCore,

@@ -89,7 +89,7 @@ def translate(
     return q, c, batch, f
 
 
-def check_inbox(inbox: object, mode: AckMode, batch: Batch | None) -> None:
+def check_inbox(inbox: object, mode: AckMode, batch: Batch | None = None) -> None:
     """listener(inbox=...): an `ackkit.inbox.Inbox`, with a listener it can guard."""
     from .inbox import Inbox
 
@@ -100,5 +100,4 @@ def check_inbox(inbox: object, mode: AckMode, batch: Batch | None) -> None:
             f"inbox= needs ack_mode=AckMode.AUTO, got {mode}: the ack must follow the "
             "transaction's commit, so ackkit settles, not the handler"
         )
-    if batch is not None:
-        raise ValueError("inbox= with batch= is not supported yet: one message a transaction")
+    # batch=: one transaction per batch (see `_core.inbox.end_batch`)

@@ -35,7 +35,8 @@ async def handle(c: AsyncConsumer, ds: list[DeliveryBase]) -> None:
     core = c.core
     if c.tx is not None:
         try:
-            if await c.tx.duplicate_before_start(ds[0]):
+            ds = [d for d in ds if not await c.tx.duplicate_before_start(d)]
+            if not ds:
                 return
         except asyncio.CancelledError:  # shutdown or a lost channel: never started
             await release(c, ds)

@@ -10,11 +10,14 @@ carries out the answer:
   dead-letter rules), transient (retry the whole transaction in process, not counted as
   an attempt), or a sign the database is down (return the delivery unstarted and pause
   the listener until it answers again);
-- `Backoff`: the waits of in-process transaction retries and of the probes while down.
+- `Backoff`: the waits of in-process transaction retries and of the probes while down;
+- `plan_batch`, `batch_run`, `end_batch`: a batch listener's one transaction per batch
+  (which deliveries the handler gets, which are duplicates, which keys are recorded).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -170,3 +173,116 @@ def probe_delay(done: int) -> float:
 def retention_batches(deleted: int, batch: int) -> bool:
     """Another retention batch right away? (The last one was full: more rows are due.)"""
     return deleted >= batch
+
+
+# -- batch listeners: one transaction per batch -------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class BatchKeys:
+    """An inbox batch's keys sorted out before its transaction (`plan_batch`); indexes
+    are positions in the batch as the listener took it."""
+
+    keys: tuple[str | None, ...]
+    """Each delivery's key (None: none to guard)."""
+    dead: tuple[tuple[int, str], ...]
+    """Dead-lettered unrun, with the reason (no usable key): left out of the handler's list."""
+    claims: tuple[tuple[int, str], ...]
+    """Keys to record in the transaction, sorted by key (two batches claiming overlapping
+    keys take them in one order, never deadlocking); one per key: its first delivery."""
+    twins: tuple[tuple[int, int], ...]
+    """(index, index of the earlier delivery with the same key): left out of the
+    handler's list, its fate follows the earlier one's."""
+    unguarded: tuple[int, ...]
+    """No key and `MissingKey.RUN`: run, never recorded."""
+
+
+def plan_batch(
+    keys: Sequence[str | None], missing: MissingKey, refused: Mapping[int, str] | None = None
+) -> BatchKeys:
+    """Sort a batch's keys out: `keys[i]` is delivery i's key, `refused[i]` the reason its
+    key function failed (then it is dead-lettered)."""
+    refused = refused or {}
+    dead: list[tuple[int, str]] = []
+    claims: list[tuple[int, str]] = []
+    twins: list[tuple[int, int]] = []
+    unguarded: list[int] = []
+    first: dict[str, int] = {}
+    kept: list[str | None] = []
+    for i, key in enumerate(keys):
+        if i in refused:
+            dead.append((i, refused[i]))
+            kept.append(None)
+            continue
+        verdict, why = key_verdict(key, missing)
+        if verdict is KeyVerdict.DEAD_LETTER:
+            dead.append((i, why))
+            kept.append(None)
+        elif verdict is KeyVerdict.UNGUARDED:
+            unguarded.append(i)
+            kept.append(None)
+        else:
+            assert key is not None
+            kept.append(key)
+            if key in first:
+                twins.append((i, first[key]))
+            else:
+                first[key] = i
+                claims.append((i, key))
+    claims.sort(key=lambda c: c[1])
+    return BatchKeys(tuple(kept), tuple(dead), tuple(claims), tuple(twins), tuple(unguarded))
+
+
+def batch_run(plan: BatchKeys, recorded: Collection[int]) -> tuple[int, ...]:
+    """The deliveries the handler gets, in batch order, once the claims are made:
+    `recorded` are those whose claim found the key recorded already (duplicates). Left
+    out: the dead-lettered, the duplicates, the twins."""
+    out = {i for i, _ in plan.claims if i not in recorded}
+    out.update(plan.unguarded)
+    return tuple(sorted(out))
+
+
+@dataclass(frozen=True, slots=True)
+class BatchEnd:
+    """What a batch's transaction comes to (`end_batch`)."""
+
+    unrecord: tuple[str, ...]
+    """Keys claimed in the transaction to remove again before it commits (the failed
+    tail of an AckIndex): they stay "not done"."""
+    duplicates: tuple[int, ...]
+    """Acked as duplicates, without the handler: keys recorded already, and twins of
+    deliveries whose key this transaction records."""
+    settled: tuple[int, ...]
+    """The deliveries the listener's usual rules settle, in order: the handler's list
+    (its first `done` succeeded), then the twins of those that failed (failed too)."""
+
+
+def end_batch(
+    plan: BatchKeys, recorded: Collection[int], run: Sequence[int], done: int | None
+) -> BatchEnd:
+    """The fates of a batch whose handler got `run` (`batch_run`) and then returned with
+    `done` of them succeeded (`outcome.succeeded`: all of them, or AckIndex(i): i+1), or
+    raised (`done` None: the transaction rolls back, nothing is recorded).
+
+    - a delivery whose key was recorded already is a duplicate, whatever the handler did;
+    - with AckIndex(i) the transaction commits (the handler's writes are its own: for
+      the failed tail too) and records the keys of run[0..i] only;
+    - a twin is a duplicate of its earlier delivery when that one's key is recorded by
+      this commit (or was already); else it fails with it (retried, dead-lettered).
+    """
+    ok: set[int] = set(run[: done or 0]) if done is not None else set()
+    failed = [i for i in run if i not in ok]
+    recorded_now = {i for i, _ in plan.claims if i in ok}
+    unrecord = (
+        tuple(sorted(plan.keys[i] or "" for i in failed if plan.keys[i] is not None))
+        if done is not None
+        else ()
+    )
+    dups = list(recorded)
+    failing_twins: list[int] = []
+    for i, earlier in plan.twins:
+        if earlier in recorded or earlier in recorded_now:
+            dups.append(i)
+        else:
+            failing_twins.append(i)
+    return BatchEnd(unrecord, tuple(sorted(dups)), tuple(run) + tuple(failing_twins))

@@ -334,8 +334,10 @@ class Consumer(Executor):
     def _run(self, ds: list[Delivery]) -> None:
         """Run the handler for `ds` (one delivery, or a batch) until the core is done with it."""
         core = self.core
-        if self.tx is not None and self.tx.duplicate_before_start(ds[0]):
-            return
+        if self.tx is not None:  # a redelivery whose key is recorded: a duplicate
+            ds = [d for d in ds if not self.tx.duplicate_before_start(d)]
+            if not ds:
+                return
         with self.lock:  # may it start? (not once stopping, not after its channel closed)
             if len(ds) == 1:
                 acts = core.start(ds[0]._tracked)

@@ -10,13 +10,14 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._core.inbox import probe_delay, retention_batches
-from .._core.outcome import Outcome
+from .._core.outcome import Outcome, succeeded
 from .._invocation import Invocation
 from .._publish import Outgoing
 from .._wire import describe
 from ._options import Inbox
 from ._outbox import arelay_once, to_row
 from ._run import (
+    BatchTry,
     DatabaseDown,
     Duplicate,
     duplicate,
@@ -96,6 +97,8 @@ class AsyncInbox:
     async def call(self, inv: Invocation) -> object:
         """See `SyncInbox.call`."""
         self.started()
+        if inv.binding.batch:
+            return await self._call_batch(inv)
         d = inv.deliveries[0]
         key = guard_key(self.inbox, d)
         try:
@@ -103,6 +106,52 @@ class AsyncInbox:
         except Duplicate:
             duplicate(self.c.core, self.name, d, key or "")
             return None
+
+    async def _call_batch(self, inv: Invocation) -> object:
+        """See `SyncInbox._call_batch`."""
+        b = BatchTry(self.inbox, list(inv.deliveries))
+        try:
+            result = await self._retrying(lambda tx_ref: self._once_batch(inv, b, tx_ref))
+        except (DatabaseDown, asyncio.CancelledError):
+            raise  # all returned unstarted / released as they came
+        except BaseException:
+            await self._apart(b, inv)
+            raise
+        await self._apart(b, inv)
+        return result
+
+    async def _apart(self, b: BatchTry, inv: Invocation) -> None:
+        c = self.c
+        acts = b.apart(c.core, self.name, inv)
+        if acts:
+            await c.execute(c.core.generation, acts)
+
+    async def _once_batch(self, inv: Invocation, b: BatchTry, tx_ref: list[Any]) -> object:
+        b.begin()
+        wrote = False
+        async with self._transaction() as tx:
+            tx_ref.append(tx.db)
+            new = await tx.aclaim_all(self.name, b.claims) if b.claims else set()
+            run = b.claimed(new)
+            result: object = None
+            if run:
+                ds = [inv.deliveries[i] for i in run]
+                set_db(ds, tx.db)
+                cur: list[Any] = [tx, False]
+                token = _CURRENT.set(cur)
+                try:
+                    result = await inv.binding.fn(*inv.args_of(run))
+                    wrote = cur[1]
+                finally:
+                    set_db(ds, None)
+                    _CURRENT.reset(token)
+                tx.check()
+            end = b.returned(succeeded(result, len(run), True))
+            if end.unrecord:
+                await tx.aunclaim(self.name, end.unrecord)
+        if wrote:
+            self._kick.set()
+        return result
 
     async def duplicate_before_start(self, d: DeliveryBase) -> bool:
         """See `SyncInbox.duplicate_before_start`."""

@@ -103,6 +103,21 @@ class MemoryTx:
                 return got
             await asyncio.sleep(0.005)
 
+    def claim_all(self, listener: str, keys: list[str]) -> set[str]:
+        return {k for k in keys if self.claim(listener, k)}
+
+    async def aclaim_all(self, listener: str, keys: list[str]) -> set[str]:
+        return {k for k in keys if await self.aclaim(listener, k)}
+
+    def unclaim(self, listener: str, keys: tuple[str, ...]) -> None:
+        """Release keys claimed in this transaction: not recorded at its commit."""
+        gone = [(listener, k) for k in keys]
+        self.claimed = [k for k in self.claimed if k not in set(gone)]
+        self.store.end(gone, commit=False)
+
+    async def aunclaim(self, listener: str, keys: tuple[str, ...]) -> None:
+        self.unclaim(listener, keys)
+
     def check(self) -> None:
         pass
 

@@ -46,6 +46,9 @@ class Inbox:
     the handler (counted as `duplicate`). The handler does its writes on `delivery.db`,
     the transaction's connection (a `psycopg.Connection` on App, an
     `psycopg.AsyncConnection` on AsyncApp); it must not commit or roll back itself.
+    A batch listener runs one transaction per batch: duplicates are left out of its
+    list, and with `AckIndex(i)` only the keys of [0..i] are recorded (the commit
+    includes the handler's writes for the rest: use a savepoint per message).
 
     - `dsn`: a libpq connection string or URL (``postgresql://user:pw@host/db``), or
       ``memory://<name>`` for the in-memory inbox of fast tests (no server, no

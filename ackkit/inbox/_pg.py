@@ -10,7 +10,7 @@ from typing import Any
 
 from .._core.inbox import Fault, fault_of
 from ._options import Inbox
-from ._sql import SCHEMA_LOCK, claim, schema
+from ._sql import SCHEMA_LOCK, claim, claim_all, schema, unclaim
 
 try:
     import psycopg
@@ -53,6 +53,14 @@ class PgTx:
     def claim(self, listener: str, key: str) -> bool:
         return self.db.execute(claim(self.inbox.table), (listener, key)).fetchone() is not None
 
+    def claim_all(self, listener: str, keys: list[str]) -> set[str]:
+        """Claim `keys` in their order (one statement); the ones newly recorded."""
+        rows = self.db.execute(claim_all(self.inbox.table), (listener, keys)).fetchall()
+        return {r[0] for r in rows}
+
+    def unclaim(self, listener: str, keys: tuple[str, ...]) -> None:
+        self.db.execute(unclaim(self.inbox.table), (listener, list(keys)))
+
     def check(self) -> None:
         status = self.db.info.transaction_status
         if status == psycopg.pq.TransactionStatus.INERROR:
@@ -68,6 +76,13 @@ class AsyncPgTx(PgTx):
     async def aclaim(self, listener: str, key: str) -> bool:
         cur = await self.db.execute(claim(self.inbox.table), (listener, key))
         return await cur.fetchone() is not None
+
+    async def aclaim_all(self, listener: str, keys: list[str]) -> set[str]:
+        cur = await self.db.execute(claim_all(self.inbox.table), (listener, keys))
+        return {r[0] for r in await cur.fetchall()}
+
+    async def aunclaim(self, listener: str, keys: tuple[str, ...]) -> None:
+        await self.db.execute(unclaim(self.inbox.table), (listener, list(keys)))
 
 
 class PgStore:

@@ -6,14 +6,26 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from .._core.actions import Action
 from .._core.errors import DeadLetterMessage
-from .._core.inbox import TRANSACTION_RETRY, Fault, KeyVerdict, key_verdict
+from .._core.inbox import (
+    TRANSACTION_RETRY,
+    BatchEnd,
+    BatchKeys,
+    Fault,
+    KeyVerdict,
+    batch_run,
+    end_batch,
+    key_verdict,
+    plan_batch,
+)
 from .._wire import describe
 from ._options import Inbox
 
 if TYPE_CHECKING:
     from .._core.listener import ListenerCore
     from .._delivery import DeliveryBase
+    from .._invocation import Invocation
 
 log = logging.getLogger("ackkit.inbox")
 
@@ -85,3 +97,62 @@ def retry_after(name: str, fault: Fault, exc: Exception, tries: int) -> float:
         describe(exc),
     )
     return wait
+
+
+# -- batch listeners ----------------------------------------------------------------------
+
+
+class BatchTry:
+    """One batch's transaction as it goes (`_core.inbox.plan_batch` and what follows):
+    the keys found recorded, the deliveries the handler gets, the end decided."""
+
+    __slots__ = ("end", "plan", "recorded", "run")
+
+    def __init__(self, inbox: Inbox, ds: list[DeliveryBase]) -> None:
+        keys: list[str | None] = []
+        refused: dict[int, str] = {}
+        for i, d in enumerate(ds):
+            try:
+                keys.append(inbox.key_of(d))
+            except Exception as exc:
+                keys.append(None)
+                refused[i] = f"inbox key function failed: {describe(exc)}"
+        self.plan: BatchKeys = plan_batch(keys, inbox.missing_key, refused)
+        self.begin()
+        self.end: BatchEnd | None = None
+
+    def begin(self) -> None:
+        """A new try of the transaction: nothing claimed yet."""
+        self.recorded: list[int] = []
+        self.run = batch_run(self.plan, ())
+
+    @property
+    def claims(self) -> list[str]:
+        """The keys to claim, in the order to claim them."""
+        return [k for _, k in self.plan.claims]
+
+    def claimed(self, new: set[str]) -> tuple[int, ...]:
+        """The claims are made (`new`: the keys newly recorded; the others were recorded
+        already: duplicates): the handler's list."""
+        recorded = [i for i, k in self.plan.claims if k not in new]
+        self.recorded = recorded
+        self.run = batch_run(self.plan, recorded)
+        return self.run
+
+    def returned(self, done: int) -> BatchEnd:
+        self.end = end_batch(self.plan, self.recorded, self.run, done)
+        return self.end
+
+    def apart(self, core: ListenerCore, name: str, inv: Invocation) -> list[Action]:
+        """Settle the duplicates apart (acked, counted, logged); leave `inv` with what the
+        listener's rules settle (the dead-lettered as failures of their own). The
+        transaction has ended: committed (`returned`) or rolled back (the handler raised)."""
+        end = self.end or end_batch(self.plan, self.recorded, self.run, None)
+        ds = inv.deliveries
+        acts: list[Action] = []
+        for i in end.duplicates:
+            duplicate(core, name, ds[i], self.plan.keys[i] or "")
+            acts.extend(core.finish(ds[i]._tracked))
+        dead = [(ds[i], DeadLetterMessage(why)) for i, why in self.plan.dead]
+        inv.narrow(end.settled, dead)
+        return acts

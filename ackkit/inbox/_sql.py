@@ -36,6 +36,21 @@ def claim(inbox: str) -> str:
     )
 
 
+def claim_all(inbox: str) -> str:
+    """Record a batch's keys (%s: the listener, %s: the keys, sorted) in one statement,
+    in the array's order; the keys that were not there already come back."""
+    return (
+        f"INSERT INTO {inbox} (listener, key) SELECT %s, k FROM unnest(%s::text[]) "
+        "WITH ORDINALITY AS u(k, o) ORDER BY o "
+        "ON CONFLICT (listener, key) DO NOTHING RETURNING key"
+    )
+
+
+def unclaim(inbox: str) -> str:
+    """Remove keys claimed in this transaction (a batch's failed tail: not done)."""
+    return f"DELETE FROM {inbox} WHERE listener = %s AND key = ANY(%s)"
+
+
 def expire(inbox: str) -> str:
     """Delete at most %s rows received more than %s seconds ago."""
     return (

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._core.inbox import probe_delay, retention_batches
-from .._core.outcome import Outcome
+from .._core.outcome import Outcome, succeeded
 from .._invocation import Invocation
 from .._publish import Outgoing
 from .._wire import describe
@@ -18,6 +18,7 @@ from ._options import Inbox
 from ._outbox import relay_once, to_row
 from ._relay import RELAY_POLL, relay_connection
 from ._run import (
+    BatchTry,
     DatabaseDown,
     Duplicate,
     duplicate,
@@ -98,6 +99,8 @@ class SyncInbox:
         """Run the handler for `inv` in a transaction; None for a duplicate (acked
         without running). Raises what the handler raised (rolled back), DeadLetterMessage
         for a message without a key, DatabaseDown when the database cannot be reached."""
+        if inv.binding.batch:
+            return self._call_batch(inv)
         d = inv.deliveries[0]
         key = guard_key(self.inbox, d)
         try:
@@ -106,6 +109,52 @@ class SyncInbox:
             with self.c.lock:
                 duplicate(self.c.core, self.name, d, key or "")
             return None
+
+    def _call_batch(self, inv: Invocation) -> object:
+        """A batch in one transaction (`_core.inbox.end_batch` has the rules). Leaves
+        `inv` with the deliveries the listener's rules settle; the duplicates are settled
+        here. DatabaseDown leaves `inv` whole (all returned unstarted)."""
+        b = BatchTry(self.inbox, list(inv.deliveries))
+        try:
+            result = self._retrying(lambda tx_ref: self._once_batch(inv, b, tx_ref))
+        except DatabaseDown:
+            raise
+        except BaseException:
+            self._apart(b, inv)  # rolled back: only the recorded keys are duplicates
+            raise
+        self._apart(b, inv)
+        return result
+
+    def _apart(self, b: BatchTry, inv: Invocation) -> None:
+        c = self.c
+        with c.lock:
+            acts = b.apart(c.core, self.name, inv)
+            if acts:
+                c.send(c.core.generation, acts)
+
+    def _once_batch(self, inv: Invocation, b: BatchTry, tx_ref: list[Any]) -> object:
+        b.begin()
+        with self.store.transaction() as tx:
+            tx_ref.append(tx.db)
+            run = b.claimed(tx.claim_all(self.name, b.claims) if b.claims else set())
+            result: object = None
+            if run:
+                ds = [inv.deliveries[i] for i in run]
+                set_db(ds, tx.db)
+                self._current.tx = tx
+                self._current.wrote = False
+                try:
+                    result = inv.binding.fn(*inv.args_of(run))
+                finally:
+                    set_db(ds, None)
+                    self._current.tx = None
+                tx.check()
+            end = b.returned(succeeded(result, len(run), True))
+            if end.unrecord:
+                tx.unclaim(self.name, end.unrecord)
+        if run and self._current.wrote:
+            self._kick.set()
+        return result
 
     def duplicate_before_start(self, d: Delivery) -> bool:
         """A redelivery the core would charge or dead-letter: is its key recorded

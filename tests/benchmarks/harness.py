@@ -64,6 +64,7 @@ RATIOS: tuple[tuple[str, str, float], ...] = (
     ("spark.ackkit.steady.shards1", "pika.batched", 0.8),
     ("spark.ackkit.steady.shards2", "pika.batched", 0.8),
     ("spark.ackkit.steady.shards4", "pika.batched", 0.8),
+    ("ackkit.inbox.batch", "ackkit.inbox", 5.0),
 )
 
 Status = Literal["ok", "invalid", "error", "n/a"]
