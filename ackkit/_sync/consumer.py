@@ -258,7 +258,8 @@ class Consumer(Executor):
 
     def original(self, a: Republish) -> tuple[Any, bytes]:
         d = self.originals.copy(a.token)  # remembered when the copy was decided
-        assert d is not None
+        if d is None:  # never expected: a copy is decided while its delivery is mapped
+            raise LookupError(f"the original of copy {a.token} is not remembered")
         return d.properties, d.body
 
     # -- worker threads --------------------------------------------------------

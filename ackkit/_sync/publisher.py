@@ -208,8 +208,8 @@ class Publisher:
 
             ch.queue_declare(name, durable=True, arguments=args or None, callback=declared)
             return
-        props, body = owner.original(a)
         try:
+            props, body = owner.original(a)
             copy = copy_properties(
                 None if a.minimal else props, a.set_headers, **copy_options(a, ch)
             )

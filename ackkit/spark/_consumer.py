@@ -409,6 +409,7 @@ class SourceConsumer(Engine, Executor):
 
     def original(self, a: Republish) -> tuple[Any, bytes]:
         original = self.originals.copy(a.token)  # remembered when the copy was decided
-        assert original is not None
+        if original is None:  # never expected: a copy is decided while its delivery is mapped
+            raise LookupError(f"the original of copy {a.token} is not remembered")
         props, body = original
         return props, body

@@ -150,3 +150,15 @@ def test_a_copy_waiting_for_its_queue_is_reported_when_the_channel_closes() -> N
     assert owner.reports == {7: (False, False)}
     assert owner.lost == {7: "ConnectionError: 406"}  # the close's reason, for the core
     assert pub.declaring == []
+
+
+def test_a_copy_whose_original_is_not_remembered_is_reported_not_raised() -> None:
+    """The I/O thread never dies over one copy: an original the executor cannot find
+    (never expected) is reported to the core as a copy that could not be built."""
+    pub, sent = publisher()
+    failed: list[tuple[int, str]] = []
+    owner = Owner()
+    owner.republish_failed = lambda token, why: failed.append((token, why))  # type: ignore[method-assign]
+    pub.publish(owner, 1, Republish(9, 9, exchange="", routing_key="q.dlq"))  # type: ignore[arg-type]
+    assert sent == []
+    assert [t for t, _ in failed] == [9]
