@@ -170,11 +170,17 @@ class DeadLetterQueue:
                     report.errors.append(f"{dl.message_id or '?'} -> {target}: {why}")
             if held and ch.is_open:
                 ch.basic_nack(0, multiple=True, requeue=True)
+            if ch.is_open:
+                # counted on the channel that requeued the held ones, after the nack: a
+                # count on another channel may be answered before the requeue is done
+                ok = ch.queue_declare(self.queue, passive=True)
+                report.remaining = int(ok.method.message_count)
         finally:
             if ch.is_open:
                 with contextlib.suppress(pika.exceptions.AMQPError):
                     ch.close()  # also requeues anything still unacked
-        report.remaining = self.count()
+        if report.remaining is None:
+            report.remaining = self.count()
         return report
 
     def _replay_channel(self) -> Any:

@@ -32,6 +32,7 @@ from ackkit._core.listener import ListenerCore
 from ackkit._core.policy import ListenerPolicy
 from ackkit._core.topology import check_delivery_limit, declarable
 from ackkit.errors import TopologyConflict
+from tests.unit._fakes import parse_source
 
 KNOWN = (V3, V40, V43)
 
@@ -260,7 +261,7 @@ def _calls(name: str) -> list[tuple[str, ast.Call]]:
     for path in root.rglob("*.py"):
         if path.parent.name == "testing":
             continue  # the test kit declares what its caller asks for
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse_source(path)):
             if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == name:
                 out.append((str(path.relative_to(root)), node))
     return out

@@ -12,6 +12,7 @@ import pytest
 import ackkit
 from ackkit import TLS, App, AsyncApp
 from ackkit._tls import client_tls, handshake_hint, tls_failure
+from tests.unit._fakes import parse_source
 
 PACKAGE = Path(ackkit.__file__).parent
 
@@ -29,7 +30,7 @@ def _sources() -> list[Path]:
 
 
 def _findings(path: Path) -> list[str]:
-    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    tree = parse_source(path)
     out = []
     for node in ast.walk(tree):
         where = f"{path.name}:{getattr(node, 'lineno', '?')}"
