@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -170,18 +171,23 @@ class DeadLetterQueue:
                     report.errors.append(f"{dl.message_id or '?'} -> {target}: {why}")
             if held and ch.is_open:
                 ch.basic_nack(0, multiple=True, requeue=True)
-            if ch.is_open:
-                # counted on the channel that requeued the held ones, after the nack: a
-                # count on another channel may be answered before the requeue is done
-                ok = ch.queue_declare(self.queue, passive=True)
-                report.remaining = int(ok.method.message_count)
         finally:
             if ch.is_open:
                 with contextlib.suppress(pika.exceptions.AMQPError):
                     ch.close()  # also requeues anything still unacked
-        if report.remaining is None:
-            report.remaining = self.count()
+        report.remaining = self._settled_count(report.left)
         return report
+
+    def _settled_count(self, left: int) -> int:
+        """The queue's count once the `left` dead letters this replay gave back are in it
+        again: the broker may answer a count before it has finished requeueing them (seen
+        on 4.3). Waits at most 2 s (another consumer may have taken some meanwhile)."""
+        deadline = time.monotonic() + 2.0
+        n = self.count()
+        while n < left and time.monotonic() < deadline:
+            time.sleep(0.05)
+            n = self.count()
+        return n
 
     def _replay_channel(self) -> Any:
         ch = self._conn.channel()
