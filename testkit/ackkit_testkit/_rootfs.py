@@ -166,7 +166,7 @@ def ensure_root(version: str, product: str = "rabbitmq") -> pathlib.Path:
     with _locked(base / f".{name}.lock"):
         if _usable(root, version, package):  # another process built it while we waited
             return root
-        _remove_leftovers(base, name)
+        _remove_leftovers(base, version, product)
         if root.exists():
             log.warning("replacing the unusable root %s", root)
             _safe_rmtree(root)
@@ -215,9 +215,9 @@ def _safe_rmtree(path: pathlib.Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _remove_leftovers(base: pathlib.Path, name: str) -> None:
-    """Temporary directories of killed builds of root ``name`` (the caller holds its lock)."""
-    for stale in glob.glob(str(base / f".building-{name}-*")):
+def _remove_leftovers(base: pathlib.Path, version: str, product: str = "rabbitmq") -> None:
+    """Temporary directories of killed builds (the caller holds the version's lock)."""
+    for stale in glob.glob(str(base / f".building-{product}-{version}-*")):
         log.warning("removing %s, left behind by an interrupted root build", stale)
         _safe_rmtree(pathlib.Path(stale))
 

@@ -4,14 +4,15 @@ way runs, and that the container's generated password never shows: no Docker nee
 
 from __future__ import annotations
 
+import pathlib
 from typing import Any
 
 import pytest
 
-from ackkit.testing import _pg
+from ackkit.testing import BrokerUnavailable, _pg
 from ackkit_testkit import _postgres
 from ackkit_testkit import _provider_pg_docker as pgd
-from ackkit_testkit._pg_image import local_pg_image_version
+from ackkit_testkit._pg_image import local_pg_image_version, postgres_version_in
 
 BIN = "/usr/lib/postgresql/15/bin"
 
@@ -227,3 +228,14 @@ def test_a_container_that_does_not_start_hides_the_password(stand_in: type[_Cont
     assert "POSTGRES_PASSWORD=***" in str(info.value) and made.stopped
     assert local_pg_image_version("ackkit-test/postgres:17") == "17"
     assert local_pg_image_version("postgres:17") is None
+
+
+def test_the_version_in_a_root_is_its_newest_server(tmp_path: pathlib.Path) -> None:
+    with pytest.raises(BrokerUnavailable, match="holds no PostgreSQL server"):
+        postgres_version_in(tmp_path)
+    for version in ("9", "17", "15"):
+        server = tmp_path / f"usr/lib/postgresql/{version}/bin/postgres"
+        server.parent.mkdir(parents=True)
+        server.touch()
+    (tmp_path / "usr/lib/postgresql/18/bin").mkdir(parents=True)  # no server there
+    assert postgres_version_in(tmp_path) == "17"
