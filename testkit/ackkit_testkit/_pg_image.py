@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     from ackkit.testing._docker_engine import docker_client, network_mode
+    from ackkit.testing._env import ENV_POSTGRES_IMAGE
 
     from ._provider_pg_docker import pg_image_choice
 
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         if args.for_tests:
-            explicit = os.environ.get("ACKKIT_TEST_POSTGRES_IMAGE", "").strip()
+            explicit = os.environ.get(ENV_POSTGRES_IMAGE, "").strip()
             kit_exists = image_exists(client, local_pg_image_name(args.version))
             name, own = pg_image_choice(explicit, network_mode(client), kit_exists, args.version)
             if not own:
