@@ -51,7 +51,10 @@ as when the tests run as root; default ``rabbitmq``);
 ``ACKKIT_TEST_RABBITMQ=3.10|4.0|4.3`` the version of the kit's own nodes (3.10,
 the default, is the machine's ``rabbitmq-server``; 4.x nodes run in a Debian root
 built once, as root, under ``ACKKIT_ROOTFS_DIR``, default /var/cache/ackkit/rootfs;
-both need ackkit-testkit).
+both need ackkit-testkit). The ``postgres`` fixture's server:
+``ACKKIT_TEST_POSTGRES_DSN``, else ``ACKKIT_TEST_POSTGRES=auto|dsn|own|docker``
+(auto: the DSN, else the machine's server binaries, else a container, image
+``ACKKIT_TEST_POSTGRES_IMAGE``).
 
 The pytest fixtures (``rabbitmq``, ``amqp_url``, ``queue_factory``,
 ``fresh_queue``, ``own_rabbitmq``) live in :mod:`ackkit.testing.plugin`, which

@@ -16,6 +16,9 @@ ENV_NODE_DIR = "ACKKIT_TEST_NODE_DIR"  # parent directory of own nodes' data dir
 ENV_BOOT_TIMEOUT = "ACKKIT_TEST_BOOT_TIMEOUT"  # seconds, default 60
 ENV_VERSION = "ACKKIT_TEST_RABBITMQ"  # 3.10 | 4.0 | 4.3: version of the kit's own brokers
 ENV_POSTGRES_DSN = "ACKKIT_TEST_POSTGRES_DSN"  # a PostgreSQL the tests may use
+ENV_POSTGRES = "ACKKIT_TEST_POSTGRES"  # auto | dsn | own | docker: where PostgreSQL comes from
+ENV_POSTGRES_IMAGE = "ACKKIT_TEST_POSTGRES_IMAGE"  # the image of the Docker way
+POSTGRES_MODES = ("auto", "dsn", "own", "docker")
 
 DEFAULT_VERSION = "3.10"  # the machine's own rabbitmq-server
 VERSIONS = ("3.10", "4.0", "4.3")

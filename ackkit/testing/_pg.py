@@ -1,6 +1,7 @@
 """The PostgreSQL of the ``postgres`` / ``postgres_dsn`` fixtures: the database of
-``ACKKIT_TEST_POSTGRES_DSN`` (used as it is), else a throwaway cluster of the kit's
-own, which ackkit-testkit makes from the machine's server binaries."""
+``ACKKIT_TEST_POSTGRES_DSN`` (used as it is), else a throwaway server of the kit's own,
+which ackkit-testkit makes from the machine's server binaries or runs in a container
+on a Docker engine. ``ACKKIT_TEST_POSTGRES=auto|dsn|own|docker`` forces a way."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from . import _kit
-from ._env import ENV_POSTGRES_DSN
+from ._env import ENV_POSTGRES, ENV_POSTGRES_DSN, POSTGRES_MODES
 from ._util import mask_url
 
 __all__ = ["ExternalPostgres", "fresh_database", "provision_postgres"]
@@ -36,17 +37,24 @@ class ExternalPostgres:
         pass
 
 
-def provision_postgres() -> Any:
+def provision_postgres(mode: str | None = None) -> Any:
     """``ExternalPostgres`` for ``ACKKIT_TEST_POSTGRES_DSN``, else ackkit-testkit's
-    throwaway cluster (its ``PostgresHandle``; the caller closes it)."""
+    throwaway server (the caller closes it). ``mode`` (default ``$ACKKIT_TEST_POSTGRES``,
+    else "auto"): "dsn" insists on the DSN, "own" / "docker" on the kit's cluster from
+    the server binaries / its container, even when the DSN is set."""
+    mode = (mode or os.environ.get(ENV_POSTGRES, "") or "auto").strip().lower()
+    if mode not in POSTGRES_MODES:
+        raise ValueError(f"{ENV_POSTGRES} must be one of {', '.join(POSTGRES_MODES)}: {mode!r}")
     dsn = os.environ.get(ENV_POSTGRES_DSN, "").strip()
-    if dsn:
+    if mode == "dsn" or (mode == "auto" and dsn):
+        if not dsn:
+            raise ValueError(f"{ENV_POSTGRES}=dsn but {ENV_POSTGRES_DSN} is not set")
         return ExternalPostgres(dsn)
     kit = _kit.require(
         "a PostgreSQL of the kit's own",
         instead=f"set {ENV_POSTGRES_DSN} to a database the tests may create databases in",
     )
-    return kit.provision_postgres()
+    return kit.provision_postgres(mode)
 
 
 def fresh_database(server_dsn: str, slug: str) -> Iterator[str]:

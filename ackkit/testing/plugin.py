@@ -24,7 +24,8 @@ Fixtures:
 ``amqp_broker``    ``memory_broker``, or ``rabbitmq`` with ``--real-broker`` /
                    ``ACKKIT_TEST_REAL_BROKER=1``: one test suite, both brokers
 ``postgres``, ``postgres_dsn``  a PostgreSQL (``ACKKIT_TEST_POSTGRES_DSN``, or a throwaway
-                   cluster of ackkit-testkit's) and a fresh database on it per test
+                   cluster or container of ackkit-testkit's; ``ACKKIT_TEST_POSTGRES=
+                   auto|dsn|own|docker``) and a fresh database on it per test
 ``memory_broker``  a fresh :class:`~ackkit.testing.InMemoryBroker` for the test (no
                    network); ``App(memory_broker.url)`` runs on it. It follows RabbitMQ
                    3.13's rules, or those of the version ``--rabbitmq`` /
@@ -386,8 +387,9 @@ def fresh_queue(queue_factory: QueueFactory) -> str:
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[Any]:
     """A session-scoped PostgreSQL (``.dsn``): ``ACKKIT_TEST_POSTGRES_DSN``, or a throwaway
-    cluster made with the machine's PostgreSQL binaries by ackkit-testkit (127.0.0.1, a
-    free port; stopped and deleted at the end)."""
+    server of ackkit-testkit's, a cluster made with the machine's PostgreSQL binaries or
+    a container on a Docker engine (``ACKKIT_TEST_POSTGRES``; 127.0.0.1, a free port;
+    stopped and deleted at the end)."""
     h = provision_postgres()
     try:
         yield h

@@ -13,8 +13,10 @@ machine, and ``ackkit.testing`` uses it when it is installed::
 * the kit's own Docker image ``ackkit-test/rabbitmq:<version>``, imported from
   such a root for an engine that cannot pull one
   (``python -m ackkit_testkit._docker_image``);
-* a throwaway PostgreSQL cluster from the machine's server binaries (the
-  ``postgres`` / ``postgres_dsn`` fixtures).
+* a throwaway PostgreSQL (the ``postgres`` / ``postgres_dsn`` fixtures): a cluster
+  from the machine's server binaries, or a container on a Docker engine, with the
+  kit's own image ``ackkit-test/postgres:<version>`` for an engine that cannot pull
+  one (``python -m ackkit_testkit._pg_image``).
 
 Nothing here is imported until a test asks for one of these; the fixtures and
 ``ackkit.testing.provision_broker`` stay the way to get them.

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ackkit.testing._docker_engine import (
@@ -73,7 +73,7 @@ def _version_matches(installed: str, wanted: str) -> bool:
 
 
 @contextlib.contextmanager
-def _build_lock(name: str) -> Iterator[None]:
+def build_lock(name: str) -> Iterator[None]:
     """One builder per image name on this machine (parallel test runs wait)."""
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
     path = os.path.join(tempfile.gettempdir(), f"ackkit-image-{slug}.lock")
@@ -95,10 +95,20 @@ def build_image(client: Any, root: pathlib.Path, *, name: str) -> float:
     installed = rabbitmq_version_in(root)
     if version is not None and not _version_matches(installed, version):
         raise BrokerUnavailable(f"{root} holds RabbitMQ {installed}, not {version} (for {name})")
+    changes = [*_CHANGES, f"LABEL org.ackkit.rabbitmq-version={installed}"]
+    return import_root(client, root, name=name, excludes=_EXCLUDES, changes=changes)
+
+
+def import_root(
+    client: Any, root: pathlib.Path, *, name: str, excludes: Sequence[str], changes: Sequence[str]
+) -> float:
+    """``tar`` the Debian root ``root`` (only read; mounted file systems and ``excludes``
+    left out) into ``docker import`` as image ``name`` with the Dockerfile-like
+    ``changes``; returns the seconds it took."""
     repository, _, tag = name.rpartition(":")
     started = time.monotonic()
     cmd = ["tar", "-C", str(root), "--one-file-system", "--numeric-owner"]
-    cmd += [f"--exclude={pattern}" for pattern in _EXCLUDES]
+    cmd += [f"--exclude={pattern}" for pattern in excludes]
     cmd += ["-cf", "-", "."]
     with tempfile.TemporaryFile() as errors:
         tar = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=errors)
@@ -109,7 +119,7 @@ def build_image(client: Any, root: pathlib.Path, *, name: str) -> float:
                 src=stream,
                 repository=repository,
                 tag=tag,
-                changes=[*_CHANGES, f"LABEL org.ackkit.rabbitmq-version={installed}"],
+                changes=list(changes),
                 stream_src=True,
             )
         finally:
@@ -158,7 +168,7 @@ def ensure_local_image(client: Any, version: str = DEFAULT_VERSION) -> str:
             "with `sudo python -m ackkit_testkit._docker_image`, or set "
             "ACKKIT_TEST_RABBITMQ_IMAGE=rabbitmq:4.3 to pull the official image"
         )
-    with _build_lock(name):
+    with build_lock(name):
         if not image_exists(client, name):
             build_image(client, _ensure_root(version), name=name)
     return name
@@ -216,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         if image_exists(client, name) and not args.force:
             print(f"{name} exists")
             return 0
-        with _build_lock(name):
+        with build_lock(name):
             root_started = time.monotonic()
             root = args.root or _ensure_root(args.version)
             root_seconds = time.monotonic() - root_started

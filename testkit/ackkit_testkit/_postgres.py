@@ -1,7 +1,12 @@
 """A throwaway PostgreSQL for tests of the inbox: a DSN the user gives
-(``ACKKIT_TEST_POSTGRES_DSN``), or a cluster of the kit's own made with the machine's
+(``ACKKIT_TEST_POSTGRES_DSN``), a cluster of the kit's own made with the machine's
 server binaries (``initdb`` + ``pg_ctl``; as root it runs as the ``postgres`` user) in a
-temporary directory, on a free port of 127.0.0.1, deleted at the end."""
+temporary directory, on a free port of 127.0.0.1, deleted at the end, or a container
+on a Docker engine (:mod:`._provider_pg_docker`).
+
+``ACKKIT_TEST_POSTGRES`` picks the way: ``auto`` (the default: the DSN when it is set,
+else the server binaries, else a container when a Docker engine answers), ``dsn``,
+``own`` or ``docker``."""
 
 from __future__ import annotations
 
@@ -12,9 +17,11 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
+from ackkit.testing._env import ENV_POSTGRES, POSTGRES_MODES
 from ackkit.testing._env import ENV_POSTGRES_DSN as ENV_DSN
 from ackkit.testing._util import free_port, mask_url
 
@@ -86,19 +93,78 @@ def _run(cmd: list[str], user: str | None) -> None:
         )
 
 
-def provision_postgres() -> PostgresHandle:
-    """A PostgreSQL for the tests: ``ACKKIT_TEST_POSTGRES_DSN`` if set, else a cluster of
-    the kit's own (the machine's server binaries). PostgresUnavailable, saying what to
-    do, when there is neither."""
-    dsn = os.environ.get(ENV_DSN)
-    if dsn:
-        return PostgresHandle(dsn)
+HOW_TO_GET_POSTGRES = """\
+How to get a PostgreSQL for the tests (any one of):
+  * set ACKKIT_TEST_POSTGRES_DSN to a database the tests may create databases in
+  * install the server binaries: apt-get install postgresql (Debian/Ubuntu), brew install postgresql
+  * start a Docker engine (with testcontainers installed, the kit runs a PostgreSQL container)
+Force one way with ACKKIT_TEST_POSTGRES=dsn|own|docker."""
+
+
+def postgres_mode(explicit: str | None = None) -> str:
+    """The way asked for: ``explicit``, else ``$ACKKIT_TEST_POSTGRES``, else "auto"."""
+    mode = (explicit or os.environ.get(ENV_POSTGRES, "") or "auto").strip().lower()
+    if mode not in POSTGRES_MODES:
+        raise ValueError(f"{ENV_POSTGRES} must be one of {', '.join(POSTGRES_MODES)}: {mode!r}")
+    return mode
+
+
+def choose_postgres(
+    mode: str, *, dsn: str, binaries: str | None, engine: Callable[[], tuple[bool, str]]
+) -> str:
+    """Which way gives the tests their PostgreSQL: "dsn", "own" or "docker".
+
+    ``dsn``: ``ACKKIT_TEST_POSTGRES_DSN`` ("" when not set); ``binaries``: the server
+    binaries directory (None: none); ``engine()``: (True, "") when a Docker engine
+    answers, else (False, why); asked only when the choice depends on it.
+    PostgresUnavailable, saying what was tried, when the way asked for cannot be had.
+    """
+    if mode == "dsn" or (mode == "auto" and dsn):
+        if not dsn:
+            raise PostgresUnavailable(f"{ENV_POSTGRES}=dsn but {ENV_DSN} is not set")
+        return "dsn"
+    if mode == "own" or (mode == "auto" and binaries):
+        if not binaries:
+            raise PostgresUnavailable(
+                f"{ENV_POSTGRES}=own but no PostgreSQL server binaries were found "
+                f"({BIN_GLOB}, or initdb on PATH)\n{HOW_TO_GET_POSTGRES}"
+            )
+        return "own"
+    ok, why = engine()
+    if ok:
+        return "docker"
+    if mode == "docker":
+        raise PostgresUnavailable(f"{ENV_POSTGRES}=docker but {why}\n{HOW_TO_GET_POSTGRES}")
+    raise PostgresUnavailable(
+        f"no PostgreSQL for the tests. Tried:\n  - {ENV_DSN}: not set\n"
+        f"  - server binaries: none in {BIN_GLOB} or on PATH\n  - Docker: {why}\n"
+        + HOW_TO_GET_POSTGRES
+    )
+
+
+def provision_postgres(mode: str | None = None) -> Any:
+    """A PostgreSQL for the tests, the way ``mode`` (default ``$ACKKIT_TEST_POSTGRES``,
+    else "auto") asks: ``ACKKIT_TEST_POSTGRES_DSN``'s (a :class:`PostgresHandle` that is
+    not the kit's own), a cluster of the kit's own (the machine's server binaries), or a
+    container (a ``DockerPostgres``). PostgresUnavailable, saying what to do, when the
+    way asked for cannot be had."""
+    from ackkit.testing._docker_engine import _docker_engine
+
+    dsn = os.environ.get(ENV_DSN, "").strip()
     bindir = server_bin()
-    if bindir is None:
-        raise PostgresUnavailable(
-            "no PostgreSQL for the tests: set ACKKIT_TEST_POSTGRES_DSN to a database the "
-            "tests may create tables in, or install the server (apt-get install postgresql)"
-        )
+    way = choose_postgres(postgres_mode(mode), dsn=dsn, binaries=bindir, engine=_docker_engine)
+    if way == "dsn":
+        return PostgresHandle(dsn)
+    if way == "docker":
+        from ._provider_pg_docker import provision_docker_postgres
+
+        return provision_docker_postgres()
+    assert bindir is not None
+    return _own_cluster(bindir)
+
+
+def _own_cluster(bindir: str) -> PostgresHandle:
+    """A throwaway cluster made with the server binaries of ``bindir``."""
     user = "postgres" if os.geteuid() == 0 else None
     base = tempfile.mkdtemp(prefix="ackkit-pg-")
     os.chmod(base, 0o755)
@@ -136,7 +202,7 @@ def provision_postgres() -> PostgresHandle:
 
 
 @contextlib.contextmanager
-def postgres() -> Iterator[PostgresHandle]:
+def postgres() -> Iterator[Any]:
     """`provision_postgres()` as a context manager (the kit's own server removed after)."""
     h = provision_postgres()
     try:

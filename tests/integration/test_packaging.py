@@ -45,7 +45,7 @@ def _pip(*args: str, python: Path | None = None, timeout: float = 240) -> str:
 
 # The test kit's provisioning: ackkit-testkit's (testkit/), never in ackkit's wheel.
 PROVISIONING = ("_rootfs", "_provider_node", "_provider_chroot", "_node_os", "_node_files")
-PROVISIONING += ("_docker_image", "_postgres", "_own", "_proc")
+PROVISIONING += ("_docker_image", "_postgres", "_own", "_proc", "_pg_image", "_provider_pg_docker")
 
 
 def _build_wheel(tmp: Path, project: str = ".") -> Path:
