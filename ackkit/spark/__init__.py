@@ -84,10 +84,24 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from pydantic import BaseModel
 
-from ..shards import ShardKind, ShardLayout, ShardPublisher, declare_shards, shard_queues
+from ..shards import (
+    ShardKind,
+    ShardLayout,
+    ShardPublisher,
+    declare_shards,
+    shard_queues,
+    shards_beyond,
+)
 from ._checkpoint import AckFailed, batch_offsets, recorded_queues
 from ._consumer import SourceFailed
-from ._deploy import DeploymentChanged, shard_order, source_name, source_order
+from ._deploy import (
+    DeploymentChanged,
+    ShardQueue,
+    check_extra_shards,
+    shard_order,
+    source_name,
+    source_order,
+)
 from ._ipc import request
 from ._options import KeyFrom, OnInvalid, SourceOptions, ipc_address
 from ._schema import RowSchema, model_path
@@ -129,7 +143,9 @@ def read_stream(
     On a checkpoint that has offsets, the sources are unioned in the order it recorded
     (Spark hands offsets back by position; each names its queue), so `queues=` may be
     given in any order; adding or removing a queue, or changing `shards=`, raises
-    `DeploymentChanged` before anything is declared on the broker."""
+    `DeploymentChanged` before anything is declared on the broker, and so do shard
+    queues beyond `shards=` left on the broker by a layout with more shards (they would
+    keep receiving messages this query never reads)."""
     if exchange is not None or shards is not None:
         if exchange is None or shards is None or queue is not None or queues is not None:
             raise ValueError("give exchange= and shards= together, without queue/queues")
@@ -157,6 +173,8 @@ def read_stream(
     where = masked(store.location)
     if exchange is not None and shards is not None:
         names = shard_order(exchange, names, rec, checkpoint=where)
+        extra = [ShardQueue(*q) for q in shards_beyond(url, exchange, shards)]
+        check_extra_shards(exchange, shards, extra)
         declare_shards(url, exchange, shards, kind=shard_kind)
     else:
         names = source_order(names, rec, checkpoint=where, by_name=by_name)
