@@ -254,8 +254,9 @@ def wal_owner(
             return WalVerdict.MINE
         raise DeploymentChanged(
             f"the write-ahead log {wal} belongs to checkpoint {recorded.checkpoint} (query "
-            f"{recorded.query_id}), not to this query's checkpoint {me.checkpoint} (query "
-            f"{me.query_id}). A log serves one checkpoint: give this query a wal_location of "
+            f"{recorded.query_id}), not to this query's checkpoint {me.checkpoint} "
+            f"({'query ' + me.query_id if me.query_id else 'new'}). A log serves one "
+            "checkpoint: give this query a wal_location of "
             "its own (or none: the log then lives inside the checkpoint), or go back to the "
             f"old checkpoint; delete {wal} only if that checkpoint is gone for good and "
             "its output is written"

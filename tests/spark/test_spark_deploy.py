@@ -223,11 +223,35 @@ def test_a_second_checkpoint_on_the_write_ahead_log_is_refused_naming_both(
     assert 0 < len(before) < len(k.good)
     left = settled(rabbitmq, k.queues)[0][0]
     wal_root = k.spec["wal_location"]
-    query = start(spark, amqp_url, k.base, ck="ck2", queues=k.queues, wal_location=wal_root)
+    # read_stream refuses before the query starts ...
+    with pytest.raises(aks.DeploymentChanged) as refused:
+        start(spark, amqp_url, k.base, ck="ck2", queues=k.queues, wal_location=wal_root)
+    err = str(refused.value)
+    assert "belongs to checkpoint" in err and str(k.base / "ck") in err
+    assert str(k.base / "ck2") in err and "(new)" in err and "wal_location" in err
+    assert not (k.base / "ck2").exists()
+    # ... and a query built on format("rabbitmq") fails in its source runner.
+    ck3 = k.base / "ck3"
+    aks.register(spark)
+    df = (
+        spark.readStream.format(aks.FORMAT)
+        .option("url", amqp_url)
+        .option("queue", k.queues[0])
+        .option("checkpoint", str(ck3))
+        .option("wal_location", wal_root)
+        .load()
+    )
+    acking = aks.ack_after_commit(aks.parquet_batches(k.base / "out-ck3"), checkpoint=ck3)
+    query = (
+        df.select("seq", "message_id")
+        .writeStream.foreachBatch(acking)
+        .option("checkpointLocation", str(ck3))
+        .start()
+    )
     err = failure(query, 120)
     assert "belongs to checkpoint" in err and str(k.base / "ck") in err
-    assert str(k.base / "ck2") in err and "wal_location" in err
-    assert output(spark, k.base, "ck2") == []  # none of the old query's rows re-emitted
+    assert str(ck3) in err and "wal_location" in err
+    assert output(spark, k.base, "ck3") == []  # none of the old query's rows re-emitted
     assert settled(rabbitmq, k.queues) == [(left, 0)]  # nothing read, nothing acked
     # The first checkpoint still owns its log, and its restart finishes exactly once.
     wal = WriteAheadLog(

@@ -186,6 +186,9 @@ def test_a_log_is_claimed_once_then_refused_to_another_checkpoint():
         wal_owner("W", OTHER, ME, has_batches=True, checkpoint_has_offsets=False)
     msg = str(e.value)
     assert "/ck/one" in msg and "/ck/two" in msg and "W" in msg and "wal_location" in msg
+    # a checkpoint without Spark's metadata yet (read_stream, before the query starts)
+    with pytest.raises(DeploymentChanged, match=r"checkpoint /ck/two \(new\)"):
+        wal_owner("W", Owner("", "/ck/two"), ME, has_batches=False, checkpoint_has_offsets=False)
 
 
 def test_an_unowned_log_with_batches_is_claimed_only_by_the_checkpoint_that_read_it():
