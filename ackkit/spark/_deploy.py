@@ -6,8 +6,10 @@ source's offsets name their queue (`{"ackkit": queue, "seq": n}`), so the plan h
 makes position and name agree (`source_order`), and the reader refuses an offset that
 names another queue (`check_offset`) instead of reading from the wrong place.
 
-The write-ahead log of a queue belongs to one checkpoint (`wal_owner`), and what the
-source does when its consumer's channel is closed by the broker is `channel_verdict`.
+The write-ahead log of a queue belongs to one checkpoint (`wal_owner`) and never runs
+ahead of its offsets (`batch_to_offer`); shard queues left beyond the shard count are
+refused (`check_extra_shards`); what the source does when its consumer's channel is
+closed by the broker is `channel_verdict`.
 Callers carry these decisions out; nothing here touches a file, Spark or a broker.
 """
 
