@@ -153,6 +153,31 @@ def declare_shards(
     )
 
 
+def shards_beyond(
+    url: str, name: str, shards: int, *, limit: int = 1024
+) -> list[tuple[str, int, int]]:
+    """The shard queues `<name>.shard-<shards>` and up that exist on the broker (each a
+    `(queue, messages, consumers)` triple, from passive declares; the search stops at the
+    first missing one). Declares nothing."""
+    found: list[tuple[str, int, int]] = []
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        ch = conn.channel()
+        for i in range(shards, limit):
+            q = f"{name}.shard-{i}"
+            try:
+                ok = ch.queue_declare(q, passive=True)
+            except pika.exceptions.ChannelClosedByBroker as exc:
+                if exc.reply_code == 404:
+                    break
+                raise
+            found.append((q, ok.method.message_count, ok.method.consumer_count))
+    finally:
+        if conn.is_open:
+            conn.close()
+    return found
+
+
 class ShardPublisher:
     """Publishes on a pika channel through a layout: `publish(key, body, properties)`.
 

@@ -84,17 +84,32 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from pydantic import BaseModel
 
-from ..shards import ShardKind, ShardLayout, ShardPublisher, declare_shards, shard_queues
-from ._checkpoint import AckFailed, batch_offsets, recorded_queues
+from ..shards import (
+    ShardKind,
+    ShardLayout,
+    ShardPublisher,
+    declare_shards,
+    shard_queues,
+    shards_beyond,
+)
+from ._checkpoint import AckFailed, batch_offsets, query_id, recorded_queues
 from ._consumer import SourceFailed
-from ._deploy import DeploymentChanged, shard_order, source_name, source_order
+from ._deploy import (
+    DeploymentChanged,
+    Owner,
+    ShardQueue,
+    check_extra_shards,
+    shard_order,
+    source_name,
+    source_order,
+)
 from ._ipc import request
-from ._options import KeyFrom, OnInvalid, SourceOptions, ipc_address
+from ._options import KeyFrom, OnInvalid, SourceOptions, ipc_address, wal_dir
 from ._schema import RowSchema, model_path
 from ._sink import AckAfterCommit, ack_after_commit, parquet_batches
 from ._source import RabbitMQDataSource, RabbitMQStreamReader
-from ._store import Store, masked, normalize_location
-from ._wal import WalError
+from ._store import Store, check_location, masked, normalize_location
+from ._wal import WalError, WriteAheadLog
 
 FORMAT = "rabbitmq"
 
@@ -129,7 +144,9 @@ def read_stream(
     On a checkpoint that has offsets, the sources are unioned in the order it recorded
     (Spark hands offsets back by position; each names its queue), so `queues=` may be
     given in any order; adding or removing a queue, or changing `shards=`, raises
-    `DeploymentChanged` before anything is declared on the broker."""
+    `DeploymentChanged` before anything is declared on the broker, and so do shard
+    queues beyond `shards=` left on the broker by a layout with more shards (they would
+    keep receiving messages this query never reads)."""
     if exchange is not None or shards is not None:
         if exchange is None or shards is None or queue is not None or queues is not None:
             raise ValueError("give exchange= and shards= together, without queue/queues")
@@ -157,9 +174,13 @@ def read_stream(
     where = masked(store.location)
     if exchange is not None and shards is not None:
         names = shard_order(exchange, names, rec, checkpoint=where)
+        extra = [ShardQueue(*q) for q in shards_beyond(url, exchange, shards)]
+        check_extra_shards(exchange, shards, extra)
         declare_shards(url, exchange, shards, kind=shard_kind)
     else:
         names = source_order(names, rec, checkpoint=where, by_name=by_name)
+    if options.get("wal_location"):
+        _check_logs(store, names, str(options["wal_location"]), rec)
     register(spark)
 
     def one(q: str) -> Any:
@@ -179,6 +200,17 @@ def read_stream(
 
     frames = [one(q).withColumn("queue", F.lit(q)) for q in names]
     return functools.reduce(lambda a, b: a.union(b), frames)
+
+
+def _check_logs(
+    checkpoint: Store, queues: list[str], wal_location: str, recorded: list[str | None] | None
+) -> None:
+    """Refuse before the query starts when a queue's write-ahead log under `wal_location`
+    is another checkpoint's (the source runner checks again, and records the owner)."""
+    me = Owner(query_id(checkpoint) or "", masked(checkpoint.location))
+    for q in queues:
+        wal = WriteAheadLog(wal_dir(checkpoint.location, q, check_location(wal_location)))
+        wal.check_owner(me, checkpoint_has_offsets=recorded is not None and q in recorded)
 
 
 EVOLUTION = "spark.sql.streaming.queryEvolution.enableSourceEvolution"

@@ -6,8 +6,10 @@ source's offsets name their queue (`{"ackkit": queue, "seq": n}`), so the plan h
 makes position and name agree (`source_order`), and the reader refuses an offset that
 names another queue (`check_offset`) instead of reading from the wrong place.
 
-The write-ahead log of a queue belongs to one checkpoint (`wal_owner`), and what the
-source does when its consumer's channel is closed by the broker is `channel_verdict`.
+The write-ahead log of a queue belongs to one checkpoint (`wal_owner`) and never runs
+ahead of its offsets (`batch_to_offer`); shard queues left beyond the shard count are
+refused (`check_extra_shards`); what the source does when its consumer's channel is
+closed by the broker is `channel_verdict`.
 Callers carry these decisions out; nothing here touches a file, Spark or a broker.
 """
 
@@ -114,6 +116,43 @@ def shard_order(
     )
 
 
+@dataclass(frozen=True)
+class ShardQueue:
+    """A shard queue seen on the broker: its name, ready messages and consumers."""
+
+    queue: str
+    messages: int
+    consumers: int
+
+
+def check_extra_shards(exchange: str, shards: int, extra: Sequence[ShardQueue]) -> None:
+    """Refuse to read `shards` shards of `exchange` while shard queues beyond them exist
+    (`extra`: `<exchange>.shard-<shards>` and up, as found on the broker before anything
+    is declared).
+
+    Such a queue is left over from a layout with more shards (read on another
+    checkpoint): the exchange stays bound to it (or a publisher with the old count picks
+    it), so part of the new messages would land where this query never reads, and the
+    messages it holds already would never be read either."""
+    if not extra:
+        return
+    held = ", ".join(
+        f"{q.queue!r} ({q.messages} message{'s' if q.messages != 1 else ''}"
+        + (f", {q.consumers} consumer{'s' if q.consumers != 1 else ''})" if q.consumers else ")")
+        for q in extra
+    )
+    were = shards + len(extra)
+    raise DeploymentChanged(
+        f"exchange {exchange!r} has shard queues beyond shards={shards}: {held}. They are "
+        f"left from a layout with shards={were} or more; the exchange (or a publisher with "
+        "that count) keeps routing part of the messages to them, and this query would "
+        "never read them. Nothing was declared. Read with the old shard count until those "
+        "queues are empty (stop the publishers first), then delete them (rabbitmqctl "
+        "delete_queue, or the management UI) and start the smaller count on a new "
+        "checkpoint"
+    )
+
+
 def source_name(queue: str) -> str:
     """The name a source of `queue` gets in Spark (letters, digits and underscores only;
     distinct queues get distinct names)."""
@@ -136,6 +175,38 @@ def check_offset(queue: str, offset: Mapping[str, Any] | None, what: str = "offs
             "read_stream does so by itself), or use a new checkpoint"
         )
     return int(offset["seq"])
+
+
+def batch_to_offer(
+    queue: str,
+    start: int,
+    logged: Sequence[tuple[int, int]],
+    *,
+    wal: str = "the write-ahead log",
+    checkpoint: str = "the checkpoint",
+) -> tuple[int, int] | None:
+    """Which logged batch (start, end] to offer again when Spark asks for data after
+    `start`: the one starting there (handed out before Spark logged its offsets), or None
+    for a new batch. Refuses when the log already holds batches after `start` that do not
+    start there: the log went further than the checkpoint's offsets (a checkpoint
+    restored from an older copy, or partly deleted), and reading on would hand the same
+    messages out under other offsets."""
+    for s, e in logged:
+        if s == start:
+            return s, e
+    ahead = [(s, e) for s, e in logged if e > start]
+    if not ahead:
+        return None
+    s, e = ahead[0]
+    raise DeploymentChanged(
+        f"Spark asks the rabbitmq source of {queue!r} for data after offset {start}, but "
+        f"its write-ahead log {wal} already holds batch ({s}, {e}] and {len(ahead) - 1} "
+        f"later: the log has gone further than the offsets in {checkpoint} (a checkpoint "
+        "restored from an older copy, or offsets/commits files deleted). A log and its "
+        "checkpoint go together: restart on the checkpoint the log was written with, or "
+        "start on a new checkpoint with a wal_location of its own (or none); delete the "
+        "log only if its checkpoint is gone for good and its output is written"
+    )
 
 
 # -- who owns a write-ahead log ---------------------------------------------------------
@@ -185,8 +256,9 @@ def wal_owner(
             return WalVerdict.MINE
         raise DeploymentChanged(
             f"the write-ahead log {wal} belongs to checkpoint {recorded.checkpoint} (query "
-            f"{recorded.query_id}), not to this query's checkpoint {me.checkpoint} (query "
-            f"{me.query_id}). A log serves one checkpoint: give this query a wal_location of "
+            f"{recorded.query_id}), not to this query's checkpoint {me.checkpoint} "
+            f"({'query ' + me.query_id if me.query_id else 'new'}). A log serves one "
+            "checkpoint: give this query a wal_location of "
             "its own (or none: the log then lives inside the checkpoint), or go back to the "
             f"old checkpoint; delete {wal} only if that checkpoint is gone for good and "
             "its output is written"

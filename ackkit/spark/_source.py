@@ -31,14 +31,14 @@ from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 from .._core.batches import BatchPlan
 from ._checkpoint import committed_end, query_id, recorded_queues
 from ._consumer import SourceConsumer
-from ._deploy import Owner, check_offset
+from ._deploy import Owner, batch_to_offer, check_offset
 from ._faults import crash_point
 from ._ipc import IpcServer
 from ._options import SourceOptions
 from ._rows import Item
 from ._schema import KEY_COLUMN, RowSchema, load_model
 from ._store import Store, masked
-from ._wal import WalError, WriteAheadLog
+from ._wal import WriteAheadLog
 
 log = logging.getLogger("ackkit.spark")
 RUNNER_SCRIPT = "python_streaming_source_runner.py"
@@ -163,19 +163,18 @@ class _Runner:
 
     def read(self, start: int) -> tuple[Iterator[pa.RecordBatch], dict[str, Any]]:
         q = self.opts.queue
-        logged = self.wal.batches()
-        again = next(((s, e) for s, e in logged if s == start), None)
+        again = batch_to_offer(
+            q,
+            start,
+            self.wal.batches(),
+            wal=masked(self.wal.location),
+            checkpoint=masked(self.opts.checkpoint),
+        )
         if again is not None:
             # Handed out before (e.g. the process died before Spark logged its offsets):
             # offer exactly the same rows again.
             batches = [self.rows.rows(b) for b in self.wal.read(*again)]
             return iter(batches), _offset(q, again[1])
-        ahead = [(s, e) for s, e in logged if e > start]
-        if ahead:
-            raise WalError(
-                f"Spark asks for offsets after {start}, but the write-ahead log already holds "
-                f"{ahead[0]} and later: the checkpoint's offsets and the log disagree"
-            )
         sealed: list[pa.RecordBatch] = []
         t0 = time.monotonic()
         marks = [t0, t0, t0]

@@ -140,16 +140,21 @@ class WriteAheadLog:
         except FileNotFoundError:
             return None
 
-    def claim(self, me: Owner, *, checkpoint_has_offsets: bool) -> None:
-        """Record `me` as the log's owner, or raise `DeploymentChanged` when the log is
-        another checkpoint's (before any of its batches is read)."""
-        verdict = wal_owner(
+    def check_owner(self, me: Owner, *, checkpoint_has_offsets: bool) -> WalVerdict:
+        """Whether the log may serve checkpoint `me` (`_deploy.wal_owner`; raises
+        `DeploymentChanged` when it is another checkpoint's). Writes nothing."""
+        return wal_owner(
             masked(self.location),
             me,
             self.owner(),
             has_batches=bool(self.batches()),
             checkpoint_has_offsets=checkpoint_has_offsets,
         )
+
+    def claim(self, me: Owner, *, checkpoint_has_offsets: bool) -> None:
+        """Record `me` as the log's owner, or raise `DeploymentChanged` when the log is
+        another checkpoint's (before any of its batches is read)."""
+        verdict = self.check_owner(me, checkpoint_has_offsets=checkpoint_has_offsets)
         if verdict is WalVerdict.CLAIM:
             self.store.put(OWNER, json.dumps(me.to_json()).encode())
             # Two queries claiming at once: the one whose claim did not stick stops here.

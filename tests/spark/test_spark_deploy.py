@@ -223,11 +223,35 @@ def test_a_second_checkpoint_on_the_write_ahead_log_is_refused_naming_both(
     assert 0 < len(before) < len(k.good)
     left = settled(rabbitmq, k.queues)[0][0]
     wal_root = k.spec["wal_location"]
-    query = start(spark, amqp_url, k.base, ck="ck2", queues=k.queues, wal_location=wal_root)
+    # read_stream refuses before the query starts ...
+    with pytest.raises(aks.DeploymentChanged) as refused:
+        start(spark, amqp_url, k.base, ck="ck2", queues=k.queues, wal_location=wal_root)
+    err = str(refused.value)
+    assert "belongs to checkpoint" in err and str(k.base / "ck") in err
+    assert str(k.base / "ck2") in err and "(new)" in err and "wal_location" in err
+    assert not (k.base / "ck2").exists()
+    # ... and a query built on format("rabbitmq") fails in its source runner.
+    ck3 = k.base / "ck3"
+    aks.register(spark)
+    df = (
+        spark.readStream.format(aks.FORMAT)
+        .option("url", amqp_url)
+        .option("queue", k.queues[0])
+        .option("checkpoint", str(ck3))
+        .option("wal_location", wal_root)
+        .load()
+    )
+    acking = aks.ack_after_commit(aks.parquet_batches(k.base / "out-ck3"), checkpoint=ck3)
+    query = (
+        df.select("seq", "message_id")
+        .writeStream.foreachBatch(acking)
+        .option("checkpointLocation", str(ck3))
+        .start()
+    )
     err = failure(query, 120)
     assert "belongs to checkpoint" in err and str(k.base / "ck") in err
-    assert str(k.base / "ck2") in err and "wal_location" in err
-    assert output(spark, k.base, "ck2") == []  # none of the old query's rows re-emitted
+    assert str(ck3) in err and "wal_location" in err
+    assert output(spark, k.base, "ck3") == []  # none of the old query's rows re-emitted
     assert settled(rabbitmq, k.queues) == [(left, 0)]  # nothing read, nothing acked
     # The first checkpoint still owns its log, and its restart finishes exactly once.
     wal = WriteAheadLog(
@@ -348,3 +372,59 @@ def test_a_second_query_on_a_queue_already_read_fails_clearly_the_first_reads_on
     assert len(ids) == len(set(ids)) and sorted(ids) == sorted(good + more)
     assert output(spark, tmp_path, "ck2") == []
     assert settled(rabbitmq, [q]) == [(0, 0)]
+
+
+def test_shard_queues_left_by_a_larger_layout_are_refused_until_drained_and_deleted(
+    spark, amqp_url, rabbitmq, tmp_path
+):
+    """4 shards read on one checkpoint, then shards=2 on a new one: refused while
+    shard-2 and shard-3 exist (the exchange still routes to them), before anything is
+    declared; drained with shards=4 and deleted, shards=2 reads every new message."""
+    ex = f"t.deploy.{secrets.token_hex(3)}.shrink"
+    four = list(aks.shard_queues(ex, 4))
+    try:
+        layout4 = aks.declare_shards(amqp_url, ex, 4, kind=aks.ShardKind.CONSISTENT)
+        good = publish_orders(amqp_url, ex, 300, layout=layout4)[0]
+        left = settled(rabbitmq, four[2:])
+        assert all(ready > 0 for ready, _u in left)
+        with pytest.raises(aks.DeploymentChanged) as e:
+            start(spark, amqp_url, tmp_path, ck="ck2", exchange=ex, shards=2)
+        msg = str(e.value)
+        assert f"'{ex}.shard-2' ({left[0][0]} messages)" in msg
+        assert f"'{ex}.shard-3' ({left[1][0]} messages)" in msg and "Nothing was declared" in msg
+        assert settled(rabbitmq, four[2:]) == left  # untouched
+        assert _bound(rabbitmq, ex) == set(four)
+        assert not (tmp_path / "ck2").exists()  # the query never started
+        # Drain them with the old count, delete the extra shards, then read 2.
+        drain(
+            start(spark, amqp_url, tmp_path, ck="ck4", exchange=ex, shards=4),
+            amqp_url,
+            four,
+            tmp_path / "ck4",
+        )
+        conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+        try:
+            ch = conn.channel()
+            for q in four[2:]:
+                ch.queue_delete(q)
+        finally:
+            conn.close()
+        query = start(spark, amqp_url, tmp_path, ck="ck2", exchange=ex, shards=2)
+        layout2 = aks.ShardLayout(ex, 2, aks.ShardKind.CONSISTENT)
+        more = publish_orders(amqp_url, ex, 100, start=10_000, layout=layout2)[0]
+        drain(query, amqp_url, four[:2], tmp_path / "ck2")
+        first, second = output(spark, tmp_path, "ck4"), output(spark, tmp_path, "ck2")
+        assert len(first) == len(set(first)) and sorted(first) == sorted(good)
+        assert len(second) == len(set(second)) and sorted(second) == sorted(more)
+        assert settled(rabbitmq, four[:2]) == [(0, 0), (0, 0)]
+        assert _bound(rabbitmq, ex) == set(four[:2])
+    finally:
+        conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
+        try:
+            ch = conn.channel()
+            for q in four:
+                ch.queue_delete(q)
+                ch.queue_delete(f"{q}.dlq")
+            ch.exchange_delete(ex)
+        finally:
+            conn.close()

@@ -19,8 +19,11 @@ from ackkit.spark._deploy import (
     ChannelVerdict,
     DeploymentChanged,
     Owner,
+    ShardQueue,
     WalVerdict,
+    batch_to_offer,
     channel_verdict,
+    check_extra_shards,
     check_offset,
     shard_order,
     source_name,
@@ -104,6 +107,19 @@ def test_a_shard_count_change_is_refused_before_declaring():
         shard_order("ex", two, four)
 
 
+def test_shard_queues_beyond_the_count_are_refused_naming_them_and_their_messages():
+    check_extra_shards("ex", 2, [])  # nothing left over: go on
+    left = [ShardQueue("ex.shard-2", 310, 0), ShardQueue("ex.shard-3", 1, 1)]
+    with pytest.raises(DeploymentChanged) as e:
+        check_extra_shards("ex", 2, left)
+    msg = str(e.value)
+    assert "'ex.shard-2' (310 messages)" in msg and "'ex.shard-3' (1 message, 1 consumer)" in msg
+    assert "shards=4 or more" in msg and "Nothing was declared" in msg and "delete" in msg
+    # even empty: the exchange still routes new messages to them
+    with pytest.raises(DeploymentChanged, match=r"'ex.shard-1' \(0 messages\)"):
+        check_extra_shards("ex", 1, [ShardQueue("ex.shard-1", 0, 0)])
+
+
 def test_recorded_queues_reads_the_newest_offsets_by_position(tmp_path: Path):
     assert recorded_queues(tmp_path) is None
     off = tmp_path / "offsets"
@@ -147,6 +163,18 @@ ME = Owner("q-1", "/ck/one")
 OTHER = Owner("q-2", "/ck/two")
 
 
+def test_a_logged_batch_is_offered_again_and_a_log_ahead_of_the_offsets_is_refused():
+    logged = [(0, 10), (10, 25), (25, 30)]
+    assert batch_to_offer("q", 10, logged) == (10, 25)  # handed out before: the same rows
+    assert batch_to_offer("q", 30, logged) is None  # a new batch
+    assert batch_to_offer("q", 0, []) is None
+    with pytest.raises(DeploymentChanged) as e:
+        batch_to_offer("q", 12, logged, wal="/w/q-1", checkpoint="/ck/one")
+    msg = str(e.value)
+    assert "'q'" in msg and "/w/q-1" in msg and "/ck/one" in msg and "(10, 25] and 1 later" in msg
+    assert "new checkpoint with a wal_location of its own" in msg
+
+
 def test_a_log_is_claimed_once_then_refused_to_another_checkpoint():
     assert wal_owner("W", ME, None, has_batches=False, checkpoint_has_offsets=False) is (
         WalVerdict.CLAIM
@@ -158,6 +186,9 @@ def test_a_log_is_claimed_once_then_refused_to_another_checkpoint():
         wal_owner("W", OTHER, ME, has_batches=True, checkpoint_has_offsets=False)
     msg = str(e.value)
     assert "/ck/one" in msg and "/ck/two" in msg and "W" in msg and "wal_location" in msg
+    # a checkpoint without Spark's metadata yet (read_stream, before the query starts)
+    with pytest.raises(DeploymentChanged, match=r"checkpoint /ck/two \(new\)"):
+        wal_owner("W", Owner("", "/ck/two"), ME, has_batches=False, checkpoint_has_offsets=False)
 
 
 def test_an_unowned_log_with_batches_is_claimed_only_by_the_checkpoint_that_read_it():
