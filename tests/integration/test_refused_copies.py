@@ -134,7 +134,10 @@ def test_a_full_dlq_with_reject_publish_loses_nothing(
             assert len(runs) <= 4 * n, f"{len(runs)} handler runs in ~4 s: a hot loop"
             stats = app.stats()[next(iter(app.stats()))]
             assert stats["dead_lettered"] == room  # only what the broker confirmed
-            assert stats["copy_refused"] >= n - room and stats["rejected"] == 0
+            # how many handlers ran before the first refusal paused the listener is up
+            # to timing (the rest were returned unstarted): at least one copy was
+            # refused, and no original was rejected
+            assert stats["copy_refused"] >= 1 and stats["rejected"] == 0
         except BaseException:
             runner.stop()
             raise
