@@ -142,6 +142,18 @@ def test_pausing_returns_what_the_gate_holds() -> None:
     assert not any(type(a) is Run for a in c.handled((t1,), None, None).actions)
 
 
+def test_a_database_down_pause_returns_the_call_that_gave_up_first() -> None:
+    """The inbox's database is down: the deliveries of the call go back with the pause,
+    before what the gate held, and their keys are freed."""
+    c = gated_core(SERIAL)
+    t1 = c.receive(1, headers={"k": "a"})
+    assert c.receive(2, headers={"k": "a"}).verdict == []  # held behind 1
+    assert c.set_paused(True, "db down", returning=[t1]) == [Consume(False), Nack(1), Nack(2)]
+    assert c.flow.waiting == 0 and not c.flow.holding
+    assert c.set_paused(False) == [Consume(True)]
+    assert c.receive(3, headers={"k": "a"}).verdict is None  # the key is free again
+
+
 def test_withdraw_keeps_what_may_still_start() -> None:
     c = gated_core(BREAKER)
     ts = [c.receive(i) for i in (1, 2, 3)]
