@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import aiormq.exceptions
 from aiormq.abc import AbstractChannel, AbstractConnection, DeliveredMessage
 
-from .._core.actions import Action, TxSelect
+from .._core.actions import Consume, TxSelect
 from .._core.consume import RETRY_DELAY, Consuming
 from .._core.events import Observer
 from .._core.listener import ListenerCore
@@ -88,7 +88,11 @@ class AsyncConsumer(ChannelSettler):
         instruments: Sequence[Instrument] = (),
     ) -> None:
         core = ListenerCore(
-            spec.policy, observer=observer, hold_early_copies=True, dedup=spec.inbox is not None
+            spec.policy,
+            observer=observer,
+            hold_early_copies=True,
+            dedup=spec.inbox is not None,
+            gated=True,  # it carries out the flow gate's `Consume` and `Run`
         )
         super().__init__(rt, spec.name, core)
         self.rt: ConsumerHost = rt
@@ -152,7 +156,7 @@ class AsyncConsumer(ChannelSettler):
             if any(type(a) is TxSelect for a in acts):
                 await ch.tx_select()
             await ch.basic_qos(prefetch_count=self.spec.policy.prefetch)
-            if self.core.flow.consuming:  # not while paused or tripped
+            if self.core.consuming:  # not while paused or tripped
                 await self.consume(ch)
         finally:
             self._opening = False
@@ -176,8 +180,8 @@ class AsyncConsumer(ChannelSettler):
             self.consuming = False
         self.consumer_tag = ok.consumer_tag
         refusals.consume_ok(self)
-        if not self.core.flow.consuming:  # paused while the broker answered: no cancel went
-            await flowing.reconcile(self)  # out (no tag yet), so it goes now
+        if not self.core.consuming:  # paused while the broker answered: no cancel went
+            await self.execute(self.core.generation, [Consume(False)])  # out (no tag yet)
 
     def _on_channel_closed(self, ch: AbstractChannel, fut: asyncio.Future[Any]) -> None:
         reason = None if fut.cancelled() else fut.exception()
@@ -263,8 +267,8 @@ class AsyncConsumer(ChannelSettler):
                     await self.execute(t.generation, t.verdict)
                     if self.no_ack:  # the broker settled it on send: its copy has its original
                         self.originals.drop(t.generation, t.tag)
-            elif self.running < self.limit and self.batcher is None and not self.core.flow.gated:
-                await self._run(d)  # what `_admit` comes to: a free slot, no gate, no batch
+            elif self.running < self.limit and self.batcher is None:
+                await self._run(d)  # what `_admit` comes to: a free slot, no batch
             else:
                 await self._admit(d)
         except asyncio.CancelledError:
@@ -291,6 +295,7 @@ class AsyncConsumer(ChannelSettler):
                 rk,
                 None if why else props.message_id,
                 unreadable=why,
+                properties=None if why else props,
             )
         except Exception as exc:  # never let one delivery stop the queue
             why = f"receiving it failed: {describe(exc)}"
@@ -310,13 +315,23 @@ class AsyncConsumer(ChannelSettler):
     def start_held(self, d: DeliveryBase) -> None:
         """Start a delivery the core held (from `execute`, which holds the settle lock:
         the handler runs in a task of its own)."""
-        self.rt.spawn(self._admit(d))
+        self.rt.spawn(self._start_held(d))
+
+    async def _start_held(self, d: DeliveryBase) -> None:
+        acts = self.core.admit(d._tracked)  # through the flow gate
+        if acts is None:
+            await self._admit(d)
+        elif acts:
+            await self.execute(self.core.generation, acts)
+
+    async def switch_consumer(self, on: bool) -> None:
+        await flowing.switch(self, on)
+
+    def run_ready(self, d: DeliveryBase) -> None:
+        self.start(d)
 
     async def _admit(self, d: DeliveryBase) -> None:
-        """Run it, through the flow gate when it is on; in a batch; or queued behind the
-        running handlers."""
-        if self.core.flow.gated and not await flowing.admit(self, d):
-            return
+        """Run it: in a batch, or queued behind the running handlers."""
         unit: Unit = d
         if self.batcher is not None:
             batch = self.batcher.add(d)
@@ -358,25 +373,6 @@ class AsyncConsumer(ChannelSettler):
             self.backlog.append(unit)
         else:
             self.rt.spawn(self._run(unit))
-
-    async def tick(self) -> None:
-        await super().tick()
-        if self.core.flow.ticking:  # a breaker, or copies the broker refuses
-            await flowing.tick(self)
-
-    async def _startable(self, ds: list[DeliveryBase]) -> list[DeliveryBase]:
-        """Those of `ds` the core lets start; the others' actions carried out."""
-        go: list[DeliveryBase] = []
-        acts: list[Action] = []
-        for d in ds:
-            a = self.core.start(d._tracked)
-            if a is None:
-                go.append(d)
-            else:
-                acts.extend(a)
-        if acts:
-            await self.execute(self.core.generation, acts)
-        return go
 
     async def apublish_message(self, msg: Outgoing) -> None:
         """`await AsyncDelivery.publish()` / `reply()` from an async handler (an inbox

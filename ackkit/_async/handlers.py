@@ -41,21 +41,19 @@ async def handle(c: AsyncConsumer, ds: list[DeliveryBase]) -> None:
         except asyncio.CancelledError:  # shutdown or a lost channel: never started
             await release(c, ds)
             raise
-    if len(ds) == 1:  # may it start? (not once stopping, not after its channel closed)
-        acts = core.start(ds[0]._tracked)
-        if acts is not None:
-            if acts:
-                await c.execute(core.generation, acts)
-            return
-    else:
-        ds = await c._startable(ds)
-        if not ds:
-            return
-    flow = core.flow
-    if flow.bucket is not None or flow.gated:
-        ds = await flowing.before_start(c, ds)
-        if not ds:
-            return
+    # may they start? (not once stopping, not after their channel closed, the flow gate)
+    go = core.begin([d._tracked for d in ds])
+    if go.actions:
+        await c.execute(core.generation, go.actions)
+    while go.wait > 0:  # the rate limit's
+        await c.rt.pause(go.wait)  # cut short when the app stops
+        go = core.begin(go.run, waited=True)
+        if go.actions:
+            await c.execute(core.generation, go.actions)
+    if not go.run:
+        return
+    if len(go.run) < len(ds):
+        ds = [d for d in ds if d._tracked in go.run]
     inv = Invocation(c.binding, ds)
     try:
         out = await attempt(c, inv)
@@ -121,8 +119,6 @@ async def conclude(
     out = inv.outcome(core, result, exc, tb)
     if out.actions:
         await c.execute(core.generation, out.actions)
-    if out.flow is not None:
-        await flowing.carry_out(c, out.flow)
     if out.stop is not None:
         c.rt.fail(out.stop, f"{c.spec.name}: handler raised {type(out.stop).__name__}")
     return out

@@ -25,7 +25,7 @@ from typing import Any, Protocol, cast
 
 from aiormq.abc import AbstractChannel
 
-from .._core.actions import Action, Republish, Start, TxCommit, TxSelect
+from .._core.actions import Action, Consume, Republish, Run, Start, TxCommit, TxSelect
 from .._core.listener import ListenerCore
 from .._delivery import DeliveryBase, Originals
 from .._logs import short
@@ -107,6 +107,12 @@ class ChannelSettler:
                     held = self.originals.get(gen, cast(Start, a).tag)
                     if held is not None:
                         self.start_held(held)
+                elif ta is Consume:
+                    await self.switch_consumer(cast(Consume, a).on)
+                elif ta is Run:
+                    ready = self.originals.get(gen, cast(Run, a).tag)
+                    if ready is not None:
+                        self.run_ready(ready)
                 else:
                     await send_settles(ch, (a,))
                     self.originals.settled(gen, a)  # type: ignore[arg-type]
@@ -116,6 +122,16 @@ class ChannelSettler:
 
     def start_held(self, d: DeliveryBase) -> None:
         """Start the handler of `d`, a delivery the core held (consumers only)."""
+        raise NotImplementedError
+
+    async def switch_consumer(self, on: bool) -> None:
+        """Hold a consumer on the queue (`on`) or cancel it (a gated core's `Consume`;
+        consumers only). Runs holding the settle lock: what it decides in turn goes to
+        `_execute`."""
+        raise NotImplementedError
+
+    def run_ready(self, d: DeliveryBase) -> None:
+        """Queue `d` for a handler: the flow gate let it through (`Run`; consumers only)."""
         raise NotImplementedError
 
     async def _asettle(

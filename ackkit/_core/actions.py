@@ -119,5 +119,25 @@ class Start:
     tag: int
 
 
-Action = Ack | Nack | Reject | Republish | TxCommit | TxSelect | Start
+@dataclass(frozen=True, slots=True)
+class Consume:
+    """Hold a consumer on the listener's queue (`on`: basic.consume if there is none) or
+    not (basic.cancel). Paused, tripped or refused, a listener cancels its consumer
+    before the deliveries it gives back go out (the actions after this one): a requeue
+    the broker saw first would come straight back to the same consumer. Cancelled, the
+    deliveries still queued for a handler go back as well (`ListenerCore.withdraw`)."""
+
+    on: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Queue delivery `tag` (of the generation the action was decided for) for a handler:
+    the flow gate let it through now (its serial key was freed, the breaker's probes
+    succeeded). Unlike `Start` it has passed the gate already."""
+
+    tag: int
+
+
+Action = Ack | Nack | Reject | Republish | TxCommit | TxSelect | Start | Consume | Run
 """What a runtime carries out on the listener's channel, in order."""

@@ -4,8 +4,8 @@ It decides, for every delivery the runtime received, whether its handler may
 start now, must wait (its key is busy; the breaker is probing with others), or
 goes back to the queue (the listener is paused or tripped); how long a start
 waits for the rate limit; and when the listener should hold a consumer at all.
-Runtimes carry out a `FlowStep`: start `ready`, return `returned` with
-`ListenerCore.hold_back`, and cancel or re-open the consumer when `consume` says.
+`ListenerCore` (its `gating` part) turns each `FlowStep` into actions a runtime
+carries out: a `Consume`, a `Nack` per returned delivery, a `Run` per ready one.
 """
 
 from __future__ import annotations
@@ -99,6 +99,8 @@ class Flow:
         self.refusal_wait = 0.0
         self.blocked_until = 0.0
         self._step = FlowStep()  # decided off the tick (a refusal): carried out by `tick`
+        self.gated = self.active
+        """Does a delivery that arrives need `arrive` (else it would say RUN)?"""
 
     # -- state ----------------------------------------------------------------
 
@@ -124,10 +126,9 @@ class Flow:
         """Does the gate track handler calls (a breaker, or serial mode)?"""
         return self.breaker is not None or self.serial is not None
 
-    @property
-    def gated(self) -> bool:
-        """Does a delivery that arrives need `arrive` (else it would say RUN)?"""
-        return self.paused or self.blocked or self.breaker is not None or self.serial is not None
+    def _regate(self) -> None:
+        """Keep `gated` (read per delivery: an attribute, not a property) up to date."""
+        self.gated = self.paused or self.blocked or self.active
 
     @property
     def ticking(self) -> bool:
@@ -227,6 +228,7 @@ class Flow:
         if self.paused:
             return FlowStep()
         self.paused = True
+        self._regate()
         self.emit(Stage.PAUSED, why)
         step = FlowStep(consume=False)
         if self.returnable:
@@ -237,6 +239,7 @@ class Flow:
         if not self.paused:
             return FlowStep()
         self.paused = False
+        self._regate()
         self.emit(Stage.RESUMED, f"{why} ({self.state.value})")
         return FlowStep(consume=self.consuming)
 
@@ -247,6 +250,7 @@ class Flow:
         step, self._step = self._step, FlowStep()
         if self.blocked and self.clock() >= self.blocked_until:
             self.blocked = False
+            self._regate()
             self.emit(Stage.RESUMED, f"consuming again to try once more: {self._refused_why()}")
             step.consume = self.consuming
         b = self.breaker
@@ -272,6 +276,7 @@ class Flow:
         wait = REFUSAL_WAIT if self.refusal_wait <= 0 else self.refusal_wait * 2
         self.refusal_wait = min(wait, MAX_REFUSAL_WAIT)
         self.blocked = True
+        self._regate()
         self.blocked_until = self.clock() + self.refusal_wait
         self.emit(
             Stage.PAUSED,
@@ -291,6 +296,7 @@ class Flow:
         self.refusal_wait = 0.0
         if self.blocked:
             self.blocked = False
+            self._regate()
             self._step.consume = self.consuming
         self.emit(Stage.RECOVERED, f"copies to {destination!r} accepted again")
 

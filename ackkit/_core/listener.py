@@ -10,7 +10,9 @@ state and turns events into actions, with its parts in their own modules:
 - `ledger.Ledger`: channel generations, the tag window and when acks go out;
 - `copy_headers`: the headers each retry, dead-letter and restamp copy carries;
 - `topology.Queues`: the queues the listener needs (dead-letter queue, delay tiers);
-- `republish.Confirms`: copies awaiting the broker's confirm, and what that settles.
+- `republish.Confirms`: copies awaiting the broker's confirm, and what that settles;
+- `gating.Gating`: the flow gate's answers (pause, breaker, rate limit, serial mode)
+  as actions (`Consume`, `Run`) in `receive`, `begin`, `handled` and `tick`.
 
 What stays here is the state and the lifecycle that ties them together.
 """
@@ -24,35 +26,33 @@ from typing import Any
 
 from . import headers as H
 from . import outcome as _outcome
-from .actions import (
-    Action,
-    Nack,
-    TxSelect,
-)
+from .actions import Action, TxSelect
 from .arrival import Arrival, arrival
 from .brokers import UNKNOWN, BrokerTraits, CountSource
 from .errors import BadPayload
-from .events import HOT_STAGES, Counters, Event, Observer, Stage
+from .events import Counters, Observer, Stage
 from .fates import Fates
 from .flow import NO_FLOW
 from .gate import Flow
+from .gating import Gating
 from .ledger import Ledger
 from .lost import LostRuns
-from .outcome import Outcome
+from .outcome import Go, Outcome
 from .policy import AckMode, ListenerPolicy
 from .republish import MAX_LOST_COPIES, Confirms
 from .shutdown import Shutdown
 from .topology import Queues, QueueSpec, missing_queue
 from .tracked import Tracked
 
-__all__ = ["MAX_LOST_COPIES", "ListenerCore", "QueueSpec", "Tracked", "missing_queue"]
+__all__ = ["MAX_LOST_COPIES", "Go", "ListenerCore", "QueueSpec", "Tracked", "missing_queue"]
 
 
-class ListenerCore(Fates, Shutdown, LostRuns, Queues):
+class ListenerCore(Fates, Shutdown, LostRuns, Queues, Gating):
     """Decisions for one listener on one channel at a time.
 
     A runtime calls: `channel_opened()` when its channel for this listener is
-    open, `receive()` per delivery, `finish()` when the handler returned or
+    open, `receive()` per delivery, `begin()` just before a handler runs,
+    `handled()` (or `finish()`) when the handler returned or
     raised, `settle()` for handler-driven acks, `republished()` when a
     confirm for a Republish arrived, `tick()` periodically, `drain()` before
     cancel/close, `channel_closed()` when the channel is gone. Each returns
@@ -70,6 +70,7 @@ class ListenerCore(Fates, Shutdown, LostRuns, Queues):
         broker: BrokerTraits = UNKNOWN,
         hold_early_copies: bool = False,
         dedup: bool = False,
+        gated: bool = False,
     ) -> None:
         self.policy = policy
         # Other consumers take tags on this core's channel (pull mode: one channel, one
@@ -111,6 +112,11 @@ class ListenerCore(Fates, Shutdown, LostRuns, Queues):
             returnable=policy.mode is not AckMode.NONE,
         )
         self.confirms.flow = self.flow  # told of refused and accepted copies
+        # The runtime holds a consumer of its own and carries out `Consume` and `Run`
+        # (the App's and AsyncApp's consumers): `receive`, `begin` and `tick` ask the
+        # gate. False (pull, Spark, a core on its own): deliveries are never held or
+        # returned by it; `handled` still tells it how a call ended (see `gating`).
+        self.gated = gated
 
     def use_broker(self, broker: BrokerTraits) -> None:
         """The connection reports this broker (called on every connect: a broker may
@@ -176,6 +182,7 @@ class ListenerCore(Fates, Shutdown, LostRuns, Queues):
         message_id: str | None = None,
         unreadable: str | None = None,
         wire_headers: Mapping[str, Any] | None = None,
+        properties: Any = None,
     ) -> Tracked:
         """Track a delivery. If `verdict` is set on the result, do not run the handler:
         carry out the verdict's actions instead. An empty verdict holds the delivery:
@@ -187,6 +194,10 @@ class ListenerCore(Fates, Shutdown, LostRuns, Queues):
         message_id, and ackkit's reason), or rejected without requeue when the
         listener has no dead-letter queue, so the queue's own dead-letter route takes
         it whole.
+
+        The flow gate has its say too (`admit`): a held delivery's verdict is empty (a
+        `Run` queues it later), a returned one's is a `Consume` and its `Nack`.
+        `properties`: the client library's, read for a `SerialKey.property`.
 
         `wire_headers`: the same headers as they were on the wire ({name: wire.Field}),
         when the runtime kept them: the attempt header is read from there, because a
@@ -206,6 +217,9 @@ class ListenerCore(Fates, Shutdown, LostRuns, Queues):
         except H.BadAttemptHeader as exc:
             attempt, bad = 1, str(exc)
         t = Tracked(tag, self.generation, attempt, headers, exchange, routing_key, message_id)
+        flow = self.flow
+        if flow.serial is not None and self.gated:
+            t.key = flow.serial.of(headers, properties, routing_key)
         if self.charging is not None and headers and headers.get(H.RESTAMP_ID) == self.charging:
             self.charged_copy_back(t)
         self.counters.counts[Stage.RECEIVED] += 1
@@ -229,10 +243,14 @@ class ListenerCore(Fates, Shutdown, LostRuns, Queues):
             if redelivered and mx <= 1 and mode is not AckMode.NONE and not back:
                 lost = self.lost_run(t, headers, wire_headers)
                 if lost is not None:
+                    if t.verdict is None and flow.gated:
+                        t.verdict = self.admit(t)
                     return t
             if mx <= 1 or (not redelivered and attempt <= mx):
                 # The common case, where `arrival` says RUN: a first delivery with
-                # attempts left (or no retries): nothing to decide before the handler runs.
+                # attempts left (or no retries): only the flow gate, when on, decides.
+                if flow.gated:
+                    t.verdict = self.admit(t)
                 return t
         verdict = arrival(
             mode=mode,
@@ -252,6 +270,8 @@ class ListenerCore(Fates, Shutdown, LostRuns, Queues):
             self.doom(t, why, attempt - 1)  # this delivery never reaches the handler
         elif verdict is Arrival.RESTAMP:
             t.verdict = [self._restamp(t)]
+        elif t.verdict is None and flow.gated:
+            t.verdict = self.admit(t)
         return t
 
     def handled(
@@ -266,7 +286,8 @@ class ListenerCore(Fates, Shutdown, LostRuns, Queues):
     ) -> Outcome:
         """A handler ran for `batch` (one delivery, or a batch) and returned `result` or
         raised `exc` (any exception, interpreter-exit signals included): what it comes
-        to (see `outcome.handled`), and what the flow gate makes of it (`Outcome.flow`)."""
+        to (see `outcome.handled`), with what the flow gate makes of it at the end of
+        `Outcome.actions` (a `Consume`, returns, a `Run` for each delivery it lets through)."""
         out = _outcome.handled(
             self,
             batch,
@@ -276,12 +297,10 @@ class ListenerCore(Fates, Shutdown, LostRuns, Queues):
             undecodable=undecodable,
             traceback=traceback,
         )
-        flow = self.flow
-        if not flow.active:
+        if not self.flow.active:
             return out
-        ts = [*batch, *(t for t, _ in undecodable)]
-        step = flow.done(ts, flow.failed(exc), out.rerun)
-        return dataclasses.replace(out, flow=step) if step else out
+        more = self._flow_done([*batch, *(t for t, _ in undecodable)], exc, out.rerun)
+        return dataclasses.replace(out, actions=[*out.actions, *more]) if more else out
 
     def interrupted(self, fact: _outcome.Interruption) -> bool:
         """A cancellation reached a running handler: True to release its deliveries
@@ -289,29 +308,16 @@ class ListenerCore(Fates, Shutdown, LostRuns, Queues):
         return _outcome.released(fact)
 
     def take_held(self) -> list[Tracked]:
-        """Shutdown: deliveries held unstarted by `receive` or `start` (return them)."""
+        """Shutdown: deliveries held unstarted by `receive` or `start`, and those the flow
+        gate holds (return them)."""
         waiting, self._waiting = self._waiting, []
-        return self.confirms.take_held() + waiting
-
-    def hold_back(self, t: Tracked, why: str) -> list[Action]:
-        """Return a delivery unstarted because the listener stopped consuming (paused, a
-        tripped breaker): requeued, and its redelivery is not counted as an attempt."""
-        if t.settled or not self.ledger.current(t) or self.mode is AckMode.NONE:
-            return []
-        self.ledger.gone(t)
-        self.flow.owe(t.message_id)
-        self._emit(Stage.RETURNED, t, why)
-        return [Nack(t.tag, requeue=True)]
+        gate = self.flow.drain() if self.flow.active else []
+        return gate + self.confirms.take_held() + waiting
 
     def duplicate(self, t: Tracked, key: str) -> None:
         """An inbox listener found `t`'s key recorded already: counted and told (the
         runtime then finishes it as done, without running the handler)."""
         self._emit(Stage.DUPLICATE, t, f"inbox key {key!r} already recorded")
-
-    def _flow_event(self, stage: Stage, reason: str) -> None:
-        self.counters.counts[stage] += 1
-        if self.observer and (self._hot or stage not in HOT_STAGES):
-            self.observer(Event(stage, self.policy.name, 0, 0, reason))
 
     def current(self, generation: int) -> bool:
         """Do actions decided for channel generation `generation` still belong on the
@@ -363,10 +369,13 @@ class ListenerCore(Fates, Shutdown, LostRuns, Queues):
 
     def tick(self) -> list[Action]:
         """Call periodically (e.g. every 50 ms): sends acks held longer than the interval,
-        and starts a redelivery that waited for the charge slot once it is free."""
+        and starts a redelivery that waited for the charge slot once it is free; the flow
+        gate's wait for a breaker or a refusal ends (`Consume`)."""
         acts = self.ledger.tick()
         if self._waiting:
             acts.extend(self.start_waiting())
+        if self.flow.ticking:
+            acts.extend(self._flow_tick())
         return acts
 
     def drain(self) -> list[Action]:

@@ -13,12 +13,11 @@ maybe sleep and call again.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from .actions import Action
 from .errors import RequeueMessage
-from .gate import FlowStep
 from .policy import AckMode
 from .tracked import Tracked
 
@@ -95,7 +94,8 @@ class Outcome:
     """The core's answer to one handler invocation."""
 
     actions: list[Action]
-    """Carry these out now, in order, on the listener's current channel."""
+    """Carry these out now, in order, on the listener's current channel (the flow gate's
+    come last: see `ListenerCore.handled`)."""
     rerun: tuple[Tracked, ...] = ()
     """Run the handler again for these (in-process retry), after `delay` seconds: wait on
     something the app's stop interrupts, then ask `ListenerCore.resume` which still run."""
@@ -103,9 +103,21 @@ class Outcome:
     stop: BaseException | None = None
     """The handler raised an interpreter-exit signal: stop the app with it (after the
     actions are carried out)."""
-    flow: FlowStep | None = None
-    """What the listener's flow gate decided now that the call ended (a breaker, or serial
-    mode: the breaker counted it, keys were freed): carry it out after `actions`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Go:
+    """The core's answer to "a worker is about to run these" (`ListenerCore.begin`)."""
+
+    run: list[Tracked]
+    """Run the handler for these (one delivery, or a batch), once `wait` is over."""
+    actions: list[Action] = field(default_factory=list)
+    """Carry these out first, in order, on the listener's current channel: what becomes
+    of the deliveries that do not run (a stopping core's returns, a stale one's nothing,
+    the gate's returns with the consumer before them)."""
+    wait: float = 0.0
+    """Above 0: the rate limit wants this many seconds before `run` starts. Wait on
+    something the app's stop cuts short, then ask `begin(run, waited=True)` again."""
 
 
 def succeeded(result: object, size: int, batch: bool) -> int:

@@ -1,11 +1,12 @@
 """Starting handlers, and stopping: the part of `ListenerCore` a shutdown runs through.
 
-A runtime asks `start(t)` just before a handler runs, `resume(rerun)` when an
-in-process retry's wait is over, and `release(t)` for a delivery whose
-handler never ran to the end. A stopping core (`stop()`) starts nothing from
-then on: deliveries go back to their queue, retries waiting in process too
-(see also `outcome.handled`), and `quiescent` says when it waits for nothing
-more. Each runtime's stop is then a short sequence carrying that out.
+A runtime asks `begin(ts)` just before a handler runs (`start(t)` per
+delivery), `resume(rerun)` when an in-process retry's wait is over, and
+`release(t)` for a delivery whose handler never ran to the end. A stopping
+core (`stop()`) starts nothing from then on: deliveries go back to their
+queue, retries waiting in process too (see also `outcome.handled`), and
+`quiescent` says when it waits for nothing more. Each runtime's stop is then
+a short sequence carrying that out.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from typing import TYPE_CHECKING
 from . import copy_headers as CH
 from .actions import Action, CopyPurpose, Nack, Republish
 from .events import Stage
+from .gate import Flow
 from .ledger import Ledger
-from .outcome import Outcome
+from .outcome import Go, Outcome
 from .policy import AckMode, ListenerPolicy
 from .republish import Confirms
 from .tracked import Tracked
@@ -33,6 +35,8 @@ class Shutdown:
     confirms: Confirms
     stopping: bool
     _waiting: list[Tracked]
+    flow: Flow
+    gated: bool
 
     if TYPE_CHECKING:
 
@@ -50,6 +54,8 @@ class Shutdown:
         ) -> list[Action]: ...
 
         def slot_free(self) -> bool: ...
+
+        def _gate_start(self, go: list[Tracked], acts: list[Action], waited: bool) -> Go: ...
 
     def startable(self, t: Tracked) -> bool:
         """May a handler start on `t` now (called just before)? Not when its channel closed
@@ -82,6 +88,24 @@ class Shutdown:
             self._waiting.append(t)  # `tick` starts it once the last charged run is done
             return []
         return None
+
+    def begin(self, ts: Sequence[Tracked], *, waited: bool = False) -> Go:
+        """A worker is about to run the handler for `ts`: which of them run (`Go.run`),
+        after how long a wait for the rate limit (`Go.wait`), and the actions for the
+        others (see `start`; the flow gate returns those it no longer lets start).
+        `waited`: asked again after the rate limit's wait (it is not booked twice)."""
+        acts: list[Action] = []
+        go: list[Tracked] = []
+        for t in ts:
+            a = self.start(t)
+            if a is None:
+                go.append(t)
+            else:
+                acts.extend(a)
+        flow = self.flow
+        if go and self.gated and (flow.gated or flow.bucket is not None):
+            return self._gate_start(go, acts, waited)
+        return Go(go, acts)
 
     def resume(self, rerun: Sequence[Tracked]) -> Outcome:
         """The wait before running a handler again for `rerun` (in-process retry) is over,

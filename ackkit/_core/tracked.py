@@ -21,6 +21,7 @@ class Tracked:
         "first_failure",
         "generation",
         "headers",
+        "key",
         "lost",
         "lost_copies",
         "message_id",
@@ -48,6 +49,7 @@ class Tracked:
         self.exchange = exchange
         self.routing_key = routing_key
         self.message_id = message_id
+        self.key: object | None = None  # its serial key (`SerialKey.of`), with serial mode
         # Headers set on every copy republished for this delivery (retry, dead letter):
         # e.g. the trace context of the span that handled it.
         self.carry: Mapping[str, Any] | None = None

@@ -15,21 +15,21 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._core.actions import Action, Republish, TxSelect
-from .._core.consume import ConsumeMove, Consuming
+from .._core.actions import Republish, TxSelect
+from .._core.consume import Consuming
 from .._core.events import Observer
 from .._core.listener import ListenerCore
 from .._core.outcome import Outcome
 from .._core.policy import AckMode
 from .._delivery import Delivery, DeliveryBase
 from .._invocation import Invocation
-from .._logs import FailureLog, log_cancel
+from .._logs import FailureLog
 from .._publish import Outgoing
 from .._spec import Instrument, ListenerSpec, probe_for
 from .._wire import describe
 from ..inbox._run import DatabaseDown
 from . import _frames as frames
-from . import flowing
+from . import flowing, refusals
 from ._pika import quiet_refusals
 from .executor import Executor
 from .host import Host as Host
@@ -52,7 +52,11 @@ class Consumer(Executor):
         instruments: Sequence[Instrument] = (),
     ) -> None:
         core = ListenerCore(
-            spec.policy, observer=observer, hold_early_copies=True, dedup=spec.inbox is not None
+            spec.policy,
+            observer=observer,
+            hold_early_copies=True,
+            dedup=spec.inbox is not None,
+            gated=True,  # it carries out the flow gate's `Consume` and `Run`
         )
         super().__init__(spec.name, core, rt, log)
         self.rt = rt
@@ -96,7 +100,7 @@ class Consumer(Executor):
             return
         self.channel = ch
         ch.add_on_close_callback(self._on_channel_closed)
-        ch.add_on_cancel_callback(lambda frame: self._on_cancelled_by_broker(ch, frame))
+        ch.add_on_cancel_callback(lambda frame: refusals.cancelled_by_broker(self, ch, frame))
         with self.lock:
             acts = self.core.channel_opened()
         for a in acts:
@@ -108,7 +112,7 @@ class Consumer(Executor):
     def _consume(self, ch: Any) -> None:
         self.cancelled.clear()
         self.consumer_tag = None
-        if self.core.flow.consuming:  # not while paused or tripped
+        if self.core.consuming:  # not while paused or tripped
             self._basic_consume(ch)  # ready once the broker answered (`_on_consume_ok`)
         else:
             self.rt.consumer_ready(self)
@@ -116,7 +120,7 @@ class Consumer(Executor):
     def _basic_consume(self, ch: Any) -> None:
         spec = self.spec
         self.awaiting_ok = True
-        quiet_refusals(ch, True)  # a refusal is logged once, by `_refused`, not by pika
+        quiet_refusals(ch, True)  # a refusal is logged once, by `refusals`, not by pika
         self.consumer_tag = ch.basic_consume(
             spec.queue,
             self._on_message,
@@ -154,41 +158,12 @@ class Consumer(Executor):
         conn = self.rt.connection
         live = not self.rt.stopping and conn is not None and conn.is_open
         if refused and live and code not in (0, 200, 320):
-            self._refused(conn, code, getattr(reason, "reply_text", str(reason)))
+            refusals.refused(self, conn, code, getattr(reason, "reply_text", str(reason)))
             return
         if code not in (0, 200, 320):
             log.error("%s: channel closed by broker: %s", self.spec.name, reason)
         if live:
             conn.ioloop.call_later(1.0, lambda: self._reopen(conn))
-
-    def _refused(self, conn: Any, code: int, text: str) -> None:
-        """The broker refused the basic.consume: carry out what the core decides."""
-        step = self.consuming.refused(code, text)
-        if step.log:
-            log.warning("%s", step.log)
-        if step.move is ConsumeMove.FAIL:
-            assert step.error is not None
-            self.rt.fail(step.error, f"{self.spec.name}: cannot consume")
-        elif step.move is ConsumeMove.DECLARE:
-            self.rt.redeclare(self)
-        else:
-            if step.move is ConsumeMove.STANDBY:
-                self.rt.consumer_ready(self)  # started: standing by is a state, not a failure
-            else:
-                log.error("%s: channel closed by broker: (%d, %r)", self.spec.name, code, text)
-            conn.ioloop.call_later(step.delay, lambda: self._reopen(conn))
-
-    def _on_cancelled_by_broker(self, ch: Any, frame: Any) -> None:
-        """basic.cancel from the broker (RabbitMQ 4.3's consumer timeout, a deleted
-        queue): the core fences the consumer's deliveries; a new channel consumes again."""
-        if ch is not self.channel or self.rt.stopping:
-            return
-        with self.lock:
-            outstanding = self.core.consumer_cancelled()
-        log_cancel(log, self.spec.name, outstanding)
-        self.consumer_tag = None
-        if ch.is_open:
-            ch.close()  # -> _on_channel_closed: a new channel after the usual pause
 
     def _on_message(self, ch: Any, method: Any, props: Any, body: bytes) -> None:
         exchange, rk = method.exchange, method.routing_key
@@ -206,6 +181,7 @@ class Consumer(Executor):
                     None if why else props.message_id,
                     unreadable=why,
                     wire_headers=getattr(props, "wire_headers", None),
+                    properties=None if why else props,
                 )
             except Exception as exc:  # never let one delivery take the connection down
                 why = f"receiving it failed: {describe(exc)}"
@@ -229,29 +205,30 @@ class Consumer(Executor):
                 self.queue(t.generation, t.verdict)
                 if self.no_ack:  # the broker settled it on send: its copy has its original
                     self.originals.drop(t.generation, t.tag)
-        if t.verdict is not None:
+        if t.verdict is not None:  # decided, or held (by the flow gate, too)
             if t.verdict:
                 self.flush()
-            return
-        self._admit(d)
-
-    def _admit(self, d: Delivery) -> None:
-        """To the workers, through the flow gate when it is on."""
-        if self.core.flow.gated and not flowing.admit(self, d):
             return
         self.inbox.put(d)
 
     def _start(self, held: Delivery) -> None:
-        self._admit(held)
+        """A delivery the core held starts (`Start`): through the flow gate."""
+        with self.lock:
+            acts = self.core.admit(held._tracked)
+            if acts:
+                self.send(self.core.generation, acts)
+        if acts is None:
+            self.inbox.put(held)
+
+    def _run_ready(self, d: Delivery) -> None:
+        self.inbox.put(d)
+
+    def _switch_consumer(self, on: bool) -> None:
+        flowing.switch(self, on)
 
     def tick(self) -> None:
         if self.channel is not None:
             self.decide(self.core.tick)
-            if self.core.flow.ticking:  # a breaker, or copies the broker refuses
-                with self.lock:
-                    step = self.core.flow.tick()
-                if step:
-                    flowing.carry_out(self, step)
 
     def _publish(self, gen: int, a: Republish) -> None:
         self.copies.publish(self, gen, a)
@@ -339,22 +316,20 @@ class Consumer(Executor):
             ds = [d for d in ds if not self.tx.duplicate_before_start(d)]
             if not ds:
                 return
-        with self.lock:  # may it start? (not once stopping, not after its channel closed)
-            if len(ds) == 1:
-                acts = core.start(ds[0]._tracked)
-                if acts is not None:
-                    if acts:
-                        self.send(core.generation, acts)
-                    return
-            else:
-                ds = self._startable(ds)
-        if not ds:
+        with self.lock:  # may they start? (stopping, a closed channel, the flow gate)
+            go = core.begin([d._tracked for d in ds])
+            if go.actions:
+                self.send(core.generation, go.actions)
+        while go.wait > 0:  # the rate limit's
+            self.rt.stop_event.wait(go.wait)  # cut short when the app stops
+            with self.lock:
+                go = core.begin(go.run, waited=True)
+                if go.actions:
+                    self.send(core.generation, go.actions)
+        if not go.run:
             return
-        flow = core.flow
-        if flow.bucket is not None or flow.gated:
-            ds = flowing.before_start(self, ds)
-            if not ds:
-                return
+        if len(go.run) < len(ds):
+            ds = [d for d in ds if d._tracked in go.run]
         inv = Invocation(self.binding, ds)
         out = self._attempt(inv)
         while out.rerun:
@@ -367,20 +342,6 @@ class Consumer(Executor):
                 return
             inv = inv.again(out.rerun)
             out = self._attempt(inv)
-
-    def _startable(self, ds: list[Delivery]) -> list[Delivery]:
-        """Those of `ds` the core lets start (holding the lock); the others' actions sent."""
-        go: list[Delivery] = []
-        acts: list[Action] = []
-        for d in ds:
-            a = self.core.start(d._tracked)
-            if a is None:
-                go.append(d)
-            else:
-                acts.extend(a)
-        if acts:
-            self.send(self.core.generation, acts)
-        return go
 
     def _attempt(self, inv: Invocation) -> Outcome:
         """Call the handler once, then carry out what the core makes of it."""
@@ -411,8 +372,6 @@ class Consumer(Executor):
             out = inv.outcome(self.core, result, exc)
             if out.actions:
                 self.send(self.core.generation, out.actions)
-        if out.flow is not None:
-            flowing.carry_out(self, out.flow)
         if out.stop is not None:
             self.rt.fail(out.stop, f"{self.spec.name}: handler raised {type(out.stop).__name__}")
         return out

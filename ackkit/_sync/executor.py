@@ -18,7 +18,18 @@ from typing import Any, Protocol
 
 import pika.exceptions
 
-from .._core.actions import Ack, Action, Nack, Reject, Republish, Start, TxCommit, TxSelect
+from .._core.actions import (
+    Ack,
+    Action,
+    Consume,
+    Nack,
+    Reject,
+    Republish,
+    Run,
+    Start,
+    TxCommit,
+    TxSelect,
+)
 from .._core.listener import ListenerCore
 from .._delivery import Originals
 
@@ -161,6 +172,12 @@ class Executor:
                     held = originals.get(gen, a.tag)
                     if held is not None:
                         self._start(held)
+                elif type(a) is Consume:
+                    self._switch_consumer(a.on)
+                elif type(a) is Run:
+                    ready = originals.get(gen, a.tag)
+                    if ready is not None:
+                        self._run_ready(ready)
         except (pika.exceptions.ChannelWrongStateError, pika.exceptions.ConnectionWrongStateError):
             # Closed under us: the broker requeues what was not settled; the close
             # callback that follows marks the generation stale.
@@ -179,4 +196,12 @@ class Executor:
     def _start(self, held: Any) -> None:
         """Start the handler of `held` (the runtime's object for a delivery the core held:
         cores built with `hold_early_copies=True` only)."""
+        raise NotImplementedError
+
+    def _switch_consumer(self, on: bool) -> None:
+        """Hold a consumer on the queue (`on`) or cancel it (a gated core's `Consume`)."""
+        raise NotImplementedError
+
+    def _run_ready(self, d: Any) -> None:
+        """Queue `d` for a handler: the flow gate let it through (a gated core's `Run`)."""
         raise NotImplementedError

@@ -287,8 +287,10 @@ class Runtime(Engine):
                     left.append(d)
             left.extend(flowing.waiting(c))  # held by the flow gate (a busy key, probing)
             if left:
-                with c.lock:
-                    c._startable(left)  # the stopping core releases each
+                with c.lock:  # the stopping core releases each
+                    acts = c.core.begin([d._tracked for d in left]).actions
+                    if acts:
+                        c.send(c.core.generation, acts)
             c.decide(c.core.drain)
         conn = self.connection
         quiet = all(c.core.quiescent for c in self.consumers)

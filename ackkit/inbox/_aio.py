@@ -278,16 +278,11 @@ class AsyncInbox:
     async def down(self, inv: Invocation, why: BaseException) -> Outcome:
         """Return `inv`'s deliveries unstarted, pause the listener, probe until the
         database answers, then resume."""
-        from .._async import flowing
-
         c = self.c
         ts = [d._tracked for d in inv.deliveries]
         if not c.core.flow.paused:  # paused by hand before: left to the hand
             self.paused_by_db = True
-        step = c.core.flow.pause(f"inbox database down: {why}")
-        if c.core.flow.active:
-            step.returned.extend(c.core.flow.done(ts, None).returned)
-        step.returned[:0] = ts
+        acts = c.core.set_paused(True, f"inbox database down: {why}", returning=ts)
         # not `self._probe.done()`: a probe awaiting its resume's basic.consume has resumed
         # already, and would leave this pause with no probe (see SyncInbox.down)
         if not self._probing:
@@ -299,12 +294,11 @@ class AsyncInbox:
                 why,
             )
             self._probe = c.rt.spawn(self._probe_loop())
-        await flowing.carry_out(c, step)
+        if acts:
+            await c.execute(c.core.generation, acts)
         return Outcome([])
 
     async def _probe_loop(self) -> None:
-        from .._async import flowing
-
         n = 0
         while not await self.c.rt.pause(probe_delay(n)):
             n += 1
@@ -312,9 +306,10 @@ class AsyncInbox:
                 log.warning("%s: inbox database answers again: listener resumed", self.name)
                 self._probing = False  # a down() from now on starts a probe of its own
                 mine, self.paused_by_db = self.paused_by_db, False
-                step = self.c.core.flow.resume("inbox database answers again") if mine else None
-                if step:
-                    await flowing.carry_out(self.c, step)
+                if mine:
+                    core = self.c.core
+                    acts = core.set_paused(False, "inbox database answers again")
+                    await self.c.execute(core.generation, acts)
                 return
 
     # -- retention ------------------------------------------------------------------------

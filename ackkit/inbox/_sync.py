@@ -273,18 +273,14 @@ class SyncInbox:
     def down(self, inv: Invocation, why: BaseException) -> Outcome:
         """Return `inv`'s deliveries unstarted, pause the listener, probe until the
         database answers, then resume."""
-        from .._sync import flowing
-
         c = self.c
         ts = [d._tracked for d in inv.deliveries]
         with c.lock:
             if not c.core.flow.paused:  # paused by hand before: left to the hand
                 self.paused_by_db = True
-            step = c.core.flow.pause(f"inbox database down: {why}")
-            if c.core.flow.active:
-                more = c.core.flow.done(ts, None)
-                step.returned.extend(more.returned)
-            step.returned[:0] = ts
+            acts = c.core.set_paused(True, f"inbox database down: {why}", returning=ts)
+            if acts:
+                c.queue(c.core.generation, acts)  # in decision order; the I/O thread sends
             # Decided with the pause, under the lock the probe resumes under: a probe that
             # resumed already, and is only finishing, no longer counts (it left a down()
             # after its resume paused with no probe, deliveries held for ever).
@@ -300,12 +296,11 @@ class SyncInbox:
                 target=self._probe_loop, name=f"ackkit-{self.name}-dbprobe", daemon=True
             )
             self._probe.start()
-        flowing.carry_out(c, step)
+        if acts:
+            c.rt.call_soon(c.flush)
         return Outcome([])
 
     def _probe_loop(self) -> None:
-        from .._sync import flowing
-
         n = 0
         while not self.stop.wait(probe_delay(n)):
             n += 1
@@ -314,9 +309,15 @@ class SyncInbox:
                 with self.c.lock:
                     self._probing = False  # a down() from now on starts a probe of its own
                     mine, self.paused_by_db = self.paused_by_db, False
-                    step = self.c.core.flow.resume("inbox database answers again") if mine else None
-                if step:
-                    flowing.carry_out(self.c, step)
+                    acts = (
+                        self.c.core.set_paused(False, "inbox database answers again")
+                        if mine
+                        else []
+                    )
+                    if acts:
+                        self.c.queue(self.c.core.generation, acts)
+                if acts:
+                    self.c.rt.call_soon(self.c.flush)
                 return
 
     # -- retention ------------------------------------------------------------------------

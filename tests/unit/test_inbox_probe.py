@@ -21,7 +21,7 @@ from ackkit.inbox._sync import SyncInbox
 def test_a_down_after_the_probe_resumed_starts_a_probe_of_its_own() -> None:
     core = ListenerCore(ListenerPolicy(name="l", queue="q"))
     core.channel_opened()
-    held = threading.Event()  # the first probe, resumed, holds in its carry_out
+    held = threading.Event()  # the first probe, resumed, holds waking the I/O thread
     release = threading.Event()
     first = [True]
 
@@ -38,6 +38,8 @@ def test_a_down_after_the_probe_resumed_starts_a_probe_of_its_own() -> None:
         rt=SimpleNamespace(call_soon=call_soon),
         inbox=queue.SimpleQueue(),
         spec=SimpleNamespace(name="l"),
+        queue=lambda gen, acts: None,  # the outbox (the core's answer is decided, not sent)
+        flush=lambda: None,
     )
     inbox = SyncInbox(Inbox("memory://probe-race"), c)
 

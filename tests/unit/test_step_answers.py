@@ -1,5 +1,6 @@
 """The core's answer to a handler call carries what the flow gate decided (no broker):
-a runtime carries out `Outcome.flow` and never asks the gate itself whether to."""
+a runtime carries out `Outcome.actions` (a `Consume`, the returns, a `Run` per
+delivery the gate lets through) and never asks the gate itself whether to."""
 
 from __future__ import annotations
 
@@ -7,51 +8,54 @@ from typing import Any
 
 import pytest
 
+from ackkit._core.actions import Consume, Nack, Run
 from ackkit._core.flow import CircuitBreaker, FlowPolicy, FlowState, SerialKey
-from ackkit._core.gate import Admission
-from tests.unit._fakes import core
+from tests.unit._fakes import core as plain_core
+
+
+def core(**kw: Any) -> Any:
+    """A core whose runtime carries out the gate's actions (the App's consumers')."""
+    c = plain_core(**kw)
+    c.gated = True
+    return c
 
 
 def arrive(c: Any, tag: int, key: str | None = None) -> Any:
-    t = c.receive(tag, headers={"k": key} if key else None)
-    assert t.verdict is None
-    return t, c.flow.arrive(t, key)
+    return c.receive(tag, headers={"k": key} if key else None)
 
 
-def test_without_flow_control_the_answer_carries_no_flow_step() -> None:
+def test_without_flow_control_the_answers_carry_no_flow_action() -> None:
     c = core()
     t = c.receive(1)
-    assert c.start(t) is None
+    assert t.verdict is None
+    go = c.begin([t])
+    assert go.run == [t] and go.actions == [] and go.wait == 0
     out = c.handled((t,), None, None)
-    assert out.flow is None and out.actions == [] and c.drain()
+    assert out.actions == [] and c.drain()
 
 
 @pytest.mark.parametrize(
-    ("exc", "ready", "consume"),
+    ("exc", "gate"),
     [
-        (None, [2], None),  # done: the next of its key starts
-        (ValueError("x"), [], False),  # a failure trips the breaker: all goes back
+        (None, [Run(2)]),  # done: the next of its key starts
+        (ValueError("x"), [Consume(False), Nack(2, requeue=True)]),  # tripped: all goes back
     ],
 )
 def test_a_call_ending_frees_its_key_and_tells_the_breaker(
-    exc: BaseException | None, ready: list[int], consume: bool | None
+    exc: BaseException | None, gate: list[Any]
 ) -> None:
     flow = FlowPolicy(
         breaker=CircuitBreaker(min_attempts=1, failure_ratio=1.0),
         serial_key=SerialKey.header("k"),
     )
     c = core(flow=flow)
-    t1, how1 = arrive(c, 1, "a")
-    _t2, how2 = arrive(c, 2, "a")
-    assert (how1, how2) == (Admission.RUN, Admission.WAIT)
-    assert c.start(t1) is None
+    t1 = arrive(c, 1, "a")
+    t2 = arrive(c, 2, "a")
+    assert (t1.verdict, t2.verdict) == (None, [])  # 2 is held behind 1's key
+    assert c.begin([t1]).run == [t1]
     out = c.handled((t1,), None, exc)
-    assert out.flow is not None
-    assert [t.tag for t in out.flow.ready] == ready
-    assert out.flow.consume is consume
-    if consume is False:
-        assert [t.tag for t in out.flow.returned] == [2]
-        assert c.flow.state is FlowState.TRIPPED
+    assert out.actions[-len(gate) :] == gate
+    assert c.flow.state is (FlowState.CONSUMING if exc is None else FlowState.TRIPPED)
 
 
 def test_an_in_process_retry_keeps_its_key() -> None:
@@ -62,14 +66,14 @@ def test_an_in_process_retry_keeps_its_key() -> None:
         flow=FlowPolicy(serial_key=SerialKey.header("k")),
         retry=Retry(max_attempts=3, initial_interval=0.1, strategy=RetryStrategy.IN_PROCESS),
     )
-    t1, _ = arrive(c, 1, "a")
-    t2, how2 = arrive(c, 2, "a")
-    assert how2 is Admission.WAIT
+    t1 = arrive(c, 1, "a")
+    t2 = arrive(c, 2, "a")
+    assert t2.verdict == []
     out = c.handled((t1,), None, ValueError("x"))
     assert out.rerun == (t1,)
-    assert out.flow is None  # nothing to do: the key stays taken, 2 still waits
+    assert not any(type(a) is Run for a in out.actions)  # the key stays taken, 2 waits
     out = c.handled((t1,), None, None)
-    assert out.flow is not None and out.flow.ready == [t2]
+    assert out.actions == [Run(t2.tag)]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,54 @@
+"""The App consumer: carrying out what the core decides about a refused or cancelled
+consumer.
+
+The broker refuses a basic.consume by closing the channel, and may cancel a
+consumer it had accepted (basic.cancel: a deleted queue, RabbitMQ 4.3's
+consumer timeout). `ackkit._core.consume.Consuming` and
+`ListenerCore.consumer_cancelled` decide what that comes to; this module only
+does it on pika's I/O thread: a new channel after a pause, a declare of the
+deleted queue first, a quiet standby, or `fail()`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from .._core.consume import ConsumeMove
+from .._logs import log_cancel
+
+if TYPE_CHECKING:
+    from .consumer import Consumer
+
+log = logging.getLogger("ackkit")
+
+
+def refused(c: Consumer, conn: Any, code: int, text: str) -> None:
+    """The broker refused the basic.consume: carry out what the core decides."""
+    step = c.consuming.refused(code, text)
+    if step.log:
+        log.warning("%s", step.log)
+    if step.move is ConsumeMove.FAIL:
+        assert step.error is not None
+        c.rt.fail(step.error, f"{c.spec.name}: cannot consume")
+    elif step.move is ConsumeMove.DECLARE:
+        c.rt.redeclare(c)
+    else:
+        if step.move is ConsumeMove.STANDBY:
+            c.rt.consumer_ready(c)  # started: standing by is a state, not a failure
+        else:
+            log.error("%s: channel closed by broker: (%d, %r)", c.spec.name, code, text)
+        conn.ioloop.call_later(step.delay, lambda: c._reopen(conn))
+
+
+def cancelled_by_broker(c: Consumer, ch: Any, frame: Any) -> None:
+    """basic.cancel from the broker (RabbitMQ 4.3's consumer timeout, a deleted queue):
+    the core fences the consumer's deliveries; a new channel consumes again."""
+    if ch is not c.channel or c.rt.stopping:
+        return
+    with c.lock:
+        outstanding = c.core.consumer_cancelled()
+    log_cancel(log, c.spec.name, outstanding)
+    c.consumer_tag = None
+    if ch.is_open:
+        ch.close()  # -> Consumer._on_channel_closed: a new channel after the usual pause
