@@ -119,5 +119,18 @@ class Start:
     tag: int
 
 
-Action = Ack | Nack | Reject | Republish | TxCommit | TxSelect | Start
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """Wait until the broker has processed every frame sent on the listener's channel
+    before this one, then carry out the actions after it (and nothing else on that
+    channel meanwhile). A settle frame has no answer, and the client library may still
+    hold it in its write buffer when the next action runs: the core puts a Fence
+    between the ack of a restamp copy's original and the `Start` of that copy, so that
+    a handler that kills its process cannot leave both in the queue. The runtime makes
+    a no-op round trip on the channel (basic.qos with the listener's prefetch, answered
+    in order); when the channel closes first, the actions after the Fence are dropped
+    (the broker requeues the held copy)."""
+
+
+Action = Ack | Nack | Reject | Republish | TxCommit | TxSelect | Fence | Start
 """What a runtime carries out on the listener's channel, in order."""
