@@ -55,6 +55,8 @@ REFUSALS = ("ACCESS_REFUSED", "AccessRefused", "(403", "403,", "RESOURCE_ERROR",
 """A channel closed with one of these refused the publish: not a chance loss."""
 
 SETTLES = (Ack, Nack, Reject)
+"""The actions that settle a delivery (a frame the broker must process before a copy
+of it may start: see `Confirms.fencing`)."""
 
 Emit = Callable[[Stage, Tracked, str], None]
 
