@@ -12,6 +12,11 @@ only sends them:
   `settling` lock, FIFO): a straggler's single ack overtaken by a later
   multiple-ack that covers it would be an unknown delivery tag.
 
+A `Fence` is awaited in place: basic.qos with the listener's own prefetch (a no-op
+round trip, answered after every frame sent before it), so that a held copy's
+handler starts only once the broker has processed its original's ack, not when
+aiormq merely queued the frame; what is after it waits with it (the `settling` lock).
+
 Copies (`Republish`) go to the runtime's confirm publisher, which reports
 back to the core (`ListenerCore.republished`) and settles through `execute`.
 """
@@ -25,7 +30,7 @@ from typing import Any, Protocol, cast
 
 from aiormq.abc import AbstractChannel
 
-from .._core.actions import Action, Consume, Republish, Run, Start, TxCommit, TxSelect
+from .._core.actions import Action, Consume, Fence, Republish, Run, Start, TxCommit, TxSelect
 from .._core.listener import ListenerCore
 from .._delivery import DeliveryBase, Originals
 from .._logs import short
@@ -103,6 +108,10 @@ class ChannelSettler:
                     await ch.tx_commit()
                 elif ta is TxSelect:
                     await ch.tx_select()
+                elif ta is Fence:
+                    # the check above, repeated after it, drops the rest if the channel
+                    # closed meanwhile (a closing channel also fails this call)
+                    await ch.basic_qos(prefetch_count=core.policy.prefetch)
                 elif ta is Start:
                     held = self.originals.get(gen, cast(Start, a).tag)
                     if held is not None:

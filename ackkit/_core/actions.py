@@ -120,6 +120,19 @@ class Start:
 
 
 @dataclass(frozen=True, slots=True)
+class Fence:
+    """Wait until the broker has processed every frame sent on the listener's channel
+    before this one, then carry out the actions after it (and nothing else on that
+    channel meanwhile). A settle frame has no answer, and the client library may still
+    hold it in its write buffer when the next action runs: the core puts a Fence
+    between the ack of a restamp copy's original and the `Start` of that copy, so that
+    a handler that kills its process cannot leave both in the queue. The runtime makes
+    a no-op round trip on the channel (basic.qos with the listener's prefetch, answered
+    in order); when the channel closes first, the actions after the Fence are dropped
+    (the broker requeues the held copy)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Consume:
     """Hold a consumer on the listener's queue (`on`: basic.consume if there is none) or
     not (basic.cancel). Paused, tripped or refused, a listener cancels its consumer
@@ -139,5 +152,5 @@ class Run:
     tag: int
 
 
-Action = Ack | Nack | Reject | Republish | TxCommit | TxSelect | Start | Consume | Run
+Action = Ack | Nack | Reject | Republish | TxCommit | TxSelect | Fence | Start | Consume | Run
 """What a runtime carries out on the listener's channel, in order."""

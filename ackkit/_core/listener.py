@@ -159,6 +159,7 @@ class ListenerCore(Fates, Shutdown, LostRuns, Queues, Gating):
         """
         self.counters.counts[Stage.CONSUMER_CANCELLED] += 1
         self._free_slot()
+        self.confirms.channel_closed()
         return self.ledger.closed()
 
     def channel_closed(self) -> int:
@@ -168,6 +169,7 @@ class ListenerCore(Fates, Shutdown, LostRuns, Queues, Gating):
         Their handlers may still settle them: that is dropped (and counted) then.
         """
         self._free_slot()
+        self.confirms.channel_closed()
         return self.ledger.closed()
 
     # -- deliveries -------------------------------------------------------
@@ -186,7 +188,9 @@ class ListenerCore(Fates, Shutdown, LostRuns, Queues, Gating):
     ) -> Tracked:
         """Track a delivery. If `verdict` is set on the result, do not run the handler:
         carry out the verdict's actions instead. An empty verdict holds the delivery:
-        a `Start` from `republished` starts it later (`take_held` at shutdown).
+        a `Start` from `republished` starts it later, after a `Fence` (`take_held` at
+        shutdown). A verdict may also start the delivery itself after a Fence (a
+        restamp copy whose original's ack may still be unwritten; see `Confirms`).
 
         `unreadable`: the client library could not decode the delivery's properties
         (why, in words). Such a delivery never reaches a handler: it is dead-lettered
@@ -232,14 +236,11 @@ class ListenerCore(Fates, Shutdown, LostRuns, Queues, Gating):
             self.ledger.track(t)
         mx = self.policy.retry.max_attempts
         if unreadable is None and bad is None:
-            if (
-                self.confirms.held
-                and headers
-                and not redelivered
-                and self.confirms.hold_early(t, headers)
-            ):
-                t.verdict = []  # nothing to send now: `republished` starts it
-                return t
+            if (self.confirms.held or self.confirms.fencing) and headers and not redelivered:
+                held = self.confirms.hold_early(t, headers)
+                if held is not None:  # []: `republished` starts it; or a fence, then it
+                    t.verdict = held
+                    return t
             if redelivered and mx <= 1 and mode is not AckMode.NONE and not back:
                 lost = self.lost_run(t, headers, wire_headers)
                 if lost is not None:

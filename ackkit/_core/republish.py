@@ -14,6 +14,13 @@ deliver it to this very consumer before the copy's confirm (and so the original'
 ack) is out; a consumer killed in that window would leave the message twice in the
 queue. With `hold=True` (the consumers) such a copy is held unstarted until its
 original is settled, then started (`Start`).
+
+"Settled" means processed by the broker, not handed to the client library: pika and
+aiormq only queue a settle's frame, and a handler that kills its process before the
+frame was written would leave the original unacked beside its copy (a twin: one more
+run, one more dead letter). So a held copy starts after a `Fence` that follows the
+original's settle, and a copy that arrives after its confirm, while that settle may
+still be unwritten (`fencing`), starts after a Fence of its own.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from typing import Any
 
 from . import headers as H
 from . import topology as _topology
-from .actions import Action, CopyPurpose, Reject, Republish, Start
+from .actions import Ack, Action, CopyPurpose, Fence, Nack, Reject, Republish, Start
 from .events import Counters, Stage
 from .gate import Flow
 from .ledger import Ledger
@@ -46,6 +53,10 @@ NACKED = (
 RETURNED = "returned by the broker (basic.return: no queue took it)"
 REFUSALS = ("ACCESS_REFUSED", "AccessRefused", "(403", "403,", "RESOURCE_ERROR", "(506")
 """A channel closed with one of these refused the publish: not a chance loss."""
+
+SETTLES = (Ack, Nack, Reject)
+"""The actions that settle a delivery (a frame the broker must process before a copy
+of it may start: see `Confirms.fencing`)."""
 
 Emit = Callable[[Stage, Tracked, str], None]
 
@@ -74,6 +85,9 @@ class Confirms:
         self.hold = hold
         # restamp id -> None while its copy is awaited, the copy once it arrived early
         self.held: dict[str, Tracked | None] = {}
+        # restamp ids whose original's settle went to the runtime before its copy
+        # arrived (until the copy arrives or the channel closes)
+        self.fencing: dict[str, None] = {}
 
     def __len__(self) -> int:
         return len(self._originals)
@@ -94,14 +108,26 @@ class Confirms:
             self.held[hdrs[H.RESTAMP_ID]] = None
         return act
 
-    def hold_early(self, t: Tracked, headers: Any) -> bool:
-        """Is `t` a restamp copy of ours whose original's ack is not out yet? Then it is
-        held (a later `confirmed` starts it)."""
+    def hold_early(self, t: Tracked, headers: Any) -> list[Action] | None:
+        """Is `t` a restamp copy of ours whose original's settle is not out yet? [] when
+        it is held (a later `confirmed` starts it); [Fence, Start] when that settle went
+        to the runtime before `t` arrived (it may not have reached the broker yet);
+        None: not such a copy."""
         rid = headers.get(H.RESTAMP_ID)
-        if type(rid) is not str or rid not in self.held or self.held[rid] is not None:
-            return False
+        if type(rid) is not str:
+            return None
+        if rid in self.fencing:
+            del self.fencing[rid]
+            return [Fence(), Start(t.tag)]
+        if rid not in self.held or self.held[rid] is not None:
+            return None
         self.held[rid] = t
-        return True
+        return []
+
+    def channel_closed(self) -> None:
+        """Whatever was sent on the closed channel has been processed or is gone: a copy
+        arriving on the next one needs no fence."""
+        self.fencing.clear()
 
     def take_held(self) -> list[Tracked]:
         """Shutdown: the copies held unstarted (they go back to the queue)."""
@@ -141,9 +167,16 @@ class Confirms:
         if any(a.set_headers.get(H.RESTAMP_ID) == rid for a in self._acts.values()):
             return acts  # sent once more: still awaited
         early = self.held.pop(rid, None)
-        if early is None or early.settled or not self._ledger.current(early):
+        if early is None:
+            if any(type(a) in SETTLES for a in acts):  # the copy may arrive before it is out
+                if len(self.fencing) >= MAX_HELD:
+                    del self.fencing[next(iter(self.fencing))]
+                self.fencing[rid] = None
             return acts
-        return [*acts, Start(early.tag)]  # after the original's settle
+        if early.settled or not self._ledger.current(early):
+            return acts
+        # after the broker has processed the original's settle (not only the client)
+        return [*acts, Fence(), Start(early.tag)]
 
     def _confirmed(
         self, token: int, ok: bool, unroutable: bool, error: str | None, lost: str | None

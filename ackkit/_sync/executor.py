@@ -6,6 +6,13 @@ the I/O thread (the only one that may touch pika) takes them out oldest first
 and carries them out on the channel of the generation they were decided for,
 or drops them when that channel is gone: a delivery tag is channel-scoped, and
 a stale one closes the new channel with PRECONDITION_FAILED.
+
+A `Fence` makes the executor wait for the broker without blocking the I/O thread:
+basic.qos (the listener's own prefetch, a no-op) goes out with a callback, and the
+actions after the Fence, and the outbox behind them, wait until the broker's
+basic.qos-ok arrives (`_passed`). pika's basic_ack only queues its frame; the qos-ok
+says the broker has processed it. When the channel closes first, the callback never
+comes: what waited is dropped with its generation.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from .._core.actions import (
     Ack,
     Action,
     Consume,
+    Fence,
     Nack,
     Reject,
     Republish,
@@ -59,6 +67,8 @@ class Executor:
         # Decided actions wait here for the I/O thread, in decision order (see send()).
         self.outbox: deque[tuple[int, list[Action]]] = deque()
         self._flushing = False
+        # (generation, the actions after a Fence) while its basic.qos-ok is awaited
+        self._fenced: tuple[int, list[Action]] | None = None
         # tag -> the runtime's object for the delivery; token -> the original of a copy
         self.originals: Originals[Any] = Originals()
 
@@ -115,6 +125,10 @@ class Executor:
         self._flushing = True
         try:
             while True:
+                if self._fenced is not None:
+                    if self.valid(self._fenced[0]):
+                        return  # the broker's answer to the fence resumes (`_passed`)
+                    self._fenced = None  # its channel is gone, and the answer with it
                 with self.lock:
                     if not self.outbox:
                         return
@@ -152,7 +166,7 @@ class Executor:
         ch = self.channel
         originals = self.originals
         try:
-            for a in acts:
+            for i, a in enumerate(acts):
                 if type(a) is Ack:
                     ch.basic_ack(a.tag, a.multiple)
                     originals.settled(gen, a)
@@ -168,6 +182,9 @@ class Executor:
                     ch.tx_commit()
                 elif type(a) is TxSelect:
                     ch.tx_select()
+                elif type(a) is Fence:
+                    self._fence(gen, ch, acts[i + 1 :])
+                    return
                 elif type(a) is Start:
                     held = originals.get(gen, a.tag)
                     if held is not None:
@@ -182,6 +199,28 @@ class Executor:
             # Closed under us: the broker requeues what was not settled; the close
             # callback that follows marks the generation stale.
             self.log.info("%s: channel closed while settling", self.name)
+
+    def _fence(self, gen: int, ch: Any, rest: list[Action]) -> None:
+        """Carry out `rest` once the broker has answered a round trip sent after every
+        frame before it on `ch` (see `Fence`); the outbox waits meanwhile (`flush`)."""
+        self._fenced = (gen, rest)
+        try:
+            # Asynchronous: pika calls back from its I/O loop when basic.qos-ok arrives.
+            ch.basic_qos(
+                prefetch_count=self.core.policy.prefetch, callback=lambda _f: self._passed(ch)
+            )
+        except BaseException:
+            self._fenced = None
+            raise
+
+    def _passed(self, ch: Any) -> None:
+        """basic.qos-ok of a fence on `ch`: what waited for it goes on."""
+        fenced = self._fenced
+        if fenced is None or ch is not self.channel:
+            return
+        self._fenced = None
+        self.execute(*fenced)  # checks that its generation is still the channel's
+        self.flush()
 
     # -- what subclasses say ------------------------------------------------------
 

@@ -6,7 +6,8 @@ thread-safe: every channel call happens on the I/O thread; the reader's
 thread (Spark asks it for batches) and the IPC thread (the foreachBatch
 wrapper says "written") hand it actions through the executor's outbox
 (`ackkit._sync.executor`), tagged with the channel generation they belong to.
-The connection's life is the shared pika `Engine`, the copies (dead letters)
+The connection's life is the shared pika `Engine`, the consuming channel's is
+`SourceChannel` (spark/_channel.py), the copies (dead letters)
 go through the shared confirm `Publisher`. Every decision (what a batch
 holds, which tags may be acked, what a poison message becomes) is the core's:
 `ListenerCore` and `BatchLedger`; this module only carries them out. What a
@@ -33,15 +34,14 @@ from .._core.errors import AckkitError, TopologyConflict
 from .._core.listener import ListenerCore
 from .._core.policy import NO_RETRY, AckMode, ListenerPolicy
 from .._io import FatalConnectError
-from .._logs import log_cancel
 from .._sync import _frames as frames
 from .._sync._pika import declare_queues, parameters
 from .._sync.engine import Engine
 from .._sync.executor import Executor
 from .._sync.publisher import Publisher
-from .._url import mask_text, mask_url
+from .._url import mask_url
 from . import _rows as rows
-from ._deploy import channel_verdict
+from ._channel import SourceChannel
 from ._options import OnInvalid, SourceOptions
 from ._rows import Item
 
@@ -53,9 +53,10 @@ class SourceFailed(AckkitError):
     on_invalid=fail); the query fails with this error."""
 
 
-class SourceConsumer(Engine, Executor):
+class SourceConsumer(SourceChannel, Engine, Executor):
     """Consumes one queue with manual acks and a prefetch window for one streaming source:
-    the engine of its connection and the executor of its one listener."""
+    the engine of its connection and the executor of its one listener (the life of its
+    consuming channel: `SourceChannel`)."""
 
     tick_interval = 0.1
 
@@ -286,75 +287,12 @@ class SourceConsumer(Engine, Executor):
         with self.cond:
             self.cond.notify_all()
 
-    # -- the consumer's channel (I/O thread) ---------------------------------------------
+    def fail_query(self, why: str) -> None:
+        """The source cannot go on: the reader's next call raises SourceFailed(why)."""
+        self.fatal = SourceFailed(why)
+        self.finished()
 
-    def _on_channel_open(self, ch: Any) -> None:
-        self.channel = ch
-        ch.add_on_close_callback(self._on_channel_closed)
-        ch.add_on_cancel_callback(lambda _frame: self._on_cancelled(ch))
-        with self.lock:
-            self.core.channel_opened()
-        ch.basic_qos(prefetch_count=self.opts.prefetch, callback=lambda _f: self._consume(ch))
-
-    def _consume(self, ch: Any) -> None:
-        self._consumer_tag = ch.basic_consume(
-            self.opts.queue,
-            self._on_message,
-            exclusive=self.opts.exclusive,
-            callback=self._on_consuming,
-        )
-
-    def _on_consuming(self, _frame: Any) -> None:
-        if self._refused_since is not None:
-            log.warning("ackkit.spark: %r: consuming now", self.opts.queue)
-        self._refused_since = self.waiting_for = None
-        self._ready.set()
-
-    def _on_channel_closed(self, ch: Any, reason: BaseException) -> None:
-        if ch is not self.channel:
-            return
-        self.channel = None
-        with self.lock:
-            dropped = self.ledger.channel_closed() + len(self.buffer)
-            self.buffer.clear()
-        if dropped:
-            log.info("ackkit.spark: channel closed, %d unacked deliveries requeued", dropped)
-        code, now = getattr(reason, "reply_code", 0), time.monotonic()
-        text = mask_text(str(getattr(reason, "reply_text", reason)))
-        since = self._refused_since = (self._refused_since or now) if code == 403 else None
-        v = channel_verdict(
-            self.opts.queue,
-            code,
-            text,
-            exclusive=self.opts.exclusive,
-            refused_for=0.0 if since is None else now - since,
-            patience=self.opts.exclusive_wait,
-        )
-        self.waiting_for = "exclusive" if since is not None and v.retry else None
-        if v.fail is not None:  # the query fails on the reader's next call
-            log.error("ackkit.spark: %s", v.fail)
-            self.fatal = SourceFailed(v.fail)
-            self.finished()
-            return
-        if v.log is not None:
-            log.warning("ackkit.spark: %s", v.log)
-        elif code not in (0, 200, 320, 403):
-            log.error("ackkit.spark: channel closed by the broker: %s", text)
-        conn = self.connection
-        if not self.stopping and conn is not None and conn.is_open:
-            conn.ioloop.call_later(1.0, lambda: self._reopen(conn))
-
-    def _on_cancelled(self, ch: Any) -> None:
-        """basic.cancel from the broker (RabbitMQ 4.3's consumer timeout): fenced like a
-        lost channel, then this channel is closed and a new one consumes."""
-        if ch is self.channel and not self.stopping:
-            with self.lock:
-                log_cancel(log, f"ackkit.spark:{self.opts.queue}", self.core.consumer_cancelled())
-            ch.close()
-
-    def _reopen(self, conn: Any) -> None:
-        if conn.is_open and not self.stopping and self.channel is None:
-            conn.channel(on_open_callback=self._on_channel_open)
+    # -- deliveries (I/O thread; the channel's life is `SourceChannel`) ------------------
 
     def _on_message(self, ch: Any, method: Any, props: Any, body: bytes) -> None:
         if ch is not self.channel:

@@ -81,6 +81,21 @@ def build(args: argparse.Namespace) -> App:
     return app
 
 
+def slow_writes(seconds: float) -> None:
+    """pika writes what its channels send when the I/O loop finds the socket writable:
+    wait `seconds` first, as a descheduled I/O thread on a loaded machine would. Frames
+    such as basic.ack leave late; the handler threads run meanwhile."""
+    from pika.adapters.utils.io_services_utils import _AsyncPlaintextTransport as T
+
+    writable = T._on_socket_writable
+
+    def late(self: Any) -> None:
+        time.sleep(seconds)
+        writable(self)
+
+    T._on_socket_writable = late  # type: ignore[method-assign]
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--url", required=True)
@@ -97,7 +112,15 @@ def main() -> None:
     p.add_argument("--queue-type", default="classic")
     p.add_argument("--delivery-limit", type=int, default=None)
     p.add_argument("--dlx-to", default=None, help="the queue's own DLX route (broker-side)")
+    p.add_argument(
+        "--slow-writes",
+        type=float,
+        default=0.0,
+        help="the I/O thread waits this long before each socket write",
+    )
     args = p.parse_args()
+    if args.slow_writes:
+        slow_writes(args.slow_writes)
     app = build(args)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
