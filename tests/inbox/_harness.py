@@ -58,10 +58,20 @@ def eventually(check: Callable[[], bool], timeout: float = 20.0, what: str = "")
 class Behaviour:
     """What a test handler does: insert an effect row, then maybe fail or sleep."""
 
-    def __init__(self, fail_times: int = 0, sleep: float = 0.0, always_fail: bool = False):
+    def __init__(
+        self,
+        fail_times: int = 0,
+        sleep: float = 0.0,
+        always_fail: bool = False,
+        stall_after: int | None = None,
+    ):
         self.fail_times = fail_times
         self.sleep = sleep
         self.always_fail = always_fail
+        self.stall_after = stall_after
+        """Calls after this many wait (before their insert) until `released` is set: a
+        test's fault lands mid-run however fast or slow the machine is."""
+        self.released = threading.Event()
         self.calls = 0
         self.succeeded: list[str] = []
         """Keys of the calls that returned (the effects an in-memory inbox guards)."""
@@ -99,6 +109,8 @@ def build(
             with b.lock:
                 b.calls += 1
                 n = b.calls
+            if b.stall_after is not None and n > b.stall_after:
+                b.released.wait(120)
             if d.db is not None:
                 d.db.execute(
                     "INSERT INTO effects (msg) VALUES (%s)", (d.message_id or body.decode(),)
@@ -124,6 +136,11 @@ def build(
         async def ahandle(body: bytes, d: Delivery) -> None:
             b.calls += 1
             n = b.calls
+            if b.stall_after is not None and n > b.stall_after:
+                for _ in range(12_000):  # at most 120 s, without blocking the loop
+                    if b.released.is_set():
+                        break
+                    await asyncio.sleep(0.01)
             if d.db is not None:
                 await d.db.execute(
                     "INSERT INTO effects (msg) VALUES (%s)", (d.message_id or body.decode(),)

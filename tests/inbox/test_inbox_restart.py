@@ -30,7 +30,9 @@ def test_a_postgres_restart_mid_run_leaves_no_delivery_behind(
         pytest.skip("needs the kit's own PostgreSQL (it is stopped and started)")
     dsn = postgres_dsn
     effects_table(dsn)
-    b = Behaviour(sleep=0.05)  # 600 take 7 s or more: the restart lands mid-run
+    # handlers after the 20th wait until the database is stopped: the restart lands
+    # mid-run on any machine (a loaded one once finished the 600 while pg_ctl stopped)
+    b = Behaviour(sleep=0.05, stall_after=20)
     app = build(kind, rabbitmq.url, fresh_queue, Inbox(dsn), b, name="l", concurrency=4)
     ids = [f"r{i}" for i in range(N)]
     with running(kind, app):
@@ -38,6 +40,7 @@ def test_a_postgres_restart_mid_run_leaves_no_delivery_behind(
             rabbitmq.publish(fresh_queue, b"x", message_id=i)
         eventually(lambda: len(effects(dsn)) >= 20, what="20 effects before the restart")
         postgres.stop()  # transactions in flight fail; new ones cannot connect
+        b.released.set()
         try:
             paused = lambda: app.stats()["l"]["paused"] >= 1  # noqa: E731
             eventually(paused, timeout=30, what="the listener paused")
