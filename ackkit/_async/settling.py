@@ -88,7 +88,7 @@ class ChannelSettler:
     async def _execute(self, gen: int, acts: list[Action]) -> None:
         core = self.core
         ch = self.channel
-        for a in acts:
+        for i, a in enumerate(acts):
             if ch is None or ch is not self.channel or ch.is_closed or not core.current(gen):
                 if any(type(x) is not Republish for x in acts):
                     log.info(
@@ -96,6 +96,13 @@ class ChannelSettler:
                         self.name,
                         len(acts),
                     )
+                # dropped Runs still go to a handler task: `begin` finds them stale
+                # and frees the serial keys they hold
+                for r in acts[i:]:
+                    if type(r) is Run:
+                        stale = self.originals.get(gen, r.tag)
+                        if stale is not None:
+                            self.run_ready(stale)
                 return
             ta = type(a)
             try:

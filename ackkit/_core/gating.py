@@ -142,6 +142,14 @@ class Gating:
         flow = self.flow
         return self._actions(flow.done(ts, flow.failed(exc), keep)) if flow.active else []
 
+    def _gate_leave(self, t: Tracked) -> list[Action]:
+        """`t` will never run (its channel closed before its handler began, or it was
+        settled meanwhile): the key it holds in the gate goes to the next delivery, or
+        a redelivery on the new channel would wait behind it for ever."""
+        if not self.gated or t not in self.flow.holding:
+            return []
+        return self._actions(self.flow.done([t], None), consumer=False)
+
     def _give_back(self, back: list[Tracked], *, consumer: bool = True) -> list[Action]:
         """`back` may not start: they go back unstarted, their keys freed."""
         step = self.flow.done(back, None)

@@ -44,6 +44,8 @@ class Shutdown:
 
         def _charge_lost(self, t: Tracked) -> Republish: ...
 
+        def _gate_leave(self, t: Tracked) -> list[Action]: ...
+
         def _dead_letter(
             self,
             t: Tracked,
@@ -78,7 +80,7 @@ class Shutdown:
         if self.stopping:
             return self.release(t)
         if not self.startable(t):
-            return []
+            return self._gate_leave(t)
         if t.doomed is not None:  # an inbox listener's, its key not recorded (`look_up_first`)
             why, attempts = t.doomed
             return self._dead_letter(t, why, None, None, attempts)

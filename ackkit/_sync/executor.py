@@ -158,6 +158,7 @@ class Executor:
                 for a in acts:
                     if type(a) is Republish:
                         self.originals.answered(a.token)  # never sent, never answered
+            self._stale_runs(gen, acts)
             if any(not isinstance(a, Republish) for a in acts):
                 self.log.info(
                     "%s: dropped %d settle actions for a closed channel", self.name, len(acts)
@@ -199,6 +200,15 @@ class Executor:
             # Closed under us: the broker requeues what was not settled; the close
             # callback that follows marks the generation stale.
             self.log.info("%s: channel closed while settling", self.name)
+
+    def _stale_runs(self, gen: int, acts: list[Action]) -> None:
+        """Runs dropped with their closed channel still go to a worker: it asks the core
+        (`begin`), which finds them stale and frees the serial keys they hold."""
+        for a in acts:
+            if type(a) is Run:
+                d = self.originals.get(gen, a.tag)
+                if d is not None:
+                    self._run_ready(d)
 
     def _fence(self, gen: int, ch: Any, rest: list[Action]) -> None:
         """Carry out `rest` once the broker has answered a round trip sent after every
