@@ -97,6 +97,7 @@ def test_pull_publish_timeout_holds_and_close_is_bounded(
             t = time.monotonic()
             lt.run(aconn.close())
         closed = time.monotonic() - t
+        print(f"FIG pull-timeout {runtime.kind}: raised after {took:.2f} s, close {closed:.2f} s")
         assert 2.5 < took < 6, took
         assert closed < 11, closed
     # The publish may or may not have been stored (PublishNotConfirmed says so): at most one.
@@ -123,6 +124,7 @@ def test_no_original_is_acked_before_its_copy_is_confirmed_and_stop_is_bounded(
             eventually(lambda: len(ran) >= 1, timeout=30)
             time.sleep(3)
             c = broker.counts(q)
+            print(f"FIG alarm-copies {runtime.kind}: queue={c.total} of 10, runs={len(ran)}")
             assert c.total == 10, c  # every original is still the broker's
             assert broker.counts(f"{q}.dlq").total == 0
             t = time.monotonic()
@@ -136,6 +138,7 @@ def test_no_original_is_acked_before_its_copy_is_confirmed_and_stop_is_bounded(
     with runtime.running(again):
         broker.wait_for(q, ready=0, unacked=0, timeout=30)
     ids = {json.loads(m.body)["id"] for m in broker.take_all(f"{q}.dlq")}
+    print(f"FIG alarm-copies {runtime.kind}: dlq after the alarm={len(ids)} of 10")
     assert ids == set(range(10))
     assert took < 5 + MAX_OVERRUN + 0.5, took  # shutdown_timeout + the stop budget's overrun
 
@@ -194,6 +197,8 @@ def test_sigterm_under_an_alarm_stops_in_bounded_time_and_acks_nothing_uncopied(
                 proc.kill()
                 proc.communicate()
         print(f"SIGTERM under the alarm: exited after {took:.2f} s ({runtime.kind})")
+        last = err.strip().splitlines()[-1:]
+        print(f"FIG sigterm-alarm {runtime.kind}: queue={broker.counts(q).total} of 10, {last}")
         assert took < 5 + MAX_OVERRUN + 1.5, (took, err[-2000:])  # + interpreter exit
         assert broker.counts(q).total == 10
         assert broker.counts(f"{q}.dlq").total == 0

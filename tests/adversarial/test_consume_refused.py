@@ -100,6 +100,10 @@ def test_a_deleted_queue_is_declared_again_with_its_topology_and_consumed(
             # the dead-letter queue of its topology is there (declared with it)
             assert broker.counts(f"{q}.dlq").total == 0
             assert app.flow_state() == {app.specs[0].name: FlowState.CONSUMING}  # type: ignore[attr-defined]
+        print(
+            f"FIG deleted-redeclared {runtime.kind}: handled={len(seen.ids)} of 10, "
+            f"log={lines(caplog, 'was deleted (')[:1] + lines(caplog, 'declared again')[:1]}"
+        )
         assert sorted(seen.ids) == list(range(10))
         assert len(lines(caplog, "was deleted (")) == 1
         assert len(lines(caplog, "declared again; consuming")) == 1
@@ -131,6 +135,9 @@ def test_a_deleted_queue_with_declare_false_stops_the_app_with_the_reason(
 
     caught = run_until(runtime, app, gone)
     took = time.monotonic() - deleted[0]
+    print(
+        f"FIG deleted-declare-false {runtime.kind}: stopped itself {took:.2f} s after, {caught!r}"
+    )
     assert isinstance(caught, ConsumeRefused), caught
     assert "NOT_FOUND" in str(caught) and "declare=False" in str(caught)
     assert took < 10, took
@@ -153,6 +160,7 @@ def test_no_read_permission_fails_start_with_the_brokers_reason(
         t = time.monotonic()
         with pytest.raises(ConsumeRefused, match="ACCESS_REFUSED") as err:
             start(runtime, app)
+        print(f"FIG no-read {runtime.kind}: {time.monotonic() - t:.2f} s, {err.value}")
         assert time.monotonic() - t < 5  # promptly, not after startup_timeout
         assert user in str(err.value) and q in str(err.value)
         assert not app.is_running  # type: ignore[attr-defined]
@@ -205,6 +213,10 @@ def test_a_second_exclusive_listener_stands_by_and_takes_over(
             broker.wait_for(q, ready=0, unacked=0, consumers=1)
             assert b.flow_state() == {name: FlowState.CONSUMING}  # type: ignore[attr-defined]
             assert len(lines(caplog, "took over")) == 1
+    print(
+        f"FIG exclusive-standby {runtime.kind}: first={len(first.ids)} second={len(second.ids)} "
+        f"of 40, stop of the active one {took:.2f} s, {lines(caplog, 'standing by')[:1]}"
+    )
     assert sorted(first.ids + second.ids) == list(range(40))
     assert took < 5
 
@@ -230,6 +242,7 @@ def test_an_exclusive_consumer_of_another_client_makes_a_standby(
         eventually(lambda: len(seen.ids) == 10, what="the standby took over", timeout=20)
         broker.wait_for(q, ready=0, unacked=0, consumers=1)
         assert registry.get_sample_value("ackkit_flow_state", {**labels, "state": "standby"}) == 0
+    print(f"FIG other-exclusive {runtime.kind}: handled={len(seen.ids)} of 10, state was standby")
     assert sorted(seen.ids) == list(range(10))
 
 
@@ -244,8 +257,9 @@ def test_more_listeners_than_channel_max_fail_start_naming_the_numbers(
         for q in qs:
             runtime.listen(app, q, Seen().behaviour(), dict, dead_letter=None)
         t = time.monotonic()
-        with pytest.raises(FatalConnectError, match=r"needs 7 channels .*channel_max=3"):
+        with pytest.raises(FatalConnectError, match=r"needs 7 channels .*channel_max=3") as err:
             start(runtime, app)
+        print(f"FIG channel-max {runtime.kind}: {time.monotonic() - t:.2f} s, {err.value}")
         assert time.monotonic() - t < 5
     finally:
         h.ctl("eval", "application:set_env(rabbit, channel_max, 2047).")
@@ -271,6 +285,8 @@ def test_a_purge_mid_run_breaks_nothing(
         broker.wait_for(q, ready=0, unacked=0, consumers=1)
         assert app.is_running  # type: ignore[attr-defined]
     # purged (ready) + handled (the in-flight ones were acked, never purged) = published
+    dup = len(seen.ids) - len(set(seen.ids))
+    print(f"FIG purge {runtime.kind}: purged={purged} handled={handled} of 200, twice={dup}")
     assert purged + handled == 200
     assert len(set(seen.ids)) == len(seen.ids)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

@@ -68,11 +68,15 @@ def test_a_message_that_kills_its_consumer_ends_in_the_dlq_with_one_attempt(
         if w is not None:
             w.stop()
     runs = [e["mid"] for e in read_log(log) if "attempt" in e]
+    print(f"FIG crash-loop {queue_type}: killer ran {runs.count('killer')}x, {starts} workers")
     # 1 + LOST_BOUND when each of its runs after a redelivery is the charged one; a run
     # while another redelivered message's charged copy was pending goes uncounted
     assert 1 + H.LOST_BOUND <= runs.count("killer") <= max_starts
     assert sorted(m for m in set(runs) if m != "killer") == [f"ok{i}" for i in range(5)]
     letters = drain(rabbitmq.url, dlq)
+    print(
+        f"FIG crash-loop {queue_type}: dlq letters={len(letters)}, ok handled={len(set(runs)) - 1}"
+    )
     # One dead letter: a charged copy's handler starts only once the broker has answered
     # a round trip sent after its original's ack (the core's `Fence`), so a kill leaves
     # the copy alone in the queue, never beside its original (a twin, which ran again and

@@ -42,6 +42,7 @@ def test_message_that_kills_its_consumer_stops_at_max_attempts_on_a_classic_queu
             w.kill()
     else:
         raise AssertionError(f"the message loops: attempts {calls}")
+    print(f"FIG crash-redelivery classic: attempts {calls}")
     assert calls == [1, 2, 3]
     [(props, _)] = drain(rabbitmq.url, dlq)
     assert header_text(props.headers[H.REASON]) == "attempts exhausted (3 of 3, last one lost)"

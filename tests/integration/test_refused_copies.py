@@ -129,10 +129,14 @@ def test_a_full_dlq_with_reject_publish_loses_nothing(
             assert wait_until(lambda: total(rabbitmq, f"{q}.dlq") == room, timeout=20)
             time.sleep(4.0)
             kept = total(rabbitmq, q)
+            stats = app.stats()[next(iter(app.stats()))]
+            print(
+                f"FIG full-dlq {runtime}: dlq={total(rabbitmq, f'{q}.dlq')} kept={kept} "
+                f"of {n}, state={flow_state(app).value}, runs={len(runs)}, stats={stats}"
+            )
             assert (total(rabbitmq, f"{q}.dlq"), kept) == (room, n - room), "originals lost"
             assert flow_state(app) is FlowState.REFUSED
             assert len(runs) <= 4 * n, f"{len(runs)} handler runs in ~4 s: a hot loop"
-            stats = app.stats()[next(iter(app.stats()))]
             assert stats["dead_lettered"] == room  # only what the broker confirmed
             # how many handlers ran before the first refusal paused the listener is up
             # to timing (the rest were returned unstarted): at least one copy was
@@ -149,8 +153,10 @@ def test_a_full_dlq_with_reject_publish_loses_nothing(
     finally:
         runner.stop()
     ids = sorted(header_text(p.message_id) for p, _ in drain(rabbitmq.url, f"{q}.dlq"))
-    assert ids == sorted(f"m{i}" for i in range(n))
     text = "\n".join(r.getMessage() for r in caplog.records)
+    said = [x for x in text.splitlines() if "refuses copies" in x][:1]
+    print(f"FIG full-dlq {runtime}: dlq after={len(ids)} of {n}, runs={len(runs)}, log={said}")
+    assert ids == sorted(f"m{i}" for i in range(n))
     assert "refuses copies" in text and "nacked by the broker" not in text
 
 
@@ -161,8 +167,10 @@ def test_capped_delay_queues_lose_nothing(rabbitmq: Any, fresh_queue: str, runti
     ends in the DLQ after its attempts."""
     q, n = fresh_queue, 30
     app = make_app(runtime, rabbitmq.url)
+    runs: list[str] = []
 
     def handle(d: Delivery) -> None:
+        runs.append(d.message_id or "")
         raise ValueError("fails")
 
     listen(
@@ -184,8 +192,10 @@ def test_capped_delay_queues_lose_nothing(rabbitmq: Any, fresh_queue: str, runti
         finally:
             runner.stop()
     dead = drain(rabbitmq.url, f"{q}.dlq")
-    assert sorted(header_text(p.message_id) for p, _ in dead) == sorted(f"m{i}" for i in range(n))
     reasons = {header_text((p.headers or {}).get("ackkit-reason")) for p, _ in dead}
+    per = sorted({runs.count(m) for m in set(runs)})
+    print(f"FIG capped-delay {runtime}: dlq={len(dead)} of {n}, runs={len(runs)} {per}, {reasons}")
+    assert sorted(header_text(p.message_id) for p, _ in dead) == sorted(f"m{i}" for i in range(n))
     assert reasons == {"attempts exhausted (3 of 3)"}, reasons  # every attempt ran, none lost
 
 
@@ -237,6 +247,7 @@ def test_a_full_listener_queue_keeps_a_redelivery_whose_restamp_is_refused(
     finally:
         runner.stop()
         proxy.close()
+    print(f"FIG full-own-queue {runtime}: ran={sorted(ran)} dlq={total(rabbitmq, f'{q}.dlq')}")
     assert {m for m, _ in ran} == {f"m{i}" for i in range(5)}, ran
     assert total(rabbitmq, f"{q}.dlq") == 0
 
@@ -281,6 +292,10 @@ def test_a_consumer_that_may_not_publish_keeps_its_failing_messages(
             publish(rabbitmq.url, q, b"{}", message_id=f"m{i}")
         assert wait_until(lambda: len(runs) >= n, timeout=15)
         time.sleep(4.0)
+        print(
+            f"FIG no-write {runtime}: queue={total(rabbitmq, q)} dlq={total(rabbitmq, f'{q}.dlq')}"
+            f" of {n}, state={flow_state(app).value}, runs={len(runs)}"
+        )
         assert (total(rabbitmq, q), total(rabbitmq, f"{q}.dlq")) == (n, 0), "originals lost"
         assert flow_state(app) is FlowState.REFUSED
         assert len(runs) <= 4 * n, f"{len(runs)} handler runs in ~5 s: a hot loop"
@@ -288,6 +303,7 @@ def test_a_consumer_that_may_not_publish_keeps_its_failing_messages(
         runner.stop()
     assert wait_until(lambda: rabbitmq.counts(q).ready == n, timeout=15)
     text = "\n".join(r.getMessage() for r in caplog.records)
+    print(f"FIG no-write {runtime}: log={[x for x in text.splitlines() if 'ACCESS' in x][:1]}")
     assert "ACCESS_REFUSED" in text, text[-3000:]
     assert "nacked by the broker" not in text
 
@@ -346,9 +362,59 @@ def test_a_handlers_publish_to_a_missing_exchange_hurts_no_other_listener(
     finally:
         runner.stop()
     dead = drain(rabbitmq.url, f"{qb}.dlq")
+    print(
+        f"FIG missing-exchange {runtime}: b dlq={len(dead)} of {n}, b runs={len(b_runs)}, "
+        f"a errors={len(errors)}, first={errors[:1]}"
+    )
     assert sorted(header_text(p.message_id) for p, _ in dead) == sorted(f"b{i}" for i in range(n))
     assert all(header_text((p.headers or {}).get("h")) == "v" for p, _ in dead)
     assert len(b_runs) <= n + 20, f"{len(b_runs)} runs for {n} messages"
     assert all(missing in e and "NOT_FOUND" in e for e in errors), errors[:3]
     lines = [r.getMessage() for r in caplog.records]
     assert not [x for x in lines if "reconnecting" in x or "CHANNEL_ERROR" in x]
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("where", ["dlq", "delay"])
+def test_drop_head_policies_confirm_every_copy(
+    rabbitmq: Any, fresh_queue: str, runtime: str, where: str
+) -> None:
+    """A max-length policy with overflow drop-head refuses nothing: the broker confirms
+    every copy and drops the queue's oldest message instead. On the DLQ (no dead-letter
+    exchange of its own) the dropped letters are gone by the operator's policy, which no
+    client can see: each copy was confirmed. A delay queue dead-letters what it drops
+    back to its origin queue: the retry comes early, and every message still ends in the
+    DLQ after its attempts."""
+    q, n, room = fresh_queue, 30, 2
+    runs: list[str] = []
+    app = make_app(runtime, rabbitmq.url)
+
+    def handle(d: Delivery) -> None:
+        runs.append(d.message_id or "")
+        if where == "dlq":
+            raise DeadLetterMessage("poison")
+        raise ValueError("fails")
+
+    retry = Retry(max_attempts=3, initial_interval=0.2) if where == "delay" else Retry()
+    listen(app, q, handle, consumer=Consumer(prefetch=50), retry=retry)
+    pattern = f"^{q}\\.dlq$" if where == "dlq" else f"^{q}\\.retry\\."
+    with policy(rabbitmq, pattern, {"max-length": room, "overflow": "drop-head"}):
+        runner = Runner(app)
+        runner.start()
+        try:
+            for i in range(n):
+                publish(rabbitmq.url, q, b"{}", message_id=f"m{i}")
+            stats = lambda: app.stats()[next(iter(app.stats()))]  # noqa: E731
+            assert wait_until(lambda: stats()["dead_lettered"] == n, timeout=150), stats()
+            rabbitmq.wait_for(q, ready=0, unacked=0, timeout=15)
+        finally:
+            runner.stop()
+        dead = drain(rabbitmq.url, f"{q}.dlq")
+    ids = sorted(header_text(p.message_id) for p, _ in dead)
+    per = sorted({runs.count(m) for m in set(runs)})
+    print(f"FIG drop-head-{where} {runtime}: dlq={len(dead)} of {n}, runs={len(runs)} {per}")
+    assert stats()["copy_refused"] == 0 and stats()["rejected"] == 0
+    if where == "dlq":
+        assert len(dead) == room  # the other n - room were dropped by the broker's policy
+    else:
+        assert ids == sorted(f"m{i}" for i in range(n))

@@ -563,6 +563,7 @@ def test_deleted_dlq_or_delay_queue_is_declared_again_not_looped(
         rabbitmq.wait_for(f"{q}.dlq", ready=1, timeout=10)
         rabbitmq.wait_for(q, ready=0, unacked=0)
         time.sleep(0.3)
+    print(f"FIG deleted-{deleted} App: attempts {calls}")
     assert calls == [1, 2]
     props, _ = _dlq_single(rabbitmq.url, f"{q}.dlq")
     assert header_text(props.headers[H.REASON]) == "attempts exhausted (2 of 2)"

@@ -90,6 +90,10 @@ def test_a_graceful_stop_costs_no_attempt(
         rabbitmq.wait_for(q, ready=0, unacked=0, timeout=10)
     finally:
         r.stop()
+    print(
+        f"FIG stop-attempts {kind} {queue_type}: first run started {len(first)}, "
+        f"unstarted {len(unstarted)}, their runs {sorted({tuple(second[m]) for m in unstarted})}"
+    )
     assert {m: second[m] for m in unstarted} == {m: [1, 2] for m in unstarted}
     dead = drain(rabbitmq.url, f"{q}.dlq")
     assert sorted(p.message_id for p, _ in dead) == sorted(unstarted)
