@@ -5,7 +5,9 @@ with some messages published twice; in the same run the broker is restarted once
 PostgreSQL once, at seeded points while the messages are published. In the end: every
 message's row exactly once, every follow-up's row exactly once, the inbox holds one key
 per message and listener, the queues are drained, the dead-letter queues and the outbox
-empty. The App's workers by default (ACKKIT_INBOX_CRASH_KIND=async: the AsyncApp's).
+empty. One worker is never killed: it lives through both restarts and drains the last
+chunk, published after the others were killed, alone. The workers run an App
+(ACKKIT_INBOX_CRASH_KIND=async: an AsyncApp).
 
 The broker restart needs a node of the kit's own (under AMQP_URL the run has the
 SIGKILLs only), the PostgreSQL restart the kit's own cluster (under
@@ -152,7 +154,10 @@ def test_every_effect_exactly_once_under_sigkill_and_restarts(
         c.execute("CREATE TABLE effects_b (msg text)")
     log = tmp_path / "inbox.log"
     args = [broker.url, postgres_dsn, qa, qb, str(log), KIND]
+    # two workers SIGKILLed in turn (each killed one replaced at once), and a steady one
+    # never killed: it lives through both restarts, and drains the last chunk alone
     workers = [_spawn(args), _spawn(args)]
+    steady = _spawn(args)
     ids = [f"m{i}" for i in range(N)]
     twins = rng.sample(ids, N // 20)  # published twice: the inbox absorbs the second
     order = ids + twins
@@ -176,9 +181,11 @@ def test_every_effect_exactly_once_under_sigkill_and_restarts(
     pub = Publisher(broker, qa)
     t0 = time.monotonic()
     try:
-        for w in workers:
+        for w in [*workers, steady]:
             assert w.stdout is not None and w.stdout.readline().strip() == "ready"
         for n, start in enumerate(chunks):
+            if start + CHUNK >= len(order):
+                break  # the last chunk: for the steady worker alone
             if n == at_broker and may_restart:
                 restarts["broker"] = Restart(broker.restart)
                 restarts["broker"].start()
@@ -194,14 +201,15 @@ def test_every_effect_exactly_once_under_sigkill_and_restarts(
             _kill(workers[i])
             kills += 1
             workers[i] = _spawn(args)
-        pub.close()
-        time.sleep(rng.uniform(0.1, 0.5))
-        _kill(workers[0])
-        kills += 1
-        workers[0] = _spawn(args)
         for r in restarts.values():
             r.join(300)
             assert r.error is None, r.error
+        for w in workers:
+            _kill(w)
+            kills += 1
+        for mid in order[start:]:
+            pub.send(mid)
+        pub.close()
         last: list[Any] = []
 
         def drained() -> bool:
@@ -218,10 +226,11 @@ def test_every_effect_exactly_once_under_sigkill_and_restarts(
         try:
             eventually(drained, timeout=60 + N / 10, what="queues drained, outbox empty")
         except AssertionError as exc:
-            alive = [w.poll() is None for w in workers]
-            raise AssertionError(f"{exc}; last: {last}; workers alive: {alive}") from None
+            alive = steady.poll() is None
+            raise AssertionError(f"{exc}; last: {last}; steady worker alive: {alive}") from None
+        assert steady.poll() is None, "the steady worker died"
     finally:
-        for w in workers:
+        for w in [*workers, steady]:
             _kill(w, signal.SIGTERM)
         for r in restarts.values():
             r.join(300)  # PostgreSQL is started again whatever happened (the session's)
