@@ -14,7 +14,6 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
 
 from ackkit import App, AsyncApp, Consumer, Delivery
 from ackkit.inbox import Inbox
@@ -51,12 +50,12 @@ async def run_async(url: str, inbox: Inbox, qa: str, qb: str) -> None:
     app = AsyncApp(url, connection_name="inbox-crash-async", reconnect_max_interval=1.0)
 
     @app.listener(qa, inbox=inbox, consumer=CONSUMER, name="a")
-    async def on_a(body: bytes, d: Any) -> None:
+    async def on_a(body: bytes, d: Delivery) -> None:
         await d.db.execute("INSERT INTO effects_a (msg) VALUES (%s)", (d.message_id,))
         await d.publish(qb, body, message_id=f"{d.message_id}-f")
 
     @app.listener(qb, inbox=inbox, consumer=CONSUMER, name="b")
-    async def on_b(body: bytes, d: Any) -> None:
+    async def on_b(body: bytes, d: Delivery) -> None:
         await d.db.execute("INSERT INTO effects_b (msg) VALUES (%s)", (d.message_id,))
 
     stop = asyncio.Event()
