@@ -76,6 +76,7 @@ def main() -> None:
     kind = sys.argv[6] if len(sys.argv) > 6 else "sync"
     handler = logging.FileHandler(log_path)  # every record written (flushed) at once
     handler.setLevel(logging.INFO)
+    handler.setFormatter(logging.Formatter(f"%(process)d {kind} %(message)s"))
     lg = logging.getLogger("ackkit.inbox")
     lg.setLevel(logging.INFO)
     lg.addHandler(handler)
