@@ -9,6 +9,7 @@ until it connects, as a supervisor would restart it."""
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import logging
 import signal
 import sys
@@ -59,7 +60,16 @@ async def run_async(url: str, inbox: Inbox, qa: str, qb: str) -> None:
         await d.db.execute("INSERT INTO effects_b (msg) VALUES (%s)", (d.message_id,))
 
     stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+
+    def dump() -> None:  # SIGUSR1: what the app holds, and where its tasks wait
+        print(app.stats(), file=sys.stderr, flush=True)
+        for t in asyncio.all_tasks():
+            t.print_stack(file=sys.stderr)
+        sys.stderr.flush()
+
+    loop.add_signal_handler(signal.SIGUSR1, dump)
     while True:
         try:
             await app.start()
@@ -80,9 +90,10 @@ def main() -> None:
     lg = logging.getLogger("ackkit.inbox")
     lg.setLevel(logging.INFO)
     lg.addHandler(handler)
-    if kind == "async":
+    if kind == "async":  # SIGUSR1: the app's stats and its tasks' stacks (run_async)
         asyncio.run(run_async(url, Inbox(dsn), qa, qb))
     else:
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # the threads' stacks
         run_sync(url, Inbox(dsn), qa, qb)
 
 

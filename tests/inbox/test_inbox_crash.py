@@ -227,6 +227,9 @@ def test_every_effect_exactly_once_under_sigkill_and_restarts(
             eventually(drained, timeout=60 + N / 10, what="queues drained, outbox empty")
         except AssertionError as exc:
             alive = steady.poll() is None
+            if alive:  # its stacks to workers.err, for the post-mortem
+                steady.send_signal(signal.SIGUSR1)
+                time.sleep(1.0)
             raise AssertionError(f"{exc}; last: {last}; steady worker alive: {alive}") from None
         assert steady.poll() is None, "the steady worker died"
     finally:
