@@ -25,7 +25,6 @@ back to the core (`ListenerCore.republished`) and settles through `execute`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Protocol, TypeVar, cast
@@ -61,13 +60,17 @@ async def until_closed(ch: AbstractChannel, aw: Awaitable[T]) -> T:
     closing = ch.closing  # an observer of its own: cancelled below, not the channel
     try:
         await asyncio.wait({task, closing}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # the caller was cancelled: so is the send
+        task.cancel()
+        raise
     finally:
         closing.cancel()
     if task.done():
         return task.result()
     task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
+    await asyncio.wait({task})  # its CancelledError stays in it; the caller's does not
+    if not task.cancelled():
+        task.exception()  # retrieved: it failed on its own as it was cancelled
     raise ChannelClosedFirst(f"channel {getattr(ch, 'number', '?')} closed before the send")
 
 
