@@ -10,7 +10,13 @@ only sends them:
   send may await;
 * one action list at a time, in the order the core decided them (the
   `settling` lock, FIFO): a straggler's single ack overtaken by a later
-  multiple-ack that covers it would be an unknown delivery tag.
+  multiple-ack that covers it would be an unknown delivery tag;
+* never waiting for ever on a connection that died: aiormq's write queue is
+  bounded (10 frames) and only its writer, gone with the connection, makes room.
+  A send waiting for room is given up when its channel closes (`until_closed`);
+  before, it held the settling lock for ever, and with it every later settle of
+  the listener, on its new channel too, and the runtime's tick (the listener
+  consumed nothing more, its prefetch full of finished, unacked deliveries).
 
 A `Fence` is awaited in place: basic.qos with the listener's own prefetch (a no-op
 round trip, answered after every frame sent before it), so that a held copy's
@@ -25,8 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
-from typing import Any, Protocol, cast
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Protocol, TypeVar, cast
 
 from aiormq.abc import AbstractChannel
 
@@ -37,6 +43,40 @@ from .._logs import short
 from ._amqp import CHANNEL_GONE, send_settles
 
 log = logging.getLogger("ackkit")
+
+T = TypeVar("T")
+
+
+class ChannelClosedFirst(ConnectionError):
+    """The channel closed while a send on it waited (given up: see `until_closed`)."""
+
+
+def has_room(ch: AbstractChannel) -> bool:
+    """Does a frame go into `ch`'s connection's write queue without waiting? (True for a
+    channel without one: the test fakes.)"""
+    queue = getattr(getattr(ch, "connection", None), "write_queue", None)
+    return not isinstance(queue, asyncio.Queue) or not queue.full()
+
+
+async def until_closed(ch: AbstractChannel, aw: Awaitable[T]) -> T:
+    """`await aw` (a send on `ch`), given up with ChannelClosedFirst once `ch` closes: a
+    dead connection's full write queue is never drained, its put never returns."""
+    task = asyncio.ensure_future(aw)
+    closing = ch.closing  # an observer of its own: cancelled below, not the channel
+    try:
+        await asyncio.wait({task, closing}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # the caller was cancelled: so is the send
+        task.cancel()
+        raise
+    finally:
+        closing.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    await asyncio.wait({task})  # its CancelledError stays in it; the caller's does not
+    if not task.cancelled():
+        task.exception()  # retrieved: it failed on its own as it was cancelled
+    raise ChannelClosedFirst(f"channel {getattr(ch, 'number', '?')} closed before the send")
 
 
 class Republisher(Protocol):
@@ -112,13 +152,13 @@ class ChannelSettler:
                     if original is not None:
                         self.copies.submit(self, r, original)
                 elif ta is TxCommit:
-                    await ch.tx_commit()
+                    await until_closed(ch, ch.tx_commit())
                 elif ta is TxSelect:
-                    await ch.tx_select()
+                    await until_closed(ch, ch.tx_select())
                 elif ta is Fence:
                     # the check above, repeated after it, drops the rest if the channel
                     # closed meanwhile (a closing channel also fails this call)
-                    await ch.basic_qos(prefetch_count=core.policy.prefetch)
+                    await until_closed(ch, ch.basic_qos(prefetch_count=core.policy.prefetch))
                 elif ta is Start:
                     held = self.originals.get(gen, cast(Start, a).tag)
                     if held is not None:
@@ -130,7 +170,10 @@ class ChannelSettler:
                     if ready is not None:
                         self.run_ready(ready)
                 else:
-                    await send_settles(ch, (a,))
+                    if has_room(ch):  # the usual case: the frame is queued at once
+                        await send_settles(ch, (a,))
+                    else:
+                        await until_closed(ch, send_settles(ch, (a,)))
                     self.originals.settled(gen, a)  # type: ignore[arg-type]
             except CHANNEL_GONE as exc:
                 log.info("%s: channel lost while settling: %s", self.name, short(exc))
