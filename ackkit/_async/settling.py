@@ -158,7 +158,7 @@ class ChannelSettler:
                 elif ta is Fence:
                     # the check above, repeated after it, drops the rest if the channel
                     # closed meanwhile (a closing channel also fails this call)
-                    await until_closed(ch, ch.basic_qos(prefetch_count=core.policy.prefetch))
+                    await ch.basic_qos(prefetch_count=core.policy.prefetch)
                 elif ta is Start:
                     held = self.originals.get(gen, cast(Start, a).tag)
                     if held is not None:
