@@ -91,6 +91,7 @@ class Flow:
         self.parked: deque[Tracked] = deque()  # half-open: arrived after the probes
         self.keyed: set[Tracked] = set()  # parked ones that hold their key already
         self.probes_started = 0
+        self.running: set[Tracked] = set()  # begun (`started`) and holding their keys
         # message_id -> returns not counted yet (see `owe`), oldest first, bounded
         self.owed: dict[str, int] = {}
         # copies refused by the broker (see `copy_refused`): destination -> its reason
@@ -143,7 +144,11 @@ class Flow:
     # -- deliveries -------------------------------------------------------------
 
     def arrive(self, t: Tracked, key: Hashable | None = None) -> Admission:
-        """A delivery arrived (its key, from `SerialKey.of`, None without serial mode)."""
+        """A delivery arrived (its key, from `SerialKey.of`, None without serial mode).
+        One the gate let through before, and that the core held since (a redelivery
+        waiting for the lost-run slot, then started), holds its key already: it runs."""
+        if t in self.holding and t not in self.parked:
+            return Admission.RUN
         state = self.state
         if state in _NOT_CONSUMING:
             if self.returnable:
@@ -362,9 +367,28 @@ class Flow:
             self.holding.pop(t, None)
         step.returned.extend([*holders, *waiting, *unkeyed])
 
+    def started(self, ts: Sequence[Tracked]) -> None:
+        """Handlers begin on `ts` (those holding a key keep it until `done`)."""
+        holding = self.holding
+        self.running.update(t for t in ts if t in holding)
+
+    def channel_gone(self) -> None:
+        """The channel closed: every delivery the gate knows is stale (the broker
+        requeued it) and will never run, except those whose handlers run now. Only
+        those keep their keys (their `done` passes each to the next delivery); the rest
+        is forgotten, so the redeliveries on the next channel wait for nothing else."""
+        keep = {t: self.holding[t] for t in self.running if t in self.holding}
+        self.keys.waiting = {k: deque() for k in set(keep.values()) if k is not None}
+        self.holding = keep
+        self.running = set(keep)
+        self.parked.clear()
+        self.keyed.clear()
+        self.probes &= self.running
+
     def _leave(self, t: Tracked, step: FlowStep) -> None:
         """`t` is done with (finished, or returned): free its key for the next one."""
         self.probes.discard(t)
+        self.running.discard(t)
         if t not in self.holding:
             return
         nxt = self.keys.done(self.holding.pop(t))

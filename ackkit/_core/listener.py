@@ -160,6 +160,8 @@ class ListenerCore(Fates, Shutdown, LostRuns, Queues, Gating):
         self.counters.counts[Stage.CONSUMER_CANCELLED] += 1
         self._free_slot()
         self.confirms.channel_closed()
+        if self.gated:
+            self.flow.channel_gone()
         return self.ledger.closed()
 
     def channel_closed(self) -> int:
@@ -170,6 +172,8 @@ class ListenerCore(Fates, Shutdown, LostRuns, Queues, Gating):
         """
         self._free_slot()
         self.confirms.channel_closed()
+        if self.gated:
+            self.flow.channel_gone()
         return self.ledger.closed()
 
     # -- deliveries -------------------------------------------------------

@@ -83,12 +83,16 @@ class Shutdown:
             return self._gate_leave(t)
         if t.doomed is not None:  # an inbox listener's, its key not recorded (`look_up_first`)
             why, attempts = t.doomed
-            return self._dead_letter(t, why, None, None, attempts)
+            return [*self._dead_letter(t, why, None, None, attempts), *self._gate_leave(t)]
         if t.lost is not None:  # a redelivery that may have been lost: run on a copy
             if self.slot_free():
-                return [self._charge_lost(t)]
-            self._waiting.append(t)  # `tick` starts it once the last charged run is done
-            return []
+                # the copy runs instead, and takes its serial key anew when it arrives
+                return [self._charge_lost(t), *self._gate_leave(t)]
+            # `tick` starts it once the last charged run is done (through the flow gate
+            # again: meanwhile its serial key goes on, or the charged copy it waits for
+            # could wait behind it for that key)
+            self._waiting.append(t)
+            return self._gate_leave(t)
         return None
 
     def begin(self, ts: Sequence[Tracked], *, waited: bool = False) -> Go:
@@ -106,7 +110,10 @@ class Shutdown:
                 acts.extend(a)
         flow = self.flow
         if go and self.gated and (flow.gated or flow.bucket is not None):
-            return self._gate_start(go, acts, waited)
+            out = self._gate_start(go, acts, waited)
+            if out.wait <= 0:
+                flow.started(out.run)
+            return out
         return Go(go, acts)
 
     def resume(self, rerun: Sequence[Tracked]) -> Outcome:
@@ -135,15 +142,16 @@ class Shutdown:
         copy is confirmed: its next delivery runs as the attempt it would have run as
         now. The copy joins the back of the queue.
         """
+        leave = self._gate_leave(t)  # it will not run (again) here: its key goes on
         if t.settled or not self.ledger.current(t):
-            return []
+            return leave
         if started or self.mode is AckMode.NONE:
             self.ledger.gone(t)
             self._emit(Stage.RETURNED, t, "handler cancelled at shutdown")
-            return [Nack(t.tag, requeue=True)]
+            return [Nack(t.tag, requeue=True), *leave]
         self._emit(Stage.RETURNED, t, f"shutdown before start: attempt {t.attempt} kept on a copy")
         hdrs = CH.restamp_headers(t, uuid.uuid4().hex)
-        return [self.confirms.issue(t, self.policy.queue, hdrs, CopyPurpose.RESTAMP)]
+        return [self.confirms.issue(t, self.policy.queue, hdrs, CopyPurpose.RESTAMP), *leave]
 
     def stop(self) -> list[Action]:
         """The app stops (call once its consumer is cancelled, or as the cancel goes

@@ -440,3 +440,50 @@ def test_serial_key_runs_one_per_key_in_order_and_a_failing_key_holds_only_itsel
     # ... which held back that key only: the other keys were done long before it
     others_done = max(ended_at[k] for k in ("a", "b", "c"))
     assert others_done < started_at[4 * 4 + 3], "another key waited for the failing one"
+
+
+def test_serial_keys_are_not_stuck_after_a_reconnect(
+    runtime: Runtime, broker: Broker, queue_factory: Any
+) -> None:
+    """One handler at a time, three keys, the connection cut mid-run: every message is
+    handled and the queue drains. Before the fix the listener consumed nothing more: a
+    redelivery that waited for the lost-run slot (`max_attempts=1`: one charged run at
+    a time) kept its serial key, so the charged copy it waited for waited behind it for
+    that key; and on AsyncApp, a handler released at the cut kept its key for ever."""
+    q = queue_factory(declare=True)
+    seen = Seen()
+
+    async def handle(d: Delivery, _: Delivery, io: IO) -> None:
+        seen.enter(d)
+        try:
+            await io.sleep(0.1)
+        finally:
+            seen.leave()
+
+    app = runtime.app()
+    runtime.listen(
+        app,
+        q,
+        handle,
+        consumer=Consumer(prefetch=30, concurrency=1),
+        flow=Flow(serial_key=SerialKey.header("k")),
+    )
+    n = 30
+    for i in range(n):
+        broker.publish(q, [json.dumps({"id": i})], headers={"k": "abc"[i % 3]})
+    with runtime.running(app):
+        eventually(lambda: len(seen) >= 3, what="3 handled before the cut")
+        assert broker.close_connections_named(runtime.connection_name) >= 1
+        last: list[Any] = []
+
+        def drained() -> bool:
+            c = broker.counts(q)
+            last[:] = [c, sorted(set(seen.ids()))]
+            return c.ready == c.unacked == 0 and len(set(seen.ids())) == n
+
+        try:
+            eventually(drained, timeout=60, what="every message handled, the queue drained")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; last: {last}") from None
+    assert seen.most == 1
+    assert broker.counts(f"{q}.dlq").total == 0

@@ -181,6 +181,7 @@ def test_a_delivery_of_a_closed_channel_is_never_let_through() -> None:
     c = gated_core(SERIAL)
     t1 = c.receive(1, headers={"k": "a"})
     t2 = c.receive(2, headers={"k": "a"})
+    assert c.begin([t1]).run == [t1]  # its handler runs through the close
     c.channel_closed()
     c.channel_opened()
     t3 = c.receive(1, headers={"k": "a"})  # tag 1 again, on the new channel
