@@ -12,13 +12,12 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 from .breaker import Breaker, BreakerState
 from .events import Stage
 from .flow import FlowPolicy, FlowState
+from .flowstep import Admission, FlowStep
 from .limiter import KeySerializer, TokenBucket
 from .tracked import Tracked
 
@@ -36,30 +35,7 @@ Emit = Callable[[Stage, str], None]
 """Count a listener-level stage and tell the observers (reason in words)."""
 
 
-class Admission(str, Enum):
-    """What becomes of a delivery that just arrived."""
-
-    RUN = "run"
-    """Its handler may start (after the rate limit's wait)."""
-    WAIT = "wait"
-    """Held in the gate: it comes back in a later `FlowStep.ready` (or `.returned`)."""
-    RETURN = "return"
-    """Not consuming now: return it to the queue (`ListenerCore.hold_back`)."""
-
-
-@dataclass
-class FlowStep:
-    """What the runtime does after a flow decision, in this order."""
-
-    returned: list[Tracked] = field(default_factory=list)
-    """Give these back to the queue (`ListenerCore.hold_back`), unstarted."""
-    ready: list[Tracked] = field(default_factory=list)
-    """Their handlers may start now (queue them to run)."""
-    consume: bool | None = None
-    """True: (re)open the consumer if there is none; False: cancel it; None: no change."""
-
-    def __bool__(self) -> bool:
-        return bool(self.returned or self.ready or self.consume is not None)
+__all__ = ["Admission", "Emit", "Flow", "FlowStep"]
 
 
 class Flow:

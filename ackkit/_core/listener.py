@@ -158,11 +158,7 @@ class ListenerCore(Fates, Shutdown, LostRuns, Queues, Gating):
         Returns how many deliveries were outstanding.
         """
         self.counters.counts[Stage.CONSUMER_CANCELLED] += 1
-        self._free_slot()
-        self.confirms.channel_closed()
-        if self.gated:
-            self.flow.channel_gone()
-        return self.ledger.closed()
+        return self.channel_closed()
 
     def channel_closed(self) -> int:
         """The channel is gone: every outstanding delivery of it is now stale.
