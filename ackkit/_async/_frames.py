@@ -41,6 +41,7 @@ from pamqp.header import ContentHeader
 from yarl import URL
 
 from .._wire import FRAME_HEADER, FRAME_METHOD, describe, read_delivery_method, salvage_header
+from ._closing import CloseGuard
 
 _MAX_KEPT = 10_000  # reasons of deliveries nobody asked about (their channel closed first)
 
@@ -358,7 +359,8 @@ def _plain_value(payload: bytes, pos: int, end: int, depth: int) -> int:
 
 
 class SafeTransportFactory(TransportFactory):
-    """aiormq's own transport (TCP or TLS), read through a FrameFilter."""
+    """aiormq's own transport (TCP or TLS), read through a FrameFilter and written
+    through a CloseGuard (`ackkit._async._closing`)."""
 
     def __init__(self, url: URL, reasons: Reasons) -> None:
         self._inner = TLSTransportFactory() if url.scheme == "amqps" else TCPTransportFactory()
@@ -368,7 +370,7 @@ class SafeTransportFactory(TransportFactory):
         self, url: URL, **kwargs: Any
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         reader, writer = await self._inner.create(url, **kwargs)
-        return FrameFilter(reader, self._reasons), writer  # type: ignore[return-value]
+        return FrameFilter(reader, self._reasons), CloseGuard(writer)  # type: ignore[return-value]
 
 
 class SafeConnection(aio_pika.Connection):

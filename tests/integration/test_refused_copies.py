@@ -306,6 +306,9 @@ def test_a_consumer_that_may_not_publish_keeps_its_failing_messages(
     print(f"FIG no-write {runtime}: log={[x for x in text.splitlines() if 'ACCESS' in x][:1]}")
     assert "ACCESS_REFUSED" in text, text[-3000:]
     assert "nacked by the broker" not in text
+    # the 403 closes the publishing channel only: every other channel stays open
+    lines = [r.getMessage() for r in caplog.records]
+    assert not [x for x in lines if "reconnecting" in x or "CHANNEL_ERROR" in x]
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
