@@ -249,7 +249,9 @@ def test_a_failing_writer_acks_nothing_and_a_restart_writes_everything_once(
     assert sorted(run2.ids()) == sorted(good)
 
 
-def wait_for_counts(broker: Any, queue: str, ok: Any, timeout: float = 30.0) -> Any:
+def wait_for_counts(broker: Any, queue: str, ok: Any, timeout: float = 60.0) -> Any:
+    # 60 s: a loaded CI rehearsal (two Spark JVMs on 2 cores) once took over 30 s to
+    # get there after query.stop(); the counts seen last are in the failure
     last = None
 
     def check() -> bool:
@@ -257,5 +259,8 @@ def wait_for_counts(broker: Any, queue: str, ok: Any, timeout: float = 30.0) -> 
         last = broker.counts(queue)
         return bool(ok(last))
 
-    wait_for(check, timeout, f"counts of {queue}")
+    try:
+        wait_for(check, timeout, f"counts of {queue}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last counts: {last}") from None
     return last
