@@ -100,14 +100,7 @@ class Shutdown:
         after how long a wait for the rate limit (`Go.wait`), and the actions for the
         others (see `start`; the flow gate returns those it no longer lets start).
         `waited`: asked again after the rate limit's wait (it is not booked twice)."""
-        acts: list[Action] = []
-        go: list[Tracked] = []
-        for t in ts:
-            a = self.start(t)
-            if a is None:
-                go.append(t)
-            else:
-                acts.extend(a)
+        go, acts = self._startable(ts)
         flow = self.flow
         if go and self.gated and (flow.gated or flow.bucket is not None):
             out = self._gate_start(go, acts, waited)
@@ -120,15 +113,20 @@ class Shutdown:
         """The wait before running a handler again for `rerun` (in-process retry) is over,
         or was cut short because the app stops: which of them run again now
         (`Outcome.rerun`), and the actions for the others (released when stopping)."""
+        go, acts = self._startable(rerun)
+        return Outcome(acts, tuple(go))
+
+    def _startable(self, ts: Sequence[Tracked]) -> tuple[list[Tracked], list[Action]]:
+        """`start` for each of `ts`: those that go ahead, and the others' actions."""
         acts: list[Action] = []
         go: list[Tracked] = []
-        for t in rerun:
+        for t in ts:
             a = self.start(t)
             if a is None:
                 go.append(t)
             else:
                 acts.extend(a)
-        return Outcome(acts, tuple(go))
+        return go, acts
 
     def release(self, t: Tracked, *, started: bool = False) -> list[Action]:
         """Return a delivery whose handler never ran (shutdown), or never ran to the end
