@@ -79,6 +79,20 @@ class Failure:
     broker retry may then need a delay queue that is not one of the tiers)."""
 
 
+def exhausted(attempt: int, max_attempts: int) -> str:
+    """The reason of a delivery whose last allowed attempt failed. An attempt past the
+    maximum ran because an earlier outcome (a retry or dead-letter copy, a settle) never
+    reached the broker, under an alarm or a cut, and the message came back: the reason
+    says so, rather than reading "(2 of 1)"."""
+    if attempt <= max_attempts:
+        return f"attempts exhausted ({attempt} of {max_attempts})"
+    extra = attempt - max_attempts
+    return (
+        f"attempts exhausted ({attempt} of {max_attempts}: {extra} more after "
+        f"{'an outcome' if extra == 1 else 'outcomes'} that did not reach the broker)"
+    )
+
+
 def asked_delay(exc: BaseException) -> float | None:
     """The delay a RetryLater asks for, made sane: None (use the policy's backoff) when
     it is not a real number, 0 when negative, at most MAX_RETRY_DELAY."""
@@ -119,7 +133,7 @@ def decide(
     if not (isinstance(exc, RetryLater) or retry.should_retry(exc)):
         return Failure(dead, f"non-retryable {type(exc).__name__}")
     if attempt >= retry.max_attempts:
-        return Failure(dead, f"attempts exhausted ({attempt} of {retry.max_attempts})")
+        return Failure(dead, exhausted(attempt, retry.max_attempts))
     asked = asked_delay(exc)
     why = describe(exc)
     if retry.strategy is RetryStrategy.IN_PROCESS:

@@ -95,7 +95,15 @@ TABLE: list[tuple[str, BaseException, dict[str, Any], int, Failure]] = [
         Failure(Fate.RETRY_IN_PROCESS, "ValueError: v", delay=2.0),
     ),
     ("exhausted", ValueError("v"), {}, 3, Failure(DL, "attempts exhausted (3 of 3)")),
-    ("past max", ValueError("v"), {}, 7, Failure(DL, "attempts exhausted (7 of 3)")),
+    (
+        "past max",
+        ValueError("v"),
+        {},
+        7,
+        Failure(
+            DL, "attempts exhausted (7 of 3: 4 more after outcomes that did not reach the broker)"
+        ),
+    ),
     ("no retries", ValueError("v"), {"attempts": 1}, 1, Failure(DL, "attempts exhausted (1 of 1)")),
     (
         "exhausted, no dlq",
