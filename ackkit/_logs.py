@@ -295,3 +295,20 @@ def log_dropped_arguments(logger: logging.Logger, queue: str, dropped: tuple[str
             queue,
             ", ".join(dropped),
         )
+
+
+def log_blocked(connection: str, reason: str | None) -> None:
+    """The broker's connection.blocked (`reason`, e.g. "low on memory") or, with None,
+    connection.unblocked, in ackkit's own words: what waits while it lasts."""
+    if reason is None:
+        log.info(
+            "the broker unblocked connection %r: publishes and copies go out again", connection
+        )
+        return
+    log.warning(
+        "the broker blocked connection %r (%s: a memory or disk alarm): its publishes and "
+        "retry or dead-letter copies wait until the alarm clears, and the originals of "
+        "unsent copies stay in the queue",
+        connection,
+        reason,
+    )

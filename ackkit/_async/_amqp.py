@@ -41,7 +41,7 @@ from .._inmemory import broker_for
 from .._io import ConnectFailed, FatalConnectError
 from .._tls import client_tls, handshake_hint, tls_failure
 from .._url import mask_text, mask_url
-from ._frames import SafeConnection
+from ._transport import SafeConnection
 
 log = logging.getLogger("ackkit")
 

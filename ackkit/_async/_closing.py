@@ -8,7 +8,7 @@ basic.publish on a number it does not have open closes the whole connection:
 504 "CHANNEL_ERROR - expected 'channel.open'", so every other channel on it goes too.
 
 `CloseGuard` is the asyncio.StreamWriter aiormq writes through (installed with the
-connection's transport factory, `SafeTransportFactory`). Once a channel.close or
+connection's transport factory, `ackkit._async._transport.SafeTransportFactory`). Once a channel.close or
 channel.close-ok went out on a number, it drops every later frame on that number
 except a channel.close-ok (the answer to a close that crossed ours) and the
 channel.open of a new channel. Nothing is lost by it: such a frame could only close

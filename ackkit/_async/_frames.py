@@ -30,18 +30,14 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
-import aio_pika
-import aio_pika.abc
 import pamqp.decode
 import pamqp.frame
 from aiormq.abc import AbstractConnection
-from aiormq.connection import TCPTransportFactory, TLSTransportFactory, TransportFactory
 from pamqp import commands as spec
 from pamqp.header import ContentHeader
-from yarl import URL
 
+from .._logs import log_blocked
 from .._wire import FRAME_HEADER, FRAME_METHOD, describe, read_delivery_method, salvage_header
-from ._closing import CloseGuard
 
 _MAX_KEPT = 10_000  # reasons of deliveries nobody asked about (their channel closed first)
 
@@ -105,7 +101,8 @@ class FrameFilter:
     heartbeats, connection methods) is read straight from the socket's reader.
     """
 
-    def __init__(self, reader: asyncio.StreamReader, reasons: Reasons) -> None:
+    def __init__(self, reader: asyncio.StreamReader, reasons: Reasons, name: str = "") -> None:
+        self._name = name  # the connection's name, for the blocked / unblocked lines
         self._reader = reader
         self._reasons = reasons
         self._buf = b""  # the checked frame being handed out, from _pos on
@@ -169,6 +166,13 @@ class FrameFilter:
             return
         self._started = True
         ftype, channel, size = _FRAME_HEAD.unpack(head)
+        if not channel and ftype == FRAME_METHOD:  # connection methods: rare, read whole
+            rest = await self._reader.readexactly(size + 1)
+            self._buf = head + rest
+            if rest[:4] in (_BLOCKED, _UNBLOCKED):
+                reason = rest[5 : 5 + rest[4]] if rest[:4] == _BLOCKED and size > 4 else None
+                log_blocked(self._name, None if reason is None else reason.decode(errors="replace"))
+            return
         if not (channel and ftype in (FRAME_METHOD, FRAME_HEADER)):
             self._through = size + 1
             return
@@ -226,6 +230,8 @@ class FrameFilter:
 _FRAME_HEAD = struct.Struct(">BHI")
 _TAG = struct.Struct(">Q")
 _BASIC_DELIVER = b"\x00\x3c\x00\x3c"
+_BLOCKED = b"\x00\x0a\x00\x3c"  # connection.blocked
+_UNBLOCKED = b"\x00\x0a\x00\x3d"  # connection.unblocked
 
 
 def _ascii_delivery_tag(payload: bytes) -> int | None:
@@ -356,37 +362,6 @@ def _plain_value(payload: bytes, pos: int, end: int, depth: int) -> int:
     else:
         return -1
     return pos if pos <= end else -1
-
-
-class SafeTransportFactory(TransportFactory):
-    """aiormq's own transport (TCP or TLS), read through a FrameFilter and written
-    through a CloseGuard (`ackkit._async._closing`)."""
-
-    def __init__(self, url: URL, reasons: Reasons) -> None:
-        self._inner = TLSTransportFactory() if url.scheme == "amqps" else TCPTransportFactory()
-        self._reasons = reasons
-
-    async def create(
-        self, url: URL, **kwargs: Any
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        reader, writer = await self._inner.create(url, **kwargs)
-        return FrameFilter(reader, self._reasons), CloseGuard(writer)  # type: ignore[return-value]
-
-
-class SafeConnection(aio_pika.Connection):
-    """An aio-pika connection whose aiormq connection reads through a FrameFilter."""
-
-    async def connect(self, timeout: Any = None) -> None:
-        reasons = Reasons()
-        self.transport = await aio_pika.abc.UnderlayConnection.connect(
-            self.url,
-            self._on_connection_close,
-            timeout=timeout,
-            transport_factory=SafeTransportFactory(self.url, reasons),
-            **self.kwargs,
-        )
-        _REASONS[self.transport.connection] = reasons
-        await self._on_connected()
 
 
 def minimal_properties() -> spec.Basic.Properties:

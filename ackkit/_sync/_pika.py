@@ -28,6 +28,7 @@ from .._core.exchanges import (
 )
 from .._core.listener import QueueSpec, missing_queue
 from .._inmemory import broker_for
+from .._logs import log_blocked
 from .._tls import client_tls
 from ._frames import SafeSelectConnection
 
@@ -113,7 +114,13 @@ def select_connection(params: Any, **callbacks: Any) -> Any:
     memory = getattr(params, "memory_broker", None)
     if memory is not None:
         return memory.select_connection(params, **callbacks)
-    return FaithfulConnection(params, **callbacks)
+    conn = FaithfulConnection(params, **callbacks)
+    name = str((params.client_properties or {}).get("connection_name", ""))
+    conn.add_on_connection_blocked_callback(
+        lambda _c, frame: log_blocked(name, str(frame.method.reason))
+    )
+    conn.add_on_connection_unblocked_callback(lambda _c, _f: log_blocked(name, None))
+    return conn
 
 
 def property_map(props: Any) -> dict[str, Any]:

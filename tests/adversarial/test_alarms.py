@@ -11,6 +11,7 @@ broker: queue counts and the dead-letter queue's contents.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -106,7 +107,11 @@ def test_pull_publish_timeout_holds_and_close_is_bounded(
 
 
 def test_no_original_is_acked_before_its_copy_is_confirmed_and_stop_is_bounded(
-    runtime: Runtime, broker: Broker, queue_factory: Any, alarm: Alarm
+    runtime: Runtime,
+    broker: Broker,
+    queue_factory: Any,
+    alarm: Alarm,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     q = queue_factory(declare=True)
     ran: list[int] = []
@@ -127,6 +132,11 @@ def test_no_original_is_acked_before_its_copy_is_confirmed_and_stop_is_bounded(
             print(f"FIG alarm-copies {runtime.kind}: queue={c.total} of 10, runs={len(ran)}")
             assert c.total == 10, c  # every original is still the broker's
             assert broker.counts(f"{q}.dlq").total == 0
+            # ackkit names the alarm in its own words (the broker's connection.blocked)
+            blocked = [
+                r for r in caplog.records if "the broker blocked connection" in r.getMessage()
+            ]
+            assert blocked and blocked[0].levelno == logging.WARNING, caplog.text[-2000:]
             t = time.monotonic()
             # runtime.running's exit stops the app, alarm still on
         took = time.monotonic() - t
@@ -137,10 +147,21 @@ def test_no_original_is_acked_before_its_copy_is_confirmed_and_stop_is_bounded(
     runtime.listen(again, q, fail, dict, consumer=Consumer(prefetch=10))
     with runtime.running(again):
         broker.wait_for(q, ready=0, unacked=0, timeout=30)
-    ids = {json.loads(m.body)["id"] for m in broker.take_all(f"{q}.dlq")}
+    letters = broker.take_all(f"{q}.dlq")
+    ids = {json.loads(m.body)["id"] for m in letters}
     print(f"FIG alarm-copies {runtime.kind}: dlq after the alarm={len(ids)} of 10")
     assert ids == set(range(10))
+    # A run under the alarm counts (its copy never reached the broker): the reason says so.
+    reasons = {_text(m.headers["ackkit-reason"]) for m in letters}
+    assert reasons <= {
+        "attempts exhausted (1 of 1)",
+        "attempts exhausted (2 of 1: 1 more after an outcome that did not reach the broker)",
+    }, reasons
     assert took < 5 + MAX_OVERRUN + 0.5, took  # shutdown_timeout + the stop budget's overrun
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 SERVICE = """

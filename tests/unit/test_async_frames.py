@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import struct
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pamqp.header import ContentHeader
@@ -185,6 +187,9 @@ frames = st.one_of(
     headers().map(lambda p: frame(2, 1, p)).filter(lambda f: pamqp_reads(f[7:-1])),
     st.binary(max_size=300).map(lambda b: frame(3, 1, b)),
     st.just(frame(8, 0, b"")),  # heartbeat
+    st.binary(max_size=40).map(lambda r: frame(1, 0, struct.pack(">HH", 10, 60) + shortstr(r))),
+    st.just(frame(1, 0, struct.pack(">HH", 10, 61))),  # connection.unblocked
+    st.binary(max_size=30).map(lambda b: frame(1, 0, struct.pack(">HH", 10, 50) + b)),
 )
 
 
@@ -219,3 +224,28 @@ def test_readable_frames_pass_unchanged_however_they_are_read(
         return bytes(out), bytes(aiormq_way)
 
     assert asyncio.run(run()) == (data, data)
+
+
+def test_the_brokers_block_and_unblock_are_logged_in_ackkits_words(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    blocked = frame(1, 0, struct.pack(">HH", 10, 60) + shortstr(b"low on memory"))
+    unblocked = frame(1, 0, struct.pack(">HH", 10, 61))
+
+    async def run() -> bytes:
+        reader = asyncio.StreamReader()
+        reader.feed_data(blocked + unblocked)
+        reader.feed_eof()
+        f = aframes.FrameFilter(reader, aframes.Reasons(), "orders-app")
+        return await f.readexactly(len(blocked)) + await f.readexactly(len(unblocked))
+
+    with caplog.at_level(logging.INFO, logger="ackkit"):
+        assert asyncio.run(run()) == blocked + unblocked
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "ackkit"]
+    assert len(lines) == 2, lines
+    assert lines[0][0] == logging.WARNING
+    assert "blocked connection 'orders-app' (low on memory" in lines[0][1]
+    assert lines[1] == (
+        logging.INFO,
+        "the broker unblocked connection 'orders-app': publishes and copies go out again",
+    )
