@@ -226,21 +226,26 @@ def test_a_dead_letter_does_not_expire_out_of_the_dead_letter_queue(
 
     app = runtime.app()
     runtime.listen(app, q, _fail_unless_ok(runs, fail), retry=FAST)
-    conn = broker.handle.connect()
-    try:
-        ch = conn.channel()
-        ch.basic_publish("", q, b"ttl", pika.BasicProperties(expiration="1500", message_id="e1"))
-    finally:
-        conn.close()
     with runtime.running(app):
-        broker.wait_for(f"{q}.dlq", ready=1)
+        # Published once the consumer is there: a message that expired in the queue
+        # before a slow start reached the consumer (a loaded machine) would test nothing.
+        broker.wait_for(q, consumers=1, timeout=30)
+        conn = broker.handle.connect()
+        try:
+            ch = conn.channel()
+            props = pika.BasicProperties(expiration="3000", message_id="e1")
+            ch.basic_publish("", q, b"ttl", props)
+            published = time.monotonic()
+        finally:
+            conn.close()
+        broker.wait_for(f"{q}.dlq", ready=1, timeout=30)
         consumes_still(runtime, broker, q, runs)
-    time.sleep(2.0)  # past the original's expiration
+    time.sleep(max(0.0, published + 3.5 - time.monotonic()))  # past the original's expiration
     assert broker.counts(f"{q}.dlq").ready == 1
     with RawClient(broker.handle.url) as raw:
         ((body, h, props),) = raw_headers(raw, f"{q}.dlq")
     assert body == b"ttl" and "expiration" not in props
-    assert h["ackkit-original-expiration"].raw == b"S\x00\x00\x00\x041500"
+    assert h["ackkit-original-expiration"].raw == b"S\x00\x00\x00\x043000"
 
 
 # -- hostile broker headers -------------------------------------------------------------

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _apps import Runner
 from _retry_support import (
     Worker,
     channel,
@@ -33,7 +34,7 @@ from _retry_support import (
 )
 from pydantic import BaseModel
 
-from ackkit import App, Consumer, Delivery, Queue, Retry, RetryStrategy
+from ackkit import App, AsyncApp, Consumer, Delivery, Queue, Retry, RetryStrategy
 from ackkit._core import headers as H
 from ackkit.errors import TopologyConflict
 
@@ -541,29 +542,42 @@ def test_existing_delay_queue_with_another_ttl_is_a_clear_error(
 # -- ackkit's own queues deleted while the app runs -------------------------------------
 
 
+@pytest.mark.parametrize("kind", ["App", "AsyncApp"])
 @pytest.mark.parametrize("deleted", ["dlq", "delay"])
 def test_deleted_dlq_or_delay_queue_is_declared_again_not_looped(
-    rabbitmq: Any, fresh_queue: str, deleted: str
+    rabbitmq: Any, fresh_queue: str, deleted: str, kind: str
 ) -> None:
     """Someone deletes the DLQ (or a delay queue) of a running app. Every copy used to
     come back unroutable and the original was requeued: a hot loop through the
     handler (thousands of invocations a second)."""
     q = fresh_queue
     calls: list[int] = []
-    app = App(rabbitmq.url)
+    retry = Retry(max_attempts=2, initial_interval=0.2)
+    app: App | AsyncApp = App(rabbitmq.url) if kind == "App" else AsyncApp(rabbitmq.url)
+    if isinstance(app, App):
 
-    @app.listener(q, retry=Retry(max_attempts=2, initial_interval=0.2))
-    def h(d: Delivery) -> None:
-        calls.append(d.attempt)
-        raise Boom("always")
+        @app.listener(q, retry=retry)
+        def h(d: Delivery) -> None:
+            calls.append(d.attempt)
+            raise Boom("always")
+    else:
 
-    with app.running():
+        @app.listener(q, retry=retry)
+        async def ah(d: Delivery) -> None:
+            calls.append(d.attempt)
+            raise Boom("always")
+
+    r = Runner(app)
+    r.start()
+    try:
         rabbitmq.delete(f"{q}.dlq" if deleted == "dlq" else f"{q}.retry.200ms")
         publish(rabbitmq.url, q, GOOD)
         rabbitmq.wait_for(f"{q}.dlq", ready=1, timeout=10)
         rabbitmq.wait_for(q, ready=0, unacked=0)
         time.sleep(0.3)
-    print(f"FIG deleted-{deleted} App: attempts {calls}")
+    finally:
+        r.stop()
+    print(f"FIG deleted-{deleted} {kind}: attempts {calls}")
     assert calls == [1, 2]
     props, _ = _dlq_single(rabbitmq.url, f"{q}.dlq")
     assert header_text(props.headers[H.REASON]) == "attempts exhausted (2 of 2)"
