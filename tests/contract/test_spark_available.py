@@ -212,16 +212,21 @@ def test_a_connection_lost_mid_run_ends_it_and_the_next_run_reads_the_rest(
     broker.wait_for(q, ready=0, unacked=0)
 
 
-def test_a_streaming_runner_consumes_on_the_first_read(
+def test_a_streaming_runner_consumes_on_the_first_read_within_the_caps(
     broker: Broker, queue_factory: Any, tmp_path: Path
 ) -> None:
+    n = 30
     q = queue_factory(declare=True)
-    broker.publish(q, bodies(5))
-    with runner(broker.handle.url, q, tmp_path) as c:
-        assert broker.counts(q).consumers == 0
-        rows: list[Item] = []
+    broker.publish(q, bodies(n, pad=80))
+    with runner(broker.handle.url, q, tmp_path, maxBytesPerTrigger="400") as c:
+        assert broker.counts(q).consumers == 0  # connected, not consuming: Spark has not asked
         r = Run(c)
-        eventually(lambda: bool(rows.extend(r.read()[0]) or len(rows) == 5), what="5 rows")
+        got: list[Item] = []
+        eventually(lambda: bool(got.extend(r.read()[0]) or len(got) == n), what="every row")
         assert broker.counts(q).consumers == 1
+        assert ids(got) == list(range(n))
+        assert len(r.batches) > 1
+        for batch in r.batches:
+            assert sum(len(it.meta.body) for it in batch) <= 400 or len(batch) == 1
         c.written(r.offset)
     broker.wait_for(q, ready=0, unacked=0)
