@@ -155,3 +155,11 @@ def test_bad_caps_are_refused_with_the_options_name(options: dict[str, str], mes
     pytest.importorskip("pyspark")
     with pytest.raises(ValueError, match=message):
         parse(**options)
+
+
+def test_read_stream_refuses_a_bad_cap_before_touching_spark_or_the_broker() -> None:
+    pytest.importorskip("pyspark")
+    from ackkit.spark import read_stream
+
+    with pytest.raises(ValueError, match="maxBytesPerTrigger must be >= 1, got 0"):
+        read_stream(object(), url="amqp://x", queue="q", checkpoint="/tmp/ck", maxBytesPerTrigger=0)
