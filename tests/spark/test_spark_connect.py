@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CLIENT = Path(__file__).with_name("_spark_connect_client.py")
 HOME = Path(pyspark.__file__).parent
 N = 250
+SLOW_WORKER = "Python worker failed to connect back"
 
 
 def _free_port() -> int:
@@ -148,6 +149,11 @@ def test_the_queue_source_runs_under_spark_connect(
     q = queue_factory(f"connect-{sink}")
     good, _ = publish_orders(amqp_url, q, N)
     result = _client(connect_server, amqp_url, q, tmp_path, sink)
+    if not result["ok"] and SLOW_WORKER in str(result.get("error")):
+        # The server waits a fixed 10 s for the foreachBatch Python worker to connect back,
+        # and that worker imports the Connect client first: a loaded machine can miss it.
+        # The query never started (nothing read); the same job again on its checkpoint.
+        result = _client(connect_server, amqp_url, q, tmp_path, sink)
     assert result["ok"], f"{result.get('stage')}: {result.get('error')}\n{result['stderr']}"
     ids = _ids(tmp_path / "out")
     assert len(ids) == len(set(ids)) and sorted(ids) == sorted(good)
