@@ -11,8 +11,10 @@
              .start())
 
 Source options (`spark.readStream.format("rabbitmq").option(...)`): `url`, `queue`,
-`checkpoint` (required; the query's checkpointLocation), `max_batch` (20000),
-`prefetch` (2 x max_batch, at most 65535; max_batch is capped to it), `model`
+`checkpoint` (required; the query's checkpointLocation), `maxMessagesPerTrigger` (20000;
+`max_batch` is its former name), `maxBytesPerTrigger` (none: no cap on a batch's body
+bytes; one larger message goes alone), `prefetch` (2 x maxMessagesPerTrigger, at most
+65535; maxMessagesPerTrigger is capped to it), `model`
 ("package.module:Class" of a pydantic model; its fields become columns),
 `on_invalid` ("fail" | "dead_letter"), `dead_letter_queue` ("{queue}.dlq"), `key`
 ("message_id" | "body" | "none"), `max_wait_ms` (500), `linger_ms` (50), `heartbeat`
@@ -22,6 +24,12 @@ hold the queue before the query fails), `declare` (true), `fsync` (true),
 checkpoint). The checkpoint may be a path or a URI (s3a://,
 gs://, abfss://, hdfs://: the source's files go through pyarrow.fs). `read_stream` also
 takes `queues=[...]` or `exchange=`/`shards=` (one source per queue, unioned).
+
+Trigger.AvailableNow (Spark 4.2+): with `writeStream.trigger(availableNow=True)` the
+query reads the messages each queue holds when it starts (counted before consuming),
+in batches within the caps, acks each batch after it is written, and stops; messages
+published meanwhile are left in the queue for the next run. A run killed half-way and
+run again on the same checkpoint neither loses nor duplicates a message.
 
 Rows: `seq` (the message's offset in this stream, stable across replays),
 `message_id`, `body`, `headers` (map<string,string>), `routing_key`, `exchange`,
@@ -163,6 +171,16 @@ def read_stream(
         names = [queue]
     else:
         raise ValueError("read_stream needs queue=, queues= or exchange= with shards=")
+    # Bad option values fail here, before anything is declared or started (Spark would
+    # report them only from the source's first use).
+    SourceOptions.parse(
+        {
+            **{k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in options.items()},
+            "url": url,
+            "queue": names[0],
+            "checkpoint": os.fspath(checkpoint),
+        }
+    )
     # Spark hands each source the offset recorded at its position: union the sources in
     # the order the checkpoint recorded (each offset names its queue), decided before
     # anything is declared on the broker.

@@ -17,6 +17,7 @@ delivery's bytes become in a row (key, decoded payload, metadata) is `_rows`.
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import threading
 import time
@@ -28,6 +29,7 @@ import pika.exceptions
 from pydantic import BaseModel
 
 from .._core.actions import Ack, Action, Republish
+from .._core.admission import Limits, admit
 from .._core.batches import Admission, BatchLedger, BatchPlan
 from .._core.brokers import traits_of
 from .._core.errors import AckkitError, TopologyConflict
@@ -69,6 +71,7 @@ class SourceConsumer(SourceChannel, Engine, Executor):
     ) -> None:
         self.opts = opts
         self.model = model
+        self.limits = Limits(opts.max_batch, opts.max_bytes)
         policy = ListenerPolicy(
             name=f"spark:{opts.queue}",
             queue=opts.queue,
@@ -142,9 +145,9 @@ class SourceConsumer(SourceChannel, Engine, Executor):
                     if left <= 0 or self.stopping:
                         return BatchPlan(start, start, [], [])
                     self.cond.wait(left)
-                # Messages flow: keep filling while they do, up to max_batch.
+                # Messages flow: keep filling while they do, up to the caps.
                 cap = time.monotonic() + max(o.max_wait, 5 * o.linger)
-                while len(self.buffer) < o.max_batch and time.monotonic() < cap:
+                while self._admit() == len(self.buffer) < o.max_batch and time.monotonic() < cap:
                     n = len(self.buffer)
                     self.cond.wait(o.linger)
                     if len(self.buffer) == n:
@@ -152,16 +155,31 @@ class SourceConsumer(SourceChannel, Engine, Executor):
             finally:
                 self._waiting -= 1
             self._raise_fatal()
-            items = [self.buffer.popleft() for _ in range(min(len(self.buffer), o.max_batch))]
-            for it in items:
-                if it.error is not None:
-                    raise SourceFailed(it.invalid(o.queue))
-            plan = self.ledger.plan(start, [(it.tracked, it.key) for it in items])
-            self.copies += sum(a in (Admission.HELD, Admission.SETTLED) for a in plan.admissions)
-            if plan.rows:
-                seal([items[i] for i in plan.rows], plan)
-            if plan.actions:
-                self.send(self.core.generation, plan.actions)
+            return self._hand_out(start, self._admit(), seal)
+
+    def _admit(self, waiting: int | None = None) -> int:
+        """How many of the first `waiting` buffered deliveries (all by default) the next
+        batch takes (the core's `admit`: maxMessagesPerTrigger, maxBytesPerTrigger)."""
+        n = len(self.buffer) if waiting is None else waiting
+        if self.limits.max_bytes is None:
+            return min(n, self.limits.max_messages)
+        return admit((len(it.meta.body) for it in itertools.islice(self.buffer, n)), self.limits)
+
+    def _hand_out(
+        self, start: int, n: int, seal: Callable[[list[Item], BatchPlan], None]
+    ) -> BatchPlan:
+        """Form batch (start, ...] from the first `n` buffered deliveries (under the lock)."""
+        o = self.opts
+        items = [self.buffer.popleft() for _ in range(n)]
+        for it in items:
+            if it.error is not None:
+                raise SourceFailed(it.invalid(o.queue))
+        plan = self.ledger.plan(start, [(it.tracked, it.key) for it in items])
+        self.copies += sum(a in (Admission.HELD, Admission.SETTLED) for a in plan.admissions)
+        if plan.rows:
+            seal([items[i] for i in plan.rows], plan)
+        if plan.actions:
+            self.send(self.core.generation, plan.actions)
         return plan
 
     def _raise_fatal(self) -> None:

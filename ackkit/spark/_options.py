@@ -74,7 +74,11 @@ class SourceOptions:
     checkpoint: str
     """The query's checkpointLocation: a local path or a URI (s3a://, gs://, abfss://...)."""
     max_batch: int = 20_000
-    """Most messages in one micro-batch."""
+    """Most messages in one micro-batch (option maxMessagesPerTrigger; `max_batch` is its
+    former name, still accepted)."""
+    max_bytes: int | None = None
+    """Most body bytes in one micro-batch, unless one message alone is larger (option
+    maxBytesPerTrigger); None: no byte cap."""
     prefetch: int = 20_000
     """Unacked deliveries the broker may push (basic.qos); at least max_batch."""
     model: str | None = None
@@ -114,7 +118,9 @@ class SourceOptions:
             "url",
             "queue",
             "checkpoint",
-            "max_batch",
+            MAX_MESSAGES,
+            MAX_BATCH_OLD,
+            MAX_BYTES,
             "prefetch",
             "model",
             "on_invalid",
@@ -134,7 +140,8 @@ class SourceOptions:
         unknown = sorted(set(opts) - known)
         if unknown:
             raise ValueError(f"unknown rabbitmq source option(s): {', '.join(unknown)}")
-        max_batch = _int(opts, "max_batch", 20_000, 1)
+        max_batch = _max_messages(opts)
+        max_bytes = _int(opts, MAX_BYTES, 0, 1) if MAX_BYTES in opts else None
         if "prefetch" in opts:
             prefetch = _int(opts, "prefetch", 0, 1, MAX_PREFETCH)
         else:
@@ -148,6 +155,7 @@ class SourceOptions:
             queue=opts["queue"],
             checkpoint=check_location(opts["checkpoint"]),
             max_batch=max_batch,
+            max_bytes=max_bytes,
             prefetch=prefetch,
             model=opts.get("model") or None,
             on_invalid=OnInvalid(opts.get("on_invalid", OnInvalid.FAIL.value).lower()),
@@ -173,19 +181,40 @@ class SourceOptions:
         return ipc_address(self.checkpoint, self.queue)
 
 
+# Spark's own names for a source's per-trigger caps (maxOffsetsPerTrigger, maxFilesPerTrigger,
+# maxBytesPerTrigger); options arrive lower-cased.
+MAX_MESSAGES = "maxmessagespertrigger"
+MAX_BYTES = "maxbytespertrigger"
+MAX_BATCH_OLD = "max_batch"  # the former name of maxMessagesPerTrigger
+_SPELLED = {MAX_MESSAGES: "maxMessagesPerTrigger", MAX_BYTES: "maxBytesPerTrigger"}
+
+
+def _max_messages(opts: Mapping[str, str]) -> int:
+    """maxMessagesPerTrigger, or its former name max_batch (both: they must agree)."""
+    new = _int(opts, MAX_MESSAGES, 0, 1) if MAX_MESSAGES in opts else None
+    old = _int(opts, MAX_BATCH_OLD, 0, 1) if MAX_BATCH_OLD in opts else None
+    if new is not None and old is not None and new != old:
+        raise ValueError(
+            f"rabbitmq source options maxMessagesPerTrigger ({new}) and max_batch ({old}) "
+            "disagree: max_batch is the former name of maxMessagesPerTrigger, give one"
+        )
+    return new if new is not None else old if old is not None else 20_000
+
+
 def _int(opts: Mapping[str, str], name: str, default: int, lo: int, hi: int | None = None) -> int:
     """Option `name` as an int in [lo, hi] (`default` when absent), else a ValueError
     that names it (Spark hands every option over as a string)."""
     raw = opts.get(name)
     if raw is None:
         return default
+    shown = _SPELLED.get(name, name)
     try:
         value = int(str(raw).strip())
     except ValueError:
         raise ValueError(
-            f"rabbitmq source option {name} must be an integer, got {raw!r:.80}"
+            f"rabbitmq source option {shown} must be an integer, got {raw!r:.80}"
         ) from None
     if value < lo or (hi is not None and value > hi):
         bound = f">= {lo}" if hi is None else f"between {lo} and {hi}"
-        raise ValueError(f"rabbitmq source option {name} must be {bound}, got {value}")
+        raise ValueError(f"rabbitmq source option {shown} must be {bound}, got {value}")
     return value

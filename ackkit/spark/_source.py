@@ -28,9 +28,17 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 
+try:  # Spark 4.2+: Trigger.AvailableNow for Python data sources
+    from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+except ImportError:  # pragma: no cover - pyspark 4.0/4.1
+
+    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
+        """Stands in for pyspark's mixin where it does not exist (no AvailableNow)."""
+
+
 from .._core.batches import BatchPlan
+from ._available import RunnerConsumer
 from ._checkpoint import committed_end, query_id, recorded_queues
-from ._consumer import SourceConsumer
 from ._deploy import Owner, batch_to_offer, check_offset
 from ._faults import crash_point
 from ._ipc import IpcServer
@@ -72,8 +80,13 @@ class RabbitMQDataSource(DataSource):
         return RabbitMQStreamReader(dict(self.options))
 
 
-class RabbitMQStreamReader(SimpleDataSourceStreamReader):
-    """Hands out batches of deliveries; acks wait for `ack_after_commit` (see module doc)."""
+class RabbitMQStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Hands out batches of deliveries; acks wait for `ack_after_commit` (see module doc).
+
+    Batches hold at most maxMessagesPerTrigger messages and maxBytesPerTrigger body bytes
+    (Spark's simple stream reader takes its admission control from `read`). With
+    Trigger.AvailableNow the run reads the messages in the queue when it starts, then
+    ends (`ackkit.spark._available`)."""
 
     def __init__(self, options: dict[str, str]) -> None:
         self.options = options
@@ -116,6 +129,10 @@ class RabbitMQStreamReader(SimpleDataSourceStreamReader):
         if self._runner is not None:
             self._runner.commit(seq)
 
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Trigger.AvailableNow: count the messages in the queue now; the run reads those."""
+        self._run().consumer.prepare_available_now()
+
 
 class _Runner:
     """The source's state in the runner process: consumer, write-ahead log, IPC listener."""
@@ -136,7 +153,7 @@ class _Runner:
         # Spark's commit log says a batch's sink returned: written, even if this log missed
         # it (a sink without ack_after_commit, acked only through commit()).
         self._persisted = max(self.wal.written_upto(), committed_end(opts.checkpoint, opts.queue))
-        self.consumer = SourceConsumer(opts, self.rows.model, written_upto=self._persisted)
+        self.consumer = RunnerConsumer(opts, self.rows.model, written_upto=self._persisted)
         for s, e in self.wal.batches():
             self.consumer.restore(e, self.wal.keys(s, e, KEY_COLUMN))
         self._written_lock = threading.Lock()
