@@ -1,7 +1,7 @@
 """Carry out a listener's core actions on its pika channel, in the order decided.
 
-Shared by the App's consumers and the Spark source. Actions are decided under
-the listener's lock, on any thread, and wait in `outbox` in decision order;
+Shared by the App's consumers, the Spark source and pull mode. Actions are decided
+under the listener's lock, on any thread, and wait in `outbox` in decision order;
 the I/O thread (the only one that may touch pika) takes them out oldest first
 and carries them out on the channel of the generation they were decided for,
 or drops them when that channel is gone: a delivery tag is channel-scoped, and
