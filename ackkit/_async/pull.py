@@ -25,7 +25,7 @@ from .._core.actions import Action
 from .._core.brokers import traits_of
 from .._core.errors import PublishNotConfirmed, SettleNotAllowed
 from .._core.listener import ListenerCore
-from .._core.policy import DLQ_DEFAULT, AckMode, FlushPolicy, ListenerPolicy
+from .._core.policy import DLQ_DEFAULT, ListenerPolicy
 from .._delivery import DeliveryBase
 from .._publish import Outgoing, apublishes
 from .._tls import TLS, client_tls
@@ -77,7 +77,7 @@ class AsyncPullConnection:
         self._inner: set[asyncio.Future[Any]] = set()
         self._stuck = False  # a publish got no answer: close() does not wait for one
         self._host = _Host(self)
-        self._copies = AsyncPublisher(self._host)  # retry / dead-letter copies, confirmed
+        self._copies = self._host.publisher  # retry / dead-letter copies, confirmed
 
     def __repr__(self) -> str:
         return f"<AsyncPullConnection {mask_url(self.url)}>"
@@ -100,9 +100,13 @@ class AsyncPullConnection:
     def _note_lost_channel(self) -> None:
         """If the channel died, every delivery fetched on it is stale (see the sync one)."""
         if self._ch is None or self._ch.is_closed:
-            for q in self._queues.values():
-                if q.core.open:
-                    q.core.channel_closed()
+            self._channel_gone()
+
+    def _channel_gone(self) -> None:
+        """The channel is gone: each queue's core marks its deliveries stale."""
+        for q in self._queues.values():
+            if q.core.open:
+                q.core.channel_closed()
 
     async def _shielded(self, coro: Any) -> Any:
         """Run `coro` to its end even if the caller is cancelled (kept until close())."""
@@ -130,14 +134,7 @@ class AsyncPullConnection:
     async def _queue(self, queue: str, dead_letter: str | None) -> _Queue:
         q = self._queues.get(queue)
         if q is None:
-            policy = ListenerPolicy(
-                name=f"pull:{queue}",
-                queue=queue,
-                mode=AckMode.MANUAL,
-                prefetch=0,
-                dead_letter=dead_letter,
-                flush=FlushPolicy(max_pending=1, interval=0.0),
-            )
+            policy = ListenerPolicy.pull(queue, dead_letter)
             ch = await self._channel()
             assert self._amqp is not None
             broker = traits_of(self._amqp.server_properties)
@@ -320,9 +317,7 @@ class AsyncPullConnection:
             if self._closed:
                 return
             self._closed = True
-            for q in self._queues.values():
-                if q.core.open:
-                    q.core.channel_closed()
+            self._channel_gone()
             conn, ch = self._conn, self._ch
             self._conn, self._amqp, self._ch = None, None, None
             if self._stuck:  # a round trip would wait for an answer that does not come
@@ -363,10 +358,11 @@ class _Host:
     PublisherHost: the copies' confirm channel opens on the connection's AMQP
     connection, numbered by its ChannelNumbers."""
 
-    __slots__ = ("_conn",)
+    __slots__ = ("_conn", "publisher")
 
     def __init__(self, conn: AsyncPullConnection) -> None:
         self._conn = conn
+        self.publisher = AsyncPublisher(self)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -379,10 +375,6 @@ class _Host:
     @property
     def numbers(self) -> ChannelNumbers:
         return self._conn._numbers
-
-    @property
-    def publisher(self) -> AsyncPublisher:
-        return self._conn._copies
 
 
 class _Queue(ChannelSettler):

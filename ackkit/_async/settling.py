@@ -36,19 +36,8 @@ from typing import Any, Protocol, TypeVar, cast
 
 from aiormq.abc import AbstractChannel
 
-from .._core.actions import (
-    Ack,
-    Action,
-    Consume,
-    Fence,
-    Nack,
-    Reject,
-    Republish,
-    Run,
-    Start,
-    TxCommit,
-    TxSelect,
-)
+from .._core import actions as A
+from .._core.actions import Action, Consume, Fence, Republish, Run, Start, TxCommit, TxSelect
 from .._core.listener import ListenerCore
 from .._delivery import DeliveryBase, Originals
 from .._logs import short
@@ -94,11 +83,11 @@ async def until_closed(ch: AbstractChannel, aw: Awaitable[T]) -> T:
 async def send_settle(ch: AbstractChannel, a: Action) -> None:
     """The basic.ack / nack / reject frame of settle action `a` on `ch` (not waited for)."""
     t = type(a)
-    if t is Ack:
+    if t is A.Ack:
         await ch.basic_ack(a.tag, multiple=a.multiple, wait=False)  # type: ignore[union-attr]
-    elif t is Nack:
+    elif t is A.Nack:
         await ch.basic_nack(a.tag, multiple=a.multiple, requeue=a.requeue, wait=False)  # type: ignore[union-attr]
-    elif t is Reject:
+    elif t is A.Reject:
         await ch.basic_reject(a.tag, requeue=a.requeue, wait=False)  # type: ignore[union-attr]
 
 

@@ -26,7 +26,7 @@ from .._core.actions import Action, Republish
 from .._core.brokers import traits_of
 from .._core.errors import SettleNotAllowed
 from .._core.listener import ListenerCore
-from .._core.policy import DLQ_DEFAULT, AckMode, FlushPolicy, ListenerPolicy
+from .._core.policy import DLQ_DEFAULT, ListenerPolicy
 from .._delivery import Delivery, DeliveryBase
 from .._io import FatalConnectError
 from .._publish import Outgoing, not_confirmed, publishes
@@ -133,9 +133,13 @@ class PullConnection:
         so a settle of one of them is dropped (the broker requeued it) and its tag is
         never sent on a successor channel."""
         if self._ch is None or not self._ch.is_open:
-            for q in self._queues.values():
-                if q.core.open:
-                    q.core.channel_closed()
+            self._channel_gone()
+
+    def _channel_gone(self) -> None:
+        """The channel is gone: each queue's core marks its deliveries stale."""
+        for q in self._queues.values():
+            if q.core.open:
+                q.core.channel_closed()
 
     @property
     def channel(self) -> Any:
@@ -157,14 +161,7 @@ class PullConnection:
     def _queue(self, queue: str, dead_letter: str | None) -> _Queue:
         q = self._queues.get(queue)
         if q is None:
-            policy = ListenerPolicy(
-                name=f"pull:{queue}",
-                queue=queue,
-                mode=AckMode.MANUAL,
-                prefetch=0,
-                dead_letter=dead_letter,
-                flush=FlushPolicy(max_pending=1, interval=0.0),
-            )
+            policy = ListenerPolicy.pull(queue, dead_letter)
             broker = traits_of(self._conn._impl.server_properties)
             core = ListenerCore(policy, shared_channel=True, broker=broker)  # one channel
             q = _Queue(self, core)
@@ -286,9 +283,7 @@ class PullConnection:
 
     def _abandon(self) -> None:
         conn, self._conn, self._ch = self._conn, None, None
-        for q in self._queues.values():
-            if q.core.open:
-                q.core.channel_closed()
+        self._channel_gone()
         _drop(conn)
 
     def declare_queue(self, name: str, arguments: Mapping[str, Any] | None = None) -> None:
@@ -308,9 +303,7 @@ class PullConnection:
             if self._closed:
                 return
             self._closed = True
-            for q in self._queues.values():
-                if q.core.open:
-                    q.core.channel_closed()
+            self._channel_gone()
             ch, conn, self._ch, self._conn = self._ch, self._conn, None, None
             if conn is None:
                 return
