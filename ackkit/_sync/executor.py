@@ -239,8 +239,12 @@ class Executor:
         raise NotImplementedError
 
     def original(self, a: Republish) -> tuple[Any, bytes]:
-        """(pika properties, body) of the delivery `a` is a copy of."""
-        raise NotImplementedError
+        """(pika properties, body) of the delivery `a` is a copy of (remembered in
+        `originals` when the copy was decided; a `Delivery` there unless overridden)."""
+        d = self.originals.copy(a.token)
+        if d is None:  # never expected: a copy is decided while its delivery is mapped
+            raise LookupError(f"the original of copy {a.token} is not remembered")
+        return d.properties, d.body
 
     def _start(self, held: Any) -> None:
         """Start the handler of `held` (the runtime's object for a delivery the core held:

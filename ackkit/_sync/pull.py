@@ -361,12 +361,6 @@ class _Queue(Executor):
     def _publish(self, gen: int, a: Republish) -> None:
         self.pull._copies.publish(self, gen, a)
 
-    def original(self, a: Republish) -> tuple[Any, bytes]:
-        d = self.originals.copy(a.token)  # remembered when the copy was decided
-        if d is None:
-            raise LookupError(f"the original of copy {a.token} is not remembered")
-        return d.properties, d.body
-
     def _fence(self, gen: int, ch: Any, rest: list[Action]) -> None:
         """A blocking basic.qos round trip (a pull core holds no copies: never asked)."""
         ch.basic_qos(prefetch_count=0)
