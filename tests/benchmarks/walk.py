@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -104,6 +105,21 @@ def _remove() -> None:
     sys.setprofile(None)
 
 
+def _run_async(w: Walk, scenario: Callable[[InMemoryBroker], Awaitable[None]]) -> Walk:
+    """Trace `scenario` on a fresh in-memory broker, on an event loop of its own."""
+
+    async def main(broker: InMemoryBroker) -> None:
+        await scenario(broker)
+
+    with InMemoryBroker() as broker:
+        _install(w)
+        try:
+            asyncio.run(main(broker))
+        finally:
+            _remove()
+    return w
+
+
 def walk_sync() -> Walk:
     w = Walk()
     with InMemoryBroker() as broker:
@@ -147,13 +163,7 @@ def walk_async() -> Walk:
             await broker.wait_for_async("walk", ready=0, unacked=0)
             w.on = False
 
-    with InMemoryBroker() as broker:
-        _install(w)
-        try:
-            asyncio.run(scenario(broker))
-        finally:
-            _remove()
-    return w
+    return _run_async(w, scenario)
 
 
 def walk_pull() -> Walk:
@@ -190,13 +200,7 @@ def walk_apull() -> Walk:
                 w.on = False
             await broker.wait_for_async("walk", ready=0, unacked=0)
 
-    with InMemoryBroker() as broker:
-        _install(w)
-        try:
-            asyncio.run(scenario(broker))
-        finally:
-            _remove()
-    return w
+    return _run_async(w, scenario)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,32 +24,28 @@ Script = Callable[[Any], Generator[Any, Any, None]]
 Driver = Callable[[Broker, Script], None]
 
 
+async def _drive(steps: Generator[Any, Any, None], awaited: bool) -> None:
+    """Run a script: each value it yields is the result of its call (sync), or the
+    call's coroutine, awaited here (async); the script goes on right after, with
+    nothing in between (it reads the counts then)."""
+    result = None
+    while True:
+        try:
+            call = steps.send(result)
+        except StopIteration:
+            return
+        result = await call if awaited else call
+
+
 def _sync(broker: Broker, script: Script) -> None:
-    """Drive `script` (a generator: `yield p.get(q)`, ...) with a PullConnection."""
     with ackkit.connect(broker.handle.url) as conn:
-        steps = script(_Pull(conn, broker, asynchronous=False))
-        result = None
-        while True:
-            try:
-                result = steps.send(result)
-            except StopIteration:
-                return
+        asyncio.run(_drive(script(_Pull(conn, broker, asynchronous=False)), awaited=False))
 
 
 def _async(broker: Broker, script: Script) -> None:
-    """The same script on an AsyncPullConnection: each yielded call is awaited on the
-    loop, and the script goes on (reads the counts) right after, nothing in between."""
-
     async def run() -> None:
         async with ackkit.aconnect(broker.handle.url) as conn:
-            steps = script(_Pull(conn, broker, asynchronous=True))
-            result = None
-            while True:
-                try:
-                    call = steps.send(result)
-                except StopIteration:
-                    return
-                result = await call
+            await _drive(script(_Pull(conn, broker, asynchronous=True)), awaited=True)
 
     asyncio.run(run())
 
