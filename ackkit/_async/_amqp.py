@@ -22,7 +22,7 @@ from pamqp import commands as spec
 from yarl import URL
 
 from .._core import copies, wire
-from .._core.actions import Ack, Action, Nack, Reject, Republish
+from .._core.actions import Republish
 from .._core.errors import TopologyConflict
 from .._core.exchanges import (
     BindingDecl,
@@ -213,18 +213,6 @@ def copy_options(a: Republish, ch: AbstractChannel) -> dict[str, Any]:
         "frame_max": getattr(tune, "frame_max", 0) or 0,
         "user": getattr(url, "user", None),
     }
-
-
-async def send_settles(ch: AbstractChannel, acts: Iterable[Action]) -> None:
-    """basic.ack / nack / reject frames (no Republish) on `ch`, in order."""
-    for a in acts:
-        t = type(a)
-        if t is Ack:
-            await ch.basic_ack(a.tag, multiple=a.multiple, wait=False)  # type: ignore[union-attr]
-        elif t is Nack:
-            await ch.basic_nack(a.tag, multiple=a.multiple, requeue=a.requeue, wait=False)  # type: ignore[union-attr]
-        elif t is Reject:
-            await ch.basic_reject(a.tag, requeue=a.requeue, wait=False)  # type: ignore[union-attr]
 
 
 async def publish_copy(

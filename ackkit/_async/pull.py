@@ -1,4 +1,10 @@
-"""Pull mode on asyncio: basic.get one message at a time, settled on its own channel."""
+"""Pull mode on asyncio: basic.get one message at a time, settled on its own channel.
+
+As the sync pull: a listener with prefetch 0. Each queue's MANUAL core decides, the
+AsyncApp's `ChannelSettler` carries its actions out on the pull channel (`_Queue`),
+and its copies go through the AsyncApp's confirm publisher (`AsyncPublisher`); a
+get or settle returns once its copies are confirmed and their originals settled.
+"""
 
 from __future__ import annotations
 
@@ -15,19 +21,20 @@ from aiormq.abc import AbstractChannel, AbstractConnection
 from pamqp import commands as spec
 
 from .._core import checks as C
-from .._core.actions import Action, Republish
+from .._core.actions import Action
 from .._core.brokers import traits_of
 from .._core.errors import PublishNotConfirmed, SettleNotAllowed
 from .._core.listener import ListenerCore
-from .._core.policy import DLQ_DEFAULT, AckMode, FlushPolicy, ListenerPolicy
-from .._delivery import DeliveryBase, Originals
+from .._core.policy import DLQ_DEFAULT, ListenerPolicy
+from .._delivery import DeliveryBase
 from .._publish import Outgoing, apublishes
 from .._tls import TLS, client_tls
 from .._url import check_url, mask_url
 from . import _frames as frames
-from ._amqp import CHANNEL_GONE, ChannelNumbers, declare_queues, open_connection, send_settles
+from ._amqp import CHANNEL_GONE, ChannelNumbers, declare_queues, open_connection
 from .delivery import AsyncDelivery
 from .publisher import AsyncPublisher, carry
+from .settling import ChannelSettler
 
 log = logging.getLogger("ackkit.pull")
 
@@ -64,13 +71,13 @@ class AsyncPullConnection:
         self._amqp: AbstractConnection | None = None
         self._ch: AbstractChannel | None = None
         self._numbers = ChannelNumbers()
-        self._cores: dict[str, ListenerCore] = {}
-        self._originals: dict[str, Originals[AsyncDelivery]] = {}  # per queue: tag -> AsyncDelivery
+        self._queues: dict[str, _Queue] = {}  # per queue: its core and settler
         self._lock = asyncio.Lock()
         self._closed = False
         self._inner: set[asyncio.Future[Any]] = set()
         self._stuck = False  # a publish got no answer: close() does not wait for one
-        self._copies = AsyncPublisher(_CopyHost(self))  # retry / dead-letter copies, confirmed
+        self._host = _Host(self)
+        self._copies = self._host.publisher  # retry / dead-letter copies, confirmed
 
     def __repr__(self) -> str:
         return f"<AsyncPullConnection {mask_url(self.url)}>"
@@ -93,9 +100,13 @@ class AsyncPullConnection:
     def _note_lost_channel(self) -> None:
         """If the channel died, every delivery fetched on it is stale (see the sync one)."""
         if self._ch is None or self._ch.is_closed:
-            for core in self._cores.values():
-                if core.open:
-                    core.channel_closed()
+            self._channel_gone()
+
+    def _channel_gone(self) -> None:
+        """The channel is gone: each queue's core marks its deliveries stale."""
+        for q in self._queues.values():
+            if q.core.open:
+                q.core.channel_closed()
 
     async def _shielded(self, coro: Any) -> Any:
         """Run `coro` to its end even if the caller is cancelled (kept until close())."""
@@ -114,31 +125,26 @@ class AsyncPullConnection:
             self._ch = None
         if self._ch is None or self._ch.is_closed:
             self._ch = await self._amqp.channel(self._numbers.take(), publisher_confirms=True)
-            for core in self._cores.values():
-                core.channel_closed()
-                core.channel_opened()
+            for q in self._queues.values():
+                q.core.channel_closed()
+                q.core.channel_opened()
+                q.channel = self._ch
         return self._ch
 
-    async def _core(self, queue: str, dead_letter: str | None) -> ListenerCore:
-        core = self._cores.get(queue)
-        if core is None:
-            policy = ListenerPolicy(
-                name=f"pull:{queue}",
-                queue=queue,
-                mode=AckMode.MANUAL,
-                prefetch=0,
-                dead_letter=dead_letter,
-                flush=FlushPolicy(max_pending=1, interval=0.0),
-            )
-            await self._channel()
+    async def _queue(self, queue: str, dead_letter: str | None) -> _Queue:
+        q = self._queues.get(queue)
+        if q is None:
+            policy = ListenerPolicy.pull(queue, dead_letter)
+            ch = await self._channel()
             assert self._amqp is not None
             broker = traits_of(self._amqp.server_properties)
             core = ListenerCore(policy, shared_channel=True, broker=broker)  # one channel
+            q = _Queue(self._host, core)
+            q.channel = ch
             core.channel_opened()
             await declare_queues(self._amqp, self._numbers, core.topology())
-            self._cores[queue] = core
-            self._originals[queue] = Originals()
-        return core
+            self._queues[queue] = q
+        return q
 
     async def get(
         self,
@@ -184,7 +190,8 @@ class AsyncPullConnection:
         deadline = time.monotonic() + max_seconds
         async with self._lock:
             self._check_open("get()")
-            core = await self._core(queue, dead_letter)
+            q = await self._queue(queue, dead_letter)
+            core = q.core
             skipped = 0
             while True:
                 ch = await self._channel()
@@ -214,10 +221,10 @@ class AsyncPullConnection:
                     redelivered=bool(dv.redelivered),
                     queue=queue,
                 )
-                self._originals[queue].put(t.generation, t.tag, d)
+                q.originals.put(t.generation, t.tag, d)
                 if t.verdict is None:
                     return d
-                await self._execute(core, ch, t.verdict)  # e.g. a forged attempt header
+                await self._carry(q, t.generation, t.verdict)  # e.g. a forged attempt header
                 skipped += 1
                 if skipped >= max_skip or time.monotonic() >= deadline:
                     log.warning(
@@ -246,36 +253,25 @@ class AsyncPullConnection:
                     "AsyncPullConnection is closed (the broker requeued the message when "
                     "its channel closed)"
                 )
-            core = self._cores[delivery.queue]
+            q = self._queues[delivery.queue]
             self._note_lost_channel()
-            stale = not core.current(delivery._tracked.generation)
-            acts = core.settle(delivery._tracked, kind, requeue=requeue, multiple=multiple)
-            ch = self._ch
-            if acts and ch is not None:
-                await self._execute(core, ch, acts)
-            if stale:
+            t = delivery._tracked
+            acts = q.core.settle(t, kind, requeue=requeue, multiple=multiple)
+            if acts:  # decided for its own channel: a stale delivery gets none
+                await self._carry(q, t.generation, acts)
+            elif not q.core.current(t.generation):
                 log.warning(
                     "%s of delivery tag %d not sent: its channel closed and the broker requeued it",
                     kind,
                     delivery.delivery_tag,
                 )
 
-    async def _execute(self, core: ListenerCore, ch: AbstractChannel, acts: list[Action]) -> None:
-        gen = core.generation
-        originals = self._originals[core.policy.queue]
-        originals.decided(gen, acts)
-        for a in acts:
-            if ch is not self._ch or ch.is_closed or not core.current(gen):
-                return  # tags of a closed channel are worthless: never sent elsewhere
-            if isinstance(a, Republish):  # on the confirm publisher's channel, as the App's
-                d = originals.copy(a.token)
-                if d is None:
-                    continue  # not a delivery of this channel's
-                await self._execute(core, ch, await self._copies.copy(core, a, d))
-                originals.answered(a.token)
-            else:
-                await send_settles(ch, (a,))
-                originals.settled(gen, a)  # type: ignore[arg-type]  # pull: settles only
+    async def _carry(self, q: _Queue, gen: int, acts: list[Action]) -> None:
+        """Carry out what `q`'s core decided, and wait for the copies it published (and
+        what their confirms settle)."""
+        await q.execute(gen, acts)
+        while self._copies.pending:
+            await asyncio.wait(set(self._copies.pending))
 
     @apublishes
     async def publish(self, msg: Outgoing) -> None:
@@ -321,9 +317,7 @@ class AsyncPullConnection:
             if self._closed:
                 return
             self._closed = True
-            for core in self._cores.values():
-                if core.open:
-                    core.channel_closed()
+            self._channel_gone()
             conn, ch = self._conn, self._ch
             self._conn, self._amqp, self._ch = None, None, None
             if self._stuck:  # a round trip would wait for an answer that does not come
@@ -359,14 +353,16 @@ async def aconnect(
         await conn.close()
 
 
-class _CopyHost:
-    """The pull connection as the copy publisher's PublisherHost: its copies' confirm
-    channel opens on the connection's AMQP connection, numbered by its ChannelNumbers."""
+class _Host:
+    """The pull connection as its settlers' SettlerHost and its copy publisher's
+    PublisherHost: the copies' confirm channel opens on the connection's AMQP
+    connection, numbered by its ChannelNumbers."""
 
-    __slots__ = ("_conn",)
+    __slots__ = ("_conn", "publisher")
 
     def __init__(self, conn: AsyncPullConnection) -> None:
         self._conn = conn
+        self.publisher = AsyncPublisher(self)
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -379,3 +375,11 @@ class _CopyHost:
     @property
     def numbers(self) -> ChannelNumbers:
         return self._conn._numbers
+
+
+class _Queue(ChannelSettler):
+    """One queue's pulled deliveries: the AsyncApp's settler on the pull channel (a
+    pull core holds no copies and has no consumer: no `Start`, `Consume` or `Run`)."""
+
+    def __init__(self, host: _Host, core: ListenerCore) -> None:
+        super().__init__(host, core.policy.name, core)

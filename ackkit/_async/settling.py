@@ -1,8 +1,8 @@
 """ChannelSettler: a listener core's actions carried out on its channel, in decision order.
 
 The listener's `ListenerCore` decides every ack, nack, reject, copy and
-transaction frame; `ChannelSettler` (the settling half of `AsyncConsumer`)
-only sends them:
+transaction frame; `ChannelSettler` (the settling half of `AsyncConsumer`, and
+of each queue of an `AsyncPullConnection`) only sends them:
 
 * on the channel of the generation they were decided for, or not at all: a
   delivery tag is channel-scoped, and a stale one closes the new channel with
@@ -36,11 +36,12 @@ from typing import Any, Protocol, TypeVar, cast
 
 from aiormq.abc import AbstractChannel
 
+from .._core import actions as A
 from .._core.actions import Action, Consume, Fence, Republish, Run, Start, TxCommit, TxSelect
 from .._core.listener import ListenerCore
 from .._delivery import DeliveryBase, Originals
 from .._logs import short
-from ._amqp import CHANNEL_GONE, send_settles
+from ._amqp import CHANNEL_GONE
 
 log = logging.getLogger("ackkit")
 
@@ -77,6 +78,17 @@ async def until_closed(ch: AbstractChannel, aw: Awaitable[T]) -> T:
     if not task.cancelled():
         task.exception()  # retrieved: it failed on its own as it was cancelled
     raise ChannelClosedFirst(f"channel {getattr(ch, 'number', '?')} closed before the send")
+
+
+async def send_settle(ch: AbstractChannel, a: Action) -> None:
+    """The basic.ack / nack / reject frame of settle action `a` on `ch` (not waited for)."""
+    t = type(a)
+    if t is A.Ack:
+        await ch.basic_ack(a.tag, multiple=a.multiple, wait=False)  # type: ignore[union-attr]
+    elif t is A.Nack:
+        await ch.basic_nack(a.tag, multiple=a.multiple, requeue=a.requeue, wait=False)  # type: ignore[union-attr]
+    elif t is A.Reject:
+        await ch.basic_reject(a.tag, requeue=a.requeue, wait=False)  # type: ignore[union-attr]
 
 
 class Republisher(Protocol):
@@ -171,9 +183,9 @@ class ChannelSettler:
                         self.run_ready(ready)
                 else:
                     if has_room(ch):  # the usual case: the frame is queued at once
-                        await send_settles(ch, (a,))
+                        await send_settle(ch, a)
                     else:
-                        await until_closed(ch, send_settles(ch, (a,)))
+                        await until_closed(ch, send_settle(ch, a))
                     self.originals.settled(gen, a)  # type: ignore[arg-type]
             except CHANNEL_GONE as exc:
                 log.info("%s: channel lost while settling: %s", self.name, short(exc))

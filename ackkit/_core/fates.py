@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from . import copy_headers as CH
+from . import copies
 from .actions import Action, CopyPurpose, Nack, Reinvoke, Reject, Republish, SettleKind
 from .errors import AlreadySettled, RetryLater, SettleNotAllowed
 from .events import HOT_STAGES, Counters, Event, Observer, Stage
@@ -217,12 +217,12 @@ class Fates:
             return [Reject(t.tag, requeue=True)]  # counts: the queue delays it
         if fate is Fate.RETRY_IN_PROCESS:
             if t.first_failure is None:
-                t.first_failure = CH.iso(self._wallclock())
+                t.first_failure = copies.iso(self._wallclock())
             t.attempt += 1
             t.again = Reinvoke(t.tag, f.delay, t.attempt)  # `outcome.handled` reruns it
             return []
         extra = self.extra_delay_queue(f.delay_ms / 1000) if f.asked else None
-        hdrs = CH.retry_headers(t, exc, self._wallclock())
+        hdrs = copies.retry_headers(t, exc, self._wallclock())
         act = self.confirms.issue(t, self.policy.delay_queue(f.delay_ms), hdrs, CopyPurpose.RETRY)
         if extra is not None:
             self._declared.add(extra.name)
@@ -240,7 +240,9 @@ class Fates:
         dlq = self.policy.dead_letter_queue
         if dlq is None:
             return self._reject(t, reason)
-        hdrs = CH.dead_letter_headers(t, self.policy, reason, exc, tb, self._wallclock(), attempts)
+        hdrs = copies.dead_letter_headers(
+            t, self.policy, reason, exc, tb, self._wallclock(), attempts
+        )
         # counted and reported (Stage.DEAD_LETTERED) once the broker confirms the copy
         return [self.confirms.issue(t, dlq, hdrs, CopyPurpose.DEAD_LETTER)]
 
@@ -255,7 +257,7 @@ class Fates:
         the message reaches max_attempts and the DLQ instead of looping.
         """
         self._emit(Stage.REQUEUED, t, f"redelivered: attempt {t.attempt} stamped on a copy")
-        hdrs = CH.restamp_headers(t, uuid.uuid4().hex)
+        hdrs = copies.restamp_headers(t, uuid.uuid4().hex)
         return self.confirms.issue(t, self.policy.queue, hdrs, CopyPurpose.RESTAMP)
 
     def _unreadable(self, t: Tracked, why: str) -> list[Action]:

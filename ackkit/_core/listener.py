@@ -8,7 +8,7 @@ state and turns events into actions, with its parts in their own modules:
   dead-letter), `failure.decide` being the rule for a failure;
 - `shutdown.Shutdown`: whether a handler may start, and stopping;
 - `ledger.Ledger`: channel generations, the tag window and when acks go out;
-- `copy_headers`: the headers each retry, dead-letter and restamp copy carries;
+- `copies`: what each retry, dead-letter and restamp copy carries (headers, properties);
 - `topology.Queues`: the queues the listener needs (dead-letter queue, delay tiers);
 - `republish.Confirms`: copies awaiting the broker's confirm, and what that settles;
 - `gating.Gating`: the flow gate's answers (pause, breaker, rate limit, serial mode)

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from . import copy_headers as CH
+from . import copies
 from . import headers as H
 from .actions import Action, CopyPurpose, Republish, Start
 from .events import Stage
@@ -153,7 +153,7 @@ class LostRuns:
         n = (t.lost or 0) + 1
         self._emit(Stage.REQUEUED, t, f"redelivered: run on a copy counting lost run {n}")
         self.charging, self._charged_at = uuid.uuid4().hex, self._clock()
-        hdrs = CH.restamp_headers(t, self.charging)
+        hdrs = copies.restamp_headers(t, self.charging)
         hdrs[H.LOST] = n
         return self.confirms.issue(t, self.policy.queue, hdrs, CopyPurpose.RESTAMP)
 

@@ -199,6 +199,19 @@ class ListenerPolicy:
                 f"({name!r}), whose TTL would send every dead letter back to {self.queue!r}"
             )
 
+    @classmethod
+    def pull(cls, queue: str, dead_letter: str | None = DLQ_DEFAULT) -> ListenerPolicy:
+        """Pull mode's listener for `queue`: prefetch 0 (basic.get), MANUAL (the caller
+        settles each delivery), every settle sent at once."""
+        return cls(
+            name=f"pull:{queue}",
+            queue=queue,
+            mode=AckMode.MANUAL,
+            prefetch=0,
+            dead_letter=dead_letter,
+            flush=FlushPolicy(max_pending=1, interval=0.0),
+        )
+
     @property
     def flush_policy(self) -> FlushPolicy:
         return self.flush or FlushPolicy.for_mode(self.mode, self.prefetch)

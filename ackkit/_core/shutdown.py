@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from . import copy_headers as CH
+from . import copies
 from .actions import Action, CopyPurpose, Nack, Republish
 from .events import Stage
 from .gate import Flow
@@ -148,7 +148,7 @@ class Shutdown:
             self._emit(Stage.RETURNED, t, "handler cancelled at shutdown")
             return [Nack(t.tag, requeue=True), *leave]
         self._emit(Stage.RETURNED, t, f"shutdown before start: attempt {t.attempt} kept on a copy")
-        hdrs = CH.restamp_headers(t, uuid.uuid4().hex)
+        hdrs = copies.restamp_headers(t, uuid.uuid4().hex)
         return [self.confirms.issue(t, self.policy.queue, hdrs, CopyPurpose.RESTAMP), *leave]
 
     def stop(self) -> list[Action]:

@@ -233,12 +233,6 @@ class Consumer(Executor):
     def _publish(self, gen: int, a: Republish) -> None:
         self.copies.publish(self, gen, a)
 
-    def original(self, a: Republish) -> tuple[Any, bytes]:
-        d = self.originals.copy(a.token)  # remembered when the copy was decided
-        if d is None:  # never expected: a copy is decided while its delivery is mapped
-            raise LookupError(f"the original of copy {a.token} is not remembered")
-        return d.properties, d.body
-
     # -- worker threads --------------------------------------------------------
 
     def _settle(self, delivery: DeliveryBase, kind: str, requeue: bool, multiple: bool) -> None:

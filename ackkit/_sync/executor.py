@@ -1,7 +1,7 @@
 """Carry out a listener's core actions on its pika channel, in the order decided.
 
-Shared by the App's consumers and the Spark source. Actions are decided under
-the listener's lock, on any thread, and wait in `outbox` in decision order;
+Shared by the App's consumers, the Spark source and pull mode. Actions are decided
+under the listener's lock, on any thread, and wait in `outbox` in decision order;
 the I/O thread (the only one that may touch pika) takes them out oldest first
 and carries them out on the channel of the generation they were decided for,
 or drops them when that channel is gone: a delivery tag is channel-scoped, and
@@ -239,8 +239,12 @@ class Executor:
         raise NotImplementedError
 
     def original(self, a: Republish) -> tuple[Any, bytes]:
-        """(pika properties, body) of the delivery `a` is a copy of."""
-        raise NotImplementedError
+        """(pika properties, body) of the delivery `a` is a copy of (remembered in
+        `originals` when the copy was decided; a `Delivery` there unless overridden)."""
+        d = self.originals.copy(a.token)
+        if d is None:  # never expected: a copy is decided while its delivery is mapped
+            raise LookupError(f"the original of copy {a.token} is not remembered")
+        return d.properties, d.body
 
     def _start(self, held: Any) -> None:
         """Start the handler of `held` (the runtime's object for a delivery the core held:

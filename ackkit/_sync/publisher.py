@@ -23,9 +23,8 @@ from typing import Any, Protocol
 import pika.exceptions
 from pika.spec import Basic
 
-from .._core.actions import Action, Republish
+from .._core.actions import Republish
 from .._core.errors import PublishError
-from .._core.listener import ListenerCore
 from .._logs import short
 from .._publish import Outgoing, failure
 from . import _frames as frames
@@ -299,21 +298,25 @@ def carry(ch: Any, msg: Outgoing) -> None:
 
 class BlockingCopies:
     """The confirm channel pull mode publishes its copies on (retry delays, dead letters):
-    `Publisher`'s rules on a blocking connection. A channel of its own, as the App's
-    publisher has, so a copy the broker answers with a channel close (a missing exchange:
-    404) never closes the channel the deliveries were fetched on."""
+    `Publisher.publish` on a blocking connection, for the same executor. A channel of its
+    own, as the App's publisher has, so a copy the broker answers with a channel close (a
+    missing exchange: 404) never closes the channel the deliveries were fetched on."""
 
     def __init__(self) -> None:
         self.channel: Any = None
 
-    def copy(
-        self, conn: Any, core: ListenerCore, a: Republish, props: Any, body: bytes
-    ) -> list[Action]:
-        """Publish the copy `a` (of a delivery with `props` and `body`), confirmed, on
-        blocking connection `conn`; what the core answers (`ListenerCore.republished`)
-        is the caller's to carry out. A lost connection raises."""
+    def publish(self, owner: Executor, gen: int, a: Republish) -> None:
+        """Publish the copy `a` of one of `owner`'s deliveries, confirmed, on `owner`'s
+        blocking connection, and tell `owner` how it ended (its core decides what now,
+        as for `Publisher.publish`). A lost connection raises."""
+        with owner.lock:
+            current = owner.core.publishable(a.token)
+        if not current:  # the original's channel closed since: the broker requeued it
+            owner.republished(gen, a.token, False)
+            return
+        conn = owner.io.connection
         ok = unroutable = False
-        error = lost = None
+        lost = None
         try:
             ch = self.channel
             if ch is None or not ch.is_open:
@@ -322,6 +325,7 @@ class BlockingCopies:
             if a.declare is not None:
                 name, args = a.declare
                 ch.queue_declare(name, durable=True, arguments=args or None)
+            props, body = owner.original(a)
             copy = copy_properties(
                 None if a.minimal else props, a.set_headers, **copy_options(a, ch._impl)
             )
@@ -331,12 +335,14 @@ class BlockingCopies:
             unroutable = True
         except pika.exceptions.NackError:
             pass
-        except (pika.exceptions.AMQPError, ValueError, TypeError) as exc:
+        except (pika.exceptions.AMQPError, ValueError, TypeError, LookupError) as exc:
             if not conn.is_open:
                 raise
-            if self.channel is not None and not self.channel.is_open:
-                lost = short(exc)  # the broker closed the copies' channel: sent again
-            else:
-                error = f"{a.purpose} copy not publishable: {short(exc)}"
-            log.error("copy to %r: %s", a.routing_key, lost or error)
-        return core.republished(a.token, ok, unroutable=unroutable, error=error, lost=lost)
+            if self.channel is None or self.channel.is_open:
+                why = f"{a.purpose} copy not publishable: {short(exc)}"
+                log.error("copy to %r: %s", a.routing_key, why)
+                owner.republish_failed(a.token, why)
+                return
+            lost = short(exc)  # the broker closed the copies' channel: sent again
+            log.error("copy to %r: %s", a.routing_key, lost)
+        owner.republished(gen, a.token, ok, unroutable, lost)

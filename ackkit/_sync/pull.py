@@ -1,4 +1,12 @@
-"""Pull mode: basic.get one message at a time, settled on the channel it came from."""
+"""Pull mode: basic.get one message at a time, settled on the channel it came from.
+
+Pull is a listener with prefetch 0: each queue gets a MANUAL `ListenerCore`, and
+what it decides for a pulled message (a settle, a dead-letter copy and the ack
+after its confirm) is carried out by the App's `Executor` (`_Queue`), its copies
+published by the confirm publisher's rules on a blocking connection
+(`BlockingCopies`). There is no I/O thread: every call carries out what it
+decided before it returns.
+"""
 
 from __future__ import annotations
 
@@ -14,12 +22,12 @@ import pika
 import pika.exceptions
 
 from .._core import checks as C
-from .._core.actions import Ack, Action, Nack, Reject, Republish
+from .._core.actions import Action, Republish
 from .._core.brokers import traits_of
 from .._core.errors import SettleNotAllowed
 from .._core.listener import ListenerCore
-from .._core.policy import DLQ_DEFAULT, AckMode, FlushPolicy, ListenerPolicy
-from .._delivery import Delivery, DeliveryBase, Originals
+from .._core.policy import DLQ_DEFAULT, ListenerPolicy
+from .._delivery import Delivery, DeliveryBase
 from .._io import FatalConnectError
 from .._publish import Outgoing, not_confirmed, publishes
 from .._tls import TLS, client_tls, tls_failure
@@ -30,6 +38,7 @@ from ._pika import (
     declare_queues,
     parameters,
 )
+from .executor import Executor
 from .publisher import BlockingCopies, carry
 
 log = logging.getLogger("ackkit.pull")
@@ -93,8 +102,7 @@ class PullConnection:
         )
         self._conn: Any = self._connect()
         self._ch: Any = None
-        self._cores: dict[str, ListenerCore] = {}
-        self._originals: dict[str, Originals[Delivery]] = {}  # per queue: tag -> Delivery
+        self._queues: dict[str, _Queue] = {}  # per queue: its core and executor
         self._lock = threading.RLock()
         self._closed = False
         self._copies = BlockingCopies()  # retry / dead-letter copies, confirmed
@@ -125,9 +133,13 @@ class PullConnection:
         so a settle of one of them is dropped (the broker requeued it) and its tag is
         never sent on a successor channel."""
         if self._ch is None or not self._ch.is_open:
-            for core in self._cores.values():
-                if core.open:
-                    core.channel_closed()
+            self._channel_gone()
+
+    def _channel_gone(self) -> None:
+        """The channel is gone: each queue's core marks its deliveries stale."""
+        for q in self._queues.values():
+            if q.core.open:
+                q.core.channel_closed()
 
     @property
     def channel(self) -> Any:
@@ -140,30 +152,24 @@ class PullConnection:
         if self._ch is None or not self._ch.is_open:
             self._ch = self._conn.channel()
             self._ch.confirm_delivery()
-            for core in self._cores.values():
-                core.channel_closed()
-                core.channel_opened()
+            for q in self._queues.values():
+                q.core.channel_closed()
+                q.core.channel_opened()
+                q.channel = self._ch
         return self._ch
 
-    def _core(self, queue: str, dead_letter: str | None) -> ListenerCore:
-        core = self._cores.get(queue)
-        if core is None:
-            policy = ListenerPolicy(
-                name=f"pull:{queue}",
-                queue=queue,
-                mode=AckMode.MANUAL,
-                prefetch=0,
-                dead_letter=dead_letter,
-                flush=FlushPolicy(max_pending=1, interval=0.0),
-            )
+    def _queue(self, queue: str, dead_letter: str | None) -> _Queue:
+        q = self._queues.get(queue)
+        if q is None:
+            policy = ListenerPolicy.pull(queue, dead_letter)
             broker = traits_of(self._conn._impl.server_properties)
             core = ListenerCore(policy, shared_channel=True, broker=broker)  # one channel
-            self.channel  # noqa: B018 - open the channel first
+            q = _Queue(self, core)
+            q.channel = self.channel  # opened first
             core.channel_opened()
             declare_queues(self._conn, core.topology())
-            self._cores[queue] = core
-            self._originals[queue] = Originals()
-        return core
+            self._queues[queue] = q
+        return q
 
     def get(
         self,
@@ -184,7 +190,8 @@ class PullConnection:
         deadline = time.monotonic() + max_seconds
         with self._lock:
             self._check_open("get()")
-            core = self._core(queue, dead_letter)
+            q = self._queue(queue, dead_letter)
+            core = q.core
             skipped = 0
             while True:
                 ch = self.channel
@@ -212,10 +219,12 @@ class PullConnection:
                     redelivered=method.redelivered,
                     queue=queue,
                 )
-                self._originals[queue].put(t.generation, t.tag, d)
-                if t.verdict is None:
-                    return d
-                self._execute(core, ch, t.verdict)
+                with q.lock:
+                    q.originals.put(t.generation, t.tag, d)
+                    if t.verdict is None:
+                        return d
+                    q.queue(t.generation, t.verdict)
+                q.flush()
                 skipped += 1
                 if skipped >= max_skip or time.monotonic() >= deadline:
                     log.warning(
@@ -233,40 +242,20 @@ class PullConnection:
                     f"cannot {kind} delivery tag {delivery.delivery_tag}: its PullConnection "
                     "is closed (the broker requeued the message when its channel closed)"
                 )
-            core = self._cores[delivery.queue]
+            q = self._queues[delivery.queue]
             self._note_lost_channel()
-            stale = not core.current(delivery._tracked.generation)
-            acts = core.settle(delivery._tracked, kind, requeue=requeue, multiple=multiple)
-            self._execute(core, self._ch, acts)
-            if stale:
+            t = delivery._tracked
+            with q.lock:
+                acts = q.core.settle(t, kind, requeue=requeue, multiple=multiple)
+                if acts:  # decided for its own channel: a stale delivery gets none
+                    q.queue(t.generation, acts)
+            q.flush()
+            if not acts and not q.core.current(t.generation):
                 log.warning(
                     "%s of delivery tag %d not sent: its channel closed and the broker requeued it",
                     kind,
                     delivery.delivery_tag,
                 )
-
-    def _execute(self, core: ListenerCore, ch: Any, acts: list[Action]) -> None:
-        gen = core.generation
-        originals = self._originals[core.policy.queue]
-        originals.decided(gen, acts)
-        for a in acts:
-            if ch is not self._ch or ch is None or not ch.is_open or not core.current(gen):
-                return  # tags of a closed channel are worthless: never sent elsewhere
-            if isinstance(a, (Ack, Nack, Reject)):
-                if isinstance(a, Ack):
-                    ch.basic_ack(a.tag, a.multiple)
-                elif isinstance(a, Nack):
-                    ch.basic_nack(a.tag, a.multiple, a.requeue)
-                else:
-                    ch.basic_reject(a.tag, a.requeue)
-                originals.settled(gen, a)
-            elif isinstance(a, Republish):  # on a confirm channel of its own, as the App's
-                d = originals.copy(a.token)
-                if d is None:
-                    continue  # not a delivery of this channel's
-                again = self._copies.copy(self._conn, core, a, d.properties, d.body)
-                self._execute(core, ch, again)
-                originals.answered(a.token)
 
     @publishes
     def publish(self, msg: Outgoing) -> None:
@@ -294,9 +283,7 @@ class PullConnection:
 
     def _abandon(self) -> None:
         conn, self._conn, self._ch = self._conn, None, None
-        for core in self._cores.values():
-            if core.open:
-                core.channel_closed()
+        self._channel_gone()
         _drop(conn)
 
     def declare_queue(self, name: str, arguments: Mapping[str, Any] | None = None) -> None:
@@ -316,9 +303,7 @@ class PullConnection:
             if self._closed:
                 return
             self._closed = True
-            for core in self._cores.values():
-                if core.open:
-                    core.channel_closed()
+            self._channel_gone()
             ch, conn, self._ch, self._conn = self._ch, self._conn, None, None
             if conn is None:
                 return
@@ -352,3 +337,31 @@ def connect(
         yield conn
     finally:
         conn.close()
+
+
+class _Queue(Executor):
+    """One queue's pulled deliveries: its core's actions carried out by the App's
+    executor on the pull channel, its copies by `BlockingCopies`. The executor's I/O
+    thread is the caller's: the pull connection's lock is held, and `decide` / `flush`
+    carry everything out before the call returns."""
+
+    def __init__(self, pull: PullConnection, core: ListenerCore) -> None:
+        super().__init__(core.policy.name, core, self, log)
+        self.pull = pull
+
+    @property
+    def connection(self) -> Any:
+        """IoThread: the pull's blocking connection."""
+        return self.pull._conn
+
+    def call_soon(self, fn: Any, /) -> object:
+        """IoThread: never needed (nothing is `send()`-queued for a later flush)."""
+        raise NotImplementedError("pull mode carries out its actions in the caller's call")
+
+    def _publish(self, gen: int, a: Republish) -> None:
+        self.pull._copies.publish(self, gen, a)
+
+    def _fence(self, gen: int, ch: Any, rest: list[Action]) -> None:
+        """A blocking basic.qos round trip (a pull core holds no copies: never asked)."""
+        ch.basic_qos(prefetch_count=0)
+        self.execute(gen, rest)

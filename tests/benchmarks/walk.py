@@ -17,6 +17,10 @@ the broker shows the message acked. It counts
   the tick count among the ackkit functions and files (the tick sends the held ack).
 
 The publish and the wait (the test kit's helpers) are left out.
+
+Pull mode (`ackkit.connect`, `ackkit.aconnect`) is walked the same way: one
+`get()` and the delivery's `ack()`, after a warm-up message got and acked (the
+connection, the channel and the queue's core set up before tracing).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -100,6 +105,21 @@ def _remove() -> None:
     sys.setprofile(None)
 
 
+def _run_async(w: Walk, scenario: Callable[[InMemoryBroker], Awaitable[None]]) -> Walk:
+    """Trace `scenario` on a fresh in-memory broker, on an event loop of its own."""
+
+    async def main(broker: InMemoryBroker) -> None:
+        await scenario(broker)
+
+    with InMemoryBroker() as broker:
+        _install(w)
+        try:
+            asyncio.run(main(broker))
+        finally:
+            _remove()
+    return w
+
+
 def walk_sync() -> Walk:
     w = Walk()
     with InMemoryBroker() as broker:
@@ -143,20 +163,56 @@ def walk_async() -> Walk:
             await broker.wait_for_async("walk", ready=0, unacked=0)
             w.on = False
 
-    with InMemoryBroker() as broker:
+    return _run_async(w, scenario)
+
+
+def walk_pull() -> Walk:
+    w = Walk()
+    with InMemoryBroker() as broker, ackkit.connect(broker.url) as conn:
+        conn.declare_queue("walk")
         _install(w)
         try:
-            asyncio.run(scenario(broker))
+            for body in (b"warm-up", b"one"):
+                broker.publish("walk", body)
+                w.on = body == b"one"
+                d = conn.get("walk")
+                assert d is not None
+                d.ack()
+                w.on = False
+            broker.wait_for("walk", ready=0, unacked=0)
         finally:
             _remove()
     return w
+
+
+def walk_apull() -> Walk:
+    w = Walk()
+
+    async def scenario(broker: InMemoryBroker) -> None:
+        async with ackkit.aconnect(broker.url) as conn:
+            await conn.declare_queue("walk")
+            for body in (b"warm-up", b"one"):
+                broker.publish("walk", body)
+                w.on = body == b"one"
+                d = await conn.get("walk")
+                assert d is not None
+                await d.ack()
+                w.on = False
+            await broker.wait_for_async("walk", ready=0, unacked=0)
+
+    return _run_async(w, scenario)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.benchmarks.walk", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="list the functions")
     args = parser.parse_args(argv)
-    rows = [("App (pika)", walk_sync()), ("AsyncApp", walk_async())]
+    rows = [
+        ("App (pika)", walk_sync()),
+        ("AsyncApp", walk_async()),
+        ("connect", walk_pull()),
+        ("aconnect", walk_apull()),
+    ]
     print(f"{'runtime':12} {'ackkit calls':>12} {'files':>6} {'core calls':>10} {'tick':>5}")
     for name, w in rows:
         print(

@@ -27,7 +27,7 @@ def test_dead_letter_formats_the_traceback_from_the_exception() -> None:
 
 
 def test_retry_does_not_format_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
-    import ackkit._core.copy_headers as L
+    import ackkit._core.copies as L
 
     calls: list[BaseException] = []
     monkeypatch.setattr(L, "format_traceback", lambda e: calls.append(e) or "tb")

@@ -12,21 +12,14 @@ from hypothesis import strategies as st
 
 from ackkit._core.actions import Ack, Action, Nack, Reject, Republish
 from ackkit._core.listener import ListenerCore, Tracked
-from ackkit._core.policy import AckMode, FlushPolicy, ListenerPolicy
+from ackkit._core.policy import FlushPolicy, ListenerPolicy
 
 ACK, REQUEUE, DROP = "ack", "requeue", "drop"
 
 
 def pull_core(queue: str, dead_letter: str | None) -> ListenerCore:
-    """The core a pull connection makes for one queue (see PullConnection._core)."""
-    policy = ListenerPolicy(
-        name=f"pull:{queue}",
-        queue=queue,
-        mode=AckMode.MANUAL,
-        prefetch=0,
-        dead_letter=dead_letter,
-        flush=FlushPolicy(max_pending=1, interval=0.0),
-    )
+    """The core a pull connection makes for one queue (see PullConnection._queue)."""
+    policy = ListenerPolicy.pull(queue, dead_letter)
     core = ListenerCore(policy, wallclock=lambda: 0.0, shared_channel=True)
     core.channel_opened()
     return core
