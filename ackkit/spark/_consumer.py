@@ -158,7 +158,10 @@ class SourceConsumer(SourceChannel, Engine, Executor):
                 if it.error is not None:
                     raise SourceFailed(it.invalid(o.queue))
             plan = self.ledger.plan(start, [(it.tracked, it.key) for it in items])
-            self.copies += sum(a in (Admission.HELD, Admission.SETTLED) for a in plan.admissions)
+            if len(plan.rows) < len(items):  # some were copies (or stale): count them
+                self.copies += sum(
+                    a in (Admission.HELD, Admission.SETTLED) for a in plan.admissions
+                )
             if plan.rows:
                 seal([items[i] for i in plan.rows], plan)
             if plan.actions:
