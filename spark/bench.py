@@ -384,6 +384,20 @@ def raw_pika(url: str, queue: str, n: int, *, prefetch: int = 1000, ack_every: i
         conn.close()
 
 
+Case = tuple[str, int, int, dict[str, Any]]
+"""(name, max_batch, shard count (0: one plain queue), extra source options for `drain`)."""
+
+
+def queue_cases(batches: list[int], shards: list[int], shard_batch: int) -> list[Case]:
+    """The queue source's cases of a run: one queue per batch size, then each shard count
+    (client-routed shard queues read in parallel, `shard_batch` each). Another source's
+    cases (e.g. a streams source) go next to these in `curve`'s plan, as cases of their
+    own kind, rather than into this list."""
+    plan: list[Case] = [(f"max_batch={b}", b, 0, {}) for b in batches]
+    plan += [(f"shards={k} max_batch={shard_batch}", shard_batch, k, {}) for k in shards]
+    return plan
+
+
 def curve(
     url: str,
     n: int,
@@ -401,10 +415,7 @@ def curve(
     queue = f"ackkit.bench.spark.{os.getpid()}"
     warm(url)  # JVM start-up, code generation, the Parquet writer: not measured
     raw: list[float] = []
-    plan: list[tuple[str, int, int, dict[str, str]]] = [
-        (f"max_batch={b}", b, 0, {}) for b in batches
-    ]
-    plan += [(f"shards={k} max_batch={shard_batch}", shard_batch, k, {}) for k in shards or []]
+    plan = queue_cases(batches, shards or [], shard_batch)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _, _ in plan}
     for r in range(rounds):
         prefill(url, queue, n)
