@@ -219,6 +219,7 @@ def drain(
         "batches": writer.batches,
         "max_batch": max_batch,
         "runner_cpu_s": {q: st.get("cpu_s") for q, st in runner.items()},
+        "runner_gc_s": {q: st.get("gc_s") for q, st in runner.items()},
         "profile": breakdown(driver, timings) if profile else None,
         "spark_ms": _median_ms(progress[1:]) if profile else None,
         "cpu_ms_per_1k": _cpu_per_1k(cpu0, cpu1, marks),
@@ -383,6 +384,20 @@ def raw_pika(url: str, queue: str, n: int, *, prefetch: int = 1000, ack_every: i
         conn.close()
 
 
+Case = tuple[str, int, int, dict[str, Any]]
+"""(name, max_batch, shard count (0: one plain queue), extra source options for `drain`)."""
+
+
+def queue_cases(batches: list[int], shards: list[int], shard_batch: int) -> list[Case]:
+    """The queue source's cases of a run: one queue per batch size, then each shard count
+    (client-routed shard queues read in parallel, `shard_batch` each). Another source's
+    cases (e.g. a streams source) go next to these in `curve`'s plan, as cases of their
+    own kind, rather than into this list."""
+    plan: list[Case] = [(f"max_batch={b}", b, 0, {}) for b in batches]
+    plan += [(f"shards={k} max_batch={shard_batch}", shard_batch, k, {}) for k in shards]
+    return plan
+
+
 def curve(
     url: str,
     n: int,
@@ -400,10 +415,7 @@ def curve(
     queue = f"ackkit.bench.spark.{os.getpid()}"
     warm(url)  # JVM start-up, code generation, the Parquet writer: not measured
     raw: list[float] = []
-    plan: list[tuple[str, int, int, dict[str, str]]] = [
-        (f"max_batch={b}", b, 0, {}) for b in batches
-    ]
-    plan += [(f"shards={k} max_batch={shard_batch}", shard_batch, k, {}) for k in shards or []]
+    plan = queue_cases(batches, shards or [], shard_batch)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _, _, _ in plan}
     for r in range(rounds):
         prefill(url, queue, n)
@@ -466,6 +478,7 @@ def curve(
                 "first_batch_s": round(statistics.median(x["first_batch_s"] for x in rs), 2),
                 "batches": rs[0]["batches"],
                 "runner_cpu_s": rs[0]["runner_cpu_s"],
+                "runner_gc_s": rs[0]["runner_gc_s"],
                 "profile": rs[0]["profile"],
                 "spark_ms": rs[0]["spark_ms"],
                 "cpu_ms_per_1k": [x["cpu_ms_per_1k"] for x in rs],

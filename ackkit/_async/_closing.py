@@ -8,9 +8,9 @@ basic.publish on a number it does not have open closes the whole connection:
 504 "CHANNEL_ERROR - expected 'channel.open'", so every other channel on it goes too.
 
 `CloseGuard` is the asyncio.StreamWriter aiormq writes through (installed with the
-connection's transport factory, `ackkit._async._transport.SafeTransportFactory`). Once a channel.close or
-channel.close-ok went out on a number, it drops every later frame on that number
-except a channel.close-ok (the answer to a close that crossed ours) and the
+connection's transport factory, `ackkit._async._transport.SafeTransportFactory`). Once a
+channel.close or channel.close-ok went out on a number, it drops every later frame on that
+number except a channel.close-ok (the answer to a close that crossed ours) and the
 channel.open of a new channel. Nothing is lost by it: such a frame could only close
 the connection, and a publish it drops is answered by its closed channel (aiormq
 rejects the channel's pending confirms with the close's reason).

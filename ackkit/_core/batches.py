@@ -211,17 +211,19 @@ class BatchLedger:
         core = self.core
         acked = held_n = stale = 0
         actions: list[Action] = []
+        gen, is_open = core.generation, core.open
         for source, is_held in ((self._rows, False), (self._held, True)):
             for e in [e for e in source if e <= end]:
-                for t in source.pop(e):
+                ts = source.pop(e)
+                for t in ts:
                     if t.settled:
                         continue
-                    if t.generation != core.generation or not core.open:
+                    if t.generation != gen or not is_open:
                         stale += 1
                     else:
                         acked += 1
                         held_n += is_held
-                    actions.extend(core.finish(t))
+                actions.extend(core.finish_all(ts))
         actions.extend(core.drain())
         return Written(actions, acked, held_n, stale)
 

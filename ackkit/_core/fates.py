@@ -74,6 +74,20 @@ class Fates:
             return self.ledger.requeue_pending() + self._failure(t, exc, traceback)
         return self._failure(t, exc, traceback)
 
+    def finish_all(self, ts: Sequence[Tracked]) -> list[Action]:
+        """`finish(t)` for each of `ts` in order, each handled with success (a batch
+        consumer's written batch): the same decisions, with less work per delivery when
+        acks go out in batches and no observer wants each one."""
+        if self.mode not in _BATCHED or self._hot:
+            out: list[Action] = []
+            for t in ts:
+                out.extend(self.finish(t))
+            return out
+        led = self.ledger
+        acts, n = led.ack_each(ts, stale=self.finish)
+        self.counters.counts[Stage.ACKED] += n
+        return acts
+
     def finish_batch(
         self,
         batch: Sequence[Tracked],

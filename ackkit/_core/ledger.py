@@ -20,7 +20,7 @@ AckMode.TRANSACTED every flush ends with tx.commit.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from .actions import Ack, Action, Nack, TxCommit
 from .events import Counters, Stage
@@ -163,6 +163,34 @@ class Ledger:
         if w.pending >= self._flush.max_pending:
             return self.flush(force=False)
         return []
+
+    def ack_each(
+        self, ts: Sequence[Tracked], stale: Callable[[Tracked], list[Action]]
+    ) -> tuple[list[Action], int]:
+        """`ack(t)` for each unsettled delivery of `ts` on the current channel, in order;
+        one of a closed channel goes to `stale` (whose actions are kept in order).
+        Returns the actions and how many were acked (the caller counts them)."""
+        acts: list[Action] = []
+        n = 0
+        w = self.window
+        gen, is_open, most = self.generation, self.open, self._flush.max_pending
+        tracked = self._tracked
+        for t in ts:
+            if t.settled:
+                continue
+            if t.generation != gen or not is_open:
+                acts.extend(stale(t))
+                continue
+            t.settled = True  # `take`, inlined: called once per delivery of a batch
+            tracked.pop(t.tag, None)
+            if t.parked:
+                t.parked = False
+                self.parked -= 1
+            w.mark_ack(t.tag)
+            n += 1
+            if w.pending >= most:
+                acts.extend(self.flush(force=False))
+        return acts, n
 
     def ack_upto(self, tag: int) -> list[Tracked]:
         """Settle every delivery in flight up to `tag` as acked (a multiple ack); returns

@@ -131,9 +131,10 @@ class SourceConsumer(SourceChannel, Engine, Executor):
     def take(self, start: int, seal: Callable[[list[Item], BatchPlan], None]) -> BatchPlan:
         """Wait for deliveries, then form batch (start, ...] from up to max_batch of them.
 
-        `seal(rows, plan)` makes the batch durable (the write-ahead log). It runs under the
+        `seal(rows, plan)` builds the batch from its rows (the runner makes it durable in
+        the write-ahead log once this returns, before Spark hears of it). It runs under the
         consumer's lock, so the I/O thread pauses at its next delivery: Spark waits for
-        this step, and it should not share the GIL with a thread parsing frames."""
+        this CPU-bound step, and it should not share the GIL with a thread parsing frames."""
         o = self.opts
         with self.cond:
             deadline = time.monotonic() + o.max_wait
@@ -175,7 +176,8 @@ class SourceConsumer(SourceChannel, Engine, Executor):
             if it.error is not None:
                 raise SourceFailed(it.invalid(o.queue))
         plan = self.ledger.plan(start, [(it.tracked, it.key) for it in items])
-        self.copies += sum(a in (Admission.HELD, Admission.SETTLED) for a in plan.admissions)
+        if len(plan.rows) < len(items):  # some were copies (or stale): count them
+            self.copies += sum(a in (Admission.HELD, Admission.SETTLED) for a in plan.admissions)
         if plan.rows:
             seal([items[i] for i in plan.rows], plan)
         if plan.actions:
@@ -333,21 +335,26 @@ class SourceConsumer(SourceChannel, Engine, Executor):
                 unreadable=why,
                 wire_headers=getattr(props, "wire_headers", None),
             )
-            self.originals.put(t.generation, t.tag, (props, body))
             self.received += 1
             acts: list[Action] | None = t.verdict
             if acts is None and error is not None:
                 self.invalid += 1
                 acts = self.ledger.invalid(t, error)
             if acts is None:
-                meta = rows.row_meta(method, props, body, hdrs, t.attempt)
+                meta = rows.row_meta(method, props, body, hdrs, t.attempt, exchange, rk)
                 self.buffer.append(Item(t, key, meta, parsed, error))
                 if self._waiting and (
                     len(self.buffer) == 1 or len(self.buffer) >= o.max_batch or error
                 ):
                     self.cond.notify_all()
-            if acts:
-                self.queue(t.generation, acts)
+            else:
+                # Decided on arrival (dead-lettered: unreadable, forged, invalid, looping):
+                # its original is kept for the copy (`queue` remembers it under the copy's
+                # token). A row of a batch is only ever acked: not kept (less work per
+                # delivery on the I/O thread).
+                self.originals.put(t.generation, t.tag, (props, body))
+                if acts:
+                    self.queue(t.generation, acts)
         if acts:  # (actions queued by other threads come with a call_soon(flush) of their own)
             self.flush()
 

@@ -65,16 +65,23 @@ def decode(model: type[BaseModel] | None, body: bytes) -> tuple[dict[str, Any] |
 
 
 def row_meta(
-    method: Any, props: Any, body: bytes, headers: dict[str, Any] | None, attempt: int
+    method: Any,
+    props: Any,
+    body: bytes,
+    headers: dict[str, Any] | None,
+    attempt: int,
+    exchange: str | None = None,
+    routing_key: str | None = None,
 ) -> RowMeta:
-    """The metadata columns of one delivery (`headers`: None when they were unreadable)."""
+    """The metadata columns of one delivery (`headers`: None when they were unreadable;
+    `exchange`, `routing_key`: as text already, when the caller has them)."""
     ts = props.timestamp
     return RowMeta(
         props.message_id,
         body,
         {k: header_text(v) for k, v in headers.items()} if headers else None,
-        frames.text(method.routing_key),
-        frames.text(method.exchange),
+        frames.text(method.routing_key) if routing_key is None else routing_key,
+        frames.text(method.exchange) if exchange is None else exchange,
         bool(method.redelivered),
         attempt,
         props.content_type,

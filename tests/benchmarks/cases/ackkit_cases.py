@@ -333,5 +333,8 @@ def _shard_cases(shards: int) -> None:
     )(run)
 
 
+# The queue source on 1, 2 and 4 client-routed shard queues (ratios to pika.batched in
+# harness.RATIOS). Another Spark source (e.g. a streams source) registers its own steady
+# cases after these, as spark.<source>.steady..., with a setup of its own.
 for _n in (1, 2, 4):
     _shard_cases(_n)
