@@ -56,11 +56,15 @@ class _OwnNode(_NodeFiles, BrokerHandle):
         reap_orphans: Callable[[str], None],
         boot_timeout: float | None = None,
         tls: NodeTLS | None = None,
+        streams: bool = False,
     ) -> None:
         """``reap_orphans(parent)`` runs before the data directory is made under
-        ``parent``; ``provision_broker`` passes its once-per-process reaper."""
+        ``parent``; ``provision_broker`` passes its once-per-process reaper.
+        ``streams``: also run the ``rabbitmq_stream`` plugin, on ``stream_port``."""
         self._server = server
         self._tls = tls
+        self._streams = streams
+        self.stream_port = None
         self.amqps_port: int | None = None
         self._ctl_exe = os.path.join(os.path.dirname(server), "rabbitmqctl")
         self._erl_call = _find_erl_call()
@@ -153,6 +157,9 @@ class _OwnNode(_NodeFiles, BrokerHandle):
             self._dist_port = free_port(avoid=frozenset({self.amqp_port}))
             if self._tls is not None:
                 self.amqps_port = free_port(avoid=frozenset({self.amqp_port, self._dist_port}))
+            if self._streams:
+                taken = {self.amqp_port, self._dist_port, self.amqps_port or 0}
+                self.stream_port = free_port(avoid=frozenset(taken))
             self._url = f"amqp://guest:guest@127.0.0.1:{self.amqp_port}/%2f"
             self._write_config()
             try:
