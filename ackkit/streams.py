@@ -36,7 +36,14 @@ T = TypeVar("T")
 SEED = 104729
 """The MurmurHash3 seed RabbitMQ's stream clients route super stream messages with."""
 
-__all__ = ["StreamMessage", "StreamPublisher", "partition_for", "stream_connection"]
+__all__ = [
+    "StreamMessage",
+    "StreamPublishError",
+    "StreamPublisher",
+    "partition_for",
+    "send_confirmed",
+    "stream_connection",
+]
 
 
 def stream_connection(url: str, port: int = 5552) -> dict[str, Any]:
@@ -183,12 +190,8 @@ class StreamPublisher:
         for stream, msgs in batches.items():
             for i in range(0, len(msgs), 500):
                 chunk = msgs[i : i + 500]
-                await self._producer._send_batch(  # send_batch(sync=True): wait for confirms
-                    stream,
-                    chunk,
-                    publisher_name=self.name,
-                    sync=True,
-                    timeout=self.confirm_timeout,
+                await send_confirmed(
+                    self._producer, stream, chunk, self.name, timeout=self.confirm_timeout
                 )
                 total += len(chunk)
         self.published += total
@@ -212,6 +215,36 @@ class StreamPublisher:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class StreamPublishError(RuntimeError):
+    """The broker refused messages (a stream that does not exist, access refused...)."""
+
+
+async def send_confirmed(
+    producer: Any, stream: str, messages: Sequence[Any], name: str | None, timeout: float
+) -> None:
+    """Send `messages` (rstream messages with publishing ids) with rstream `producer` as
+    producer `name`, and wait until the broker confirmed every one (TimeoutError after
+    `timeout` s, StreamPublishError when it refused any)."""
+    pending = {m.publishing_id for m in messages}
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    refused: list[Any] = []
+
+    def on_confirm(status: Any) -> None:
+        if not status.is_confirmed:
+            refused.append(status)
+        pending.discard(status.message_id)
+        if not pending and not done.done():
+            done.set_result(None)
+
+    await producer.send_batch(stream, messages, publisher_name=name, on_publish_confirm=on_confirm)
+    await asyncio.wait_for(done, timeout)
+    if refused:
+        raise StreamPublishError(
+            f"stream {stream!r}: the broker refused {len(refused)} message(s) "
+            f"(response code {refused[0].response_code})"
+        )
 
 
 def _encode(pid: int, m: StreamMessage) -> Any:
