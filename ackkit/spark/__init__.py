@@ -84,6 +84,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from pydantic import BaseModel
 
+from .._core.stream_offsets import DataLossError
 from ..shards import (
     ShardKind,
     ShardLayout,
@@ -273,6 +274,7 @@ __all__ = [
     "FORMAT",
     "AckAfterCommit",
     "AckFailed",
+    "DataLossError",
     "DeploymentChanged",
     "KeyFrom",
     "OnInvalid",
