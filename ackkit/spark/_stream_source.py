@@ -150,7 +150,11 @@ class RabbitMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         firsts, tails = self._probe(parts, "first", "tail")
         at = None
         if start.kind is StartFrom.TIMESTAMP:
-            at = io.run(io.probe(self.opts.connection, parts, "timestamp", 1.0, start.value))
+            at = io.run(
+                io.probe(
+                    self.opts.connection, parts, "timestamp", self.opts.probe_timeout, start.value
+                )
+            )
         positions = initial_positions(parts, start, firsts=firsts, tails=tails, at_timestamp=at)
         offset = to_json(self.opts.name, positions)
         store.put("initial.json", json.dumps(offset, sort_keys=True).encode())

@@ -57,7 +57,6 @@ PUBLIC = {
     ],
     "ackkit.flow": ["CircuitBreaker", "Flow", "FlowState", "KeySource", "RateLimit", "SerialKey"],
     "ackkit.topology": ["Bind", "Exchange", "ExchangeType"],
-
     "ackkit.dead_letters": [
         "DeadLetter",
         "DeadLetterQueue",
