@@ -89,7 +89,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--version", default="4.3")
     a = p.parse_args(argv)
     from ackkit_testkit import own_node
-
     from spark.orders_pipeline import spark_session
     from tests._streams import declare_stream, declare_super_stream, publish
 
