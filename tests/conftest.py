@@ -104,9 +104,16 @@ def stream_broker() -> Any:
     used: its broker may not run the plugin."""
     from ackkit.testing._env import wanted_version
 
+    from ackkit.testing import BrokerUnavailable
+
     testkit = pytest.importorskip("ackkit_testkit")
     pytest.importorskip("rstream")
-    node = testkit.own_node(wanted_version(), streams=True)
+    try:
+        node = testkit.own_node(wanted_version(), streams=True)
+    except BrokerUnavailable as exc:
+        if not os.environ.get("AMQP_URL"):
+            raise
+        pytest.skip(f"the streams tests need a node of the kit's own: {exc}")
     try:
         yield node
     finally:

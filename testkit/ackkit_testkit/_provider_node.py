@@ -164,6 +164,7 @@ class _OwnNode(_NodeFiles, BrokerHandle):
             self._write_config()
             try:
                 self._spawn_and_wait()
+                self._wait_stream_port()
                 return
             except BrokerUnavailable as exc:
                 if attempt < 2 and "eaddrinuse" in str(exc).lower():
@@ -172,6 +173,26 @@ class _OwnNode(_NodeFiles, BrokerHandle):
                     )
                     continue
                 raise
+
+    def _wait_stream_port(self) -> None:
+        """With streams: until the stream listener accepts connections (the plugin may
+        start after the AMQP listener answers)."""
+        if self.stream_port is None:
+            return
+        import socket
+
+        deadline = time.monotonic() + self._boot_timeout
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.stream_port), timeout=2).close()
+                return
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    raise BrokerUnavailable(
+                        f"the throwaway RabbitMQ node {self.node_name} did not listen for "
+                        f"streams on port {self.stream_port} ({exc})\n{self._log_tails()}"
+                    ) from None
+                time.sleep(0.2)
 
     def _spawn(self) -> None:
         kwargs: dict[str, Any] = {}
