@@ -102,9 +102,8 @@ def stream_broker() -> Any:
     of this leg's RabbitMQ version (``ACKKIT_TEST_RABBITMQ``): booted on first use, so only
     the streams tests pay for it; super streams need 3.11+ (the 4.3 leg). AMQP_URL is not
     used: its broker may not run the plugin."""
-    from ackkit.testing._env import wanted_version
-
     from ackkit.testing import BrokerUnavailable
+    from ackkit.testing._env import wanted_version
 
     testkit = pytest.importorskip("ackkit_testkit")
     pytest.importorskip("rstream")
