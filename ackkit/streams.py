@@ -252,9 +252,6 @@ def _encode(pid: int, m: StreamMessage) -> Any:
     from rstream._pyamqp.message import Properties  # type: ignore[attr-defined]
 
     props = Properties(message_id=m.message_id, content_type=m.content_type)
-    return AMQPMessage(
-        body=m.body,
-        properties=props,
-        application_properties=dict(m.headers) or None,
-        publishing_id=pid,
-    )
+    msg = AMQPMessage(body=m.body, properties=props, application_properties=dict(m.headers) or None)
+    msg.publishing_id = pid  # (a NamedTuple: not a constructor argument)
+    return msg
