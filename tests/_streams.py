@@ -136,6 +136,9 @@ def message_ids(url: str, port: int, stream: str) -> list[str]:
 
 def last_offsets(checkpoint: Path) -> dict[str, int]:
     """The positions of the last batch Spark logged (its offset log: the truth)."""
-    logs = sorted((checkpoint / "offsets").iterdir(), key=lambda p: int(p.name))
+    logs = sorted(
+        (p for p in (checkpoint / "offsets").iterdir() if p.name.isdigit()),
+        key=lambda p: int(p.name),
+    )
     last = logs[-1].read_text().splitlines()[-1]
     return dict(json.loads(last)["positions"])
