@@ -238,15 +238,18 @@ class RangeCursor:
     """Follows the offsets delivered while one `Range` is read (an executor's decisions).
 
     A subscription at offset ``first`` delivers whole chunks: offsets before ``first``
-    come first and are skipped; an offset past the next one expected means the offsets
-    between were removed by retention (a `Loss`). `offer` says whether a delivered
-    offset belongs to the batch; `done` when every offset of the range is accounted for.
+    come first and are skipped. An offset past the next one expected leaves a gap
+    (`gaps`): offsets the broker did not deliver. Offsets are not dense: entries that
+    are not messages (offset tracking, written by ``store_offset``) take offsets too,
+    and readers never see them; only `lost_in` (with the stream's first offset) tells
+    a gap retention made. `offer` says whether a delivered offset belongs to the
+    batch; `done` when every offset of the range is accounted for.
     """
 
     def __init__(self, rng: Range) -> None:
         self.range = rng
         self.expected = rng.first
-        self.lost: list[Loss] = []
+        self.gaps: list[Loss] = []
 
     @property
     def done(self) -> bool:
@@ -256,12 +259,25 @@ class RangeCursor:
         if offset < self.expected or self.done:
             return False
         if offset > self.expected:
-            self.lost.append(Loss(self.range.stream, self.expected, min(offset, self.range.until)))
+            self.gaps.append(Loss(self.range.stream, self.expected, min(offset, self.range.until)))
             self.expected = min(offset, self.range.until)
             if self.done:
                 return False
         self.expected = offset + 1
         return True
+
+
+def lost_in(gaps: Iterable[Loss], first: int | None) -> list[Loss]:
+    """The parts of `gaps` retention removed: those below the stream's first offset now
+    (`first`; None when the stream is empty: everything). Gaps above it were entries
+    that are not messages. (A non-message entry at the very head of what retention
+    left is counted as lost too: the report errs towards failing loudly.)"""
+    out = []
+    for g in gaps:
+        top = g.until if first is None else min(g.until, first)
+        if top > g.first:
+            out.append(Loss(g.stream, g.first, top))
+    return out
 
 
 def to_json(name: str, positions: Positions) -> dict[str, object]:

@@ -110,7 +110,7 @@ async def read_range(
     sink: Callable[[int, int, bytes], Awaitable[None] | None],
 ) -> RangeCursor:
     """Deliver every record of `rng` to `sink(offset, chunk_timestamp_ms, data)`, in
-    offset order; returns the cursor (its `lost` lists offsets retention removed). A
+    offset order; returns the cursor (its `gaps`: offsets not delivered). A
     TimeoutError when nothing of the range came for `timeout` seconds."""
     rs = _rstream()
     cursor = RangeCursor(rng)

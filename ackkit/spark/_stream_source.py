@@ -43,6 +43,7 @@ from .._core.stream_offsets import (
     from_json,
     initial_positions,
     losses,
+    lost_in,
     plan_end,
     ranges,
     skip_lost,
@@ -222,10 +223,14 @@ class RabbitMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             records.append(record(rng.stream, offset, ts, data, rows.model))
 
         cursor = io.run(io.read_range(o.connection, rng, o.read_timeout, keep))
-        if cursor.lost:
+        lost: list[Loss] = []
+        if cursor.gaps:  # retention, or entries that are not messages: which?
+            firsts = io.run(io.probe(o.connection, [rng.stream], "first", o.probe_timeout))
+            lost = lost_in(cursor.gaps, firsts.get(rng.stream))
+        if lost:
             if o.fail_on_data_loss:
-                raise DataLossError("; ".join(loss.message() for loss in cursor.lost))
-            for loss in cursor.lost:
+                raise DataLossError("; ".join(loss.message() for loss in lost))
+            for loss in lost:
                 log.warning("ackkit.spark: data loss while reading, going on: %s", loss.message())
         bad = [r for r in records if r.error is not None]
         if bad:

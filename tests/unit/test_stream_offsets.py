@@ -16,6 +16,7 @@ from ackkit._core.stream_offsets import (
     from_json,
     initial_positions,
     losses,
+    lost_in,
     plan_end,
     ranges,
     skip_lost,
@@ -139,17 +140,21 @@ def test_offsets_round_trip_and_name_their_source() -> None:
 def test_cursor_skips_the_chunk_head_and_stops_at_the_end() -> None:
     c = RangeCursor(Range("s", 5, 8))
     assert [c.offer(o) for o in range(3, 10)] == [False, False, True, True, True, False, False]
-    assert c.done and c.lost == []
+    assert c.done and c.gaps == []
 
 
-def test_cursor_reports_a_gap_as_loss() -> None:
+def test_cursor_reports_gaps_and_only_those_below_the_first_offset_are_lost() -> None:
     c = RangeCursor(Range("s", 5, 10))
     assert c.offer(7) is True
-    assert c.lost == [Loss("s", 5, 7)]
+    assert c.gaps == [Loss("s", 5, 7)]
     assert [c.offer(o) for o in (8, 9)] == [True, True] and c.done
+    assert lost_in(c.gaps, 7) == [Loss("s", 5, 7)]  # retention removed 5..6
+    assert lost_in(c.gaps, 0) == []  # 5..6 were offset-tracking entries, not messages
+    assert lost_in(c.gaps, 6) == [Loss("s", 5, 6)]
+    assert lost_in(c.gaps, None) == [Loss("s", 5, 7)]
     whole = RangeCursor(Range("s", 5, 10))
-    assert whole.offer(12) is False  # the whole range is gone
-    assert whole.done and whole.lost == [Loss("s", 5, 10)]
+    assert whole.offer(12) is False  # nothing of the range was delivered
+    assert whole.done and whole.gaps == [Loss("s", 5, 10)]
 
 
 # -- the promise: no gap, no overlap, whatever happens to the partitions ---------------------
