@@ -47,21 +47,30 @@ def _batches(out: Path) -> int:
     return sum(1 for p in out.iterdir() if p.name.startswith("batch=")) if out.exists() else 0
 
 
-def _python_workers(pgid: int, driver_pid: int) -> list[int]:
-    """Python processes of the driver's group other than the driver and the source
-    runner: pyspark's worker daemon and the workers it forked (the executors' side)."""
-    pids = []
+def _python_workers(driver_pid: int) -> list[int]:
+    """The Python workers that run the executors' tasks: descendants of the driver
+    (pyspark's worker daemons start sessions of their own, so not its process group)
+    running ``pyspark.daemon pyspark.worker``, the daemon and the workers it forked."""
+    parent: dict[int, int] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == driver_pid:
-            continue
-        try:
-            if os.getpgid(int(entry)) != pgid:
-                continue
-            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
-        except (OSError, ProcessLookupError):
-            continue
-        if b"pyspark.daemon" in cmd or b"pyspark/daemon" in cmd or b"pyspark.worker" in cmd:
-            pids.append(int(entry))
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                parent[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+
+    def under_driver(pid: int) -> bool:
+        while pid > 1:
+            pid = parent.get(pid, 0)
+            if pid == driver_pid:
+                return True
+        return False
+
+    pids = []
+    for pid in parent:
+        with contextlib.suppress(OSError):
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if b"pyspark.daemon" in cmd and b"pyspark.worker" in cmd and under_driver(pid):
+                pids.append(pid)
     return pids
 
 
@@ -113,7 +122,8 @@ def test_random_kills_keep_the_output_exactly_once(
                 assert proc.poll() is None, log_text[-3000:]
                 time.sleep(rnd.uniform(0, 1.5))
                 if what == "workers":
-                    victims = _python_workers(proc.pid, proc.pid)
+                    victims = _python_workers(proc.pid)
+                    assert victims, "no Python worker of the driver found to kill"
                     for pid in victims:
                         with contextlib.suppress(ProcessLookupError):
                             os.kill(pid, signal.SIGKILL)
