@@ -38,7 +38,7 @@ from tests._streams import declare_super_stream, delete_queues, message_ids, pub
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(900)]
 
 DRIVER = Path(__file__).with_name("_spark_streams_driver.py")
-ROUNDS = ("driver", "workers", "driver", "driver")
+ROUNDS = ("driver", "workers", "driver")
 PER_ROUND = 700
 SEED = int(os.environ.get("ACKKIT_STREAMS_KILL_SEED") or 20261126)
 
