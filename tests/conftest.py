@@ -13,6 +13,7 @@ import importlib
 import os
 import random
 from pathlib import Path
+from typing import Any
 
 import hypothesis.core
 import pytest
@@ -93,3 +94,26 @@ def pytest_configure(config: pytest.Config) -> None:
         "ackkit"
     ):
         config.pluginmanager.register(plugin, "ackkit")
+
+
+@pytest.fixture(scope="session")
+def stream_broker() -> Any:
+    """A throwaway node of the kit's own with the stream plugin (``handle.stream_port``),
+    of this leg's RabbitMQ version (``ACKKIT_TEST_RABBITMQ``): booted on first use, so only
+    the streams tests pay for it; super streams need 3.11+ (the 4.3 leg). AMQP_URL is not
+    used: its broker may not run the plugin."""
+    from ackkit.testing import BrokerUnavailable
+    from ackkit.testing._env import wanted_version
+
+    testkit = pytest.importorskip("ackkit_testkit")
+    pytest.importorskip("rstream")
+    try:
+        node = testkit.own_node(wanted_version(), streams=True)
+    except BrokerUnavailable as exc:
+        if not os.environ.get("AMQP_URL"):
+            raise
+        pytest.skip(f"the streams tests need a node of the kit's own: {exc}")
+    try:
+        yield node
+    finally:
+        node.close()

@@ -92,6 +92,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from pydantic import BaseModel
 
+from .._core.stream_offsets import DataLossError
 from ..shards import (
     ShardKind,
     ShardLayout,
@@ -117,14 +118,51 @@ from ._schema import RowSchema, model_path
 from ._sink import AckAfterCommit, ack_after_commit, parquet_batches
 from ._source import RabbitMQDataSource, RabbitMQStreamReader
 from ._store import Store, check_location, masked, normalize_location
+from ._stream_source import FORMAT as STREAM_FORMAT
+from ._stream_source import RabbitMQStreamDataSource
 from ._wal import WalError, WriteAheadLog
 
 FORMAT = "rabbitmq"
 
 
 def register(spark: Any) -> None:
-    """Register the `rabbitmq` streaming source with a SparkSession."""
+    """Register the `rabbitmq` (queues) and `rabbitmq-stream` (RabbitMQ Streams)
+    streaming sources with a SparkSession."""
     spark.dataSource.register(RabbitMQDataSource)
+    spark.dataSource.register(RabbitMQStreamDataSource)
+
+
+def read_stream_source(
+    spark: Any,
+    *,
+    url: str,
+    checkpoint: str | os.PathLike[str],
+    stream: str | None = None,
+    super_stream: str | None = None,
+    model: type[BaseModel] | str | None = None,
+    **options: Any,
+) -> Any:
+    """`spark.readStream.format("rabbitmq-stream")` (registers the sources): a plain
+    `stream` or a `super_stream` (one Spark input partition per partition stream).
+
+    Options: `stream_port` (5552), `starting_position` ("earliest" | "latest" |
+    "offset:<n>" | "timestamp:<epoch ms>"; used when the checkpoint has no offsets),
+    `max_messages_per_trigger`, `fail_on_data_loss` (true), `on_invalid` ("fail" |
+    "dead_letter"), `dead_letter_queue` ("<name>.dlq"), `store_offsets_as` (a consumer
+    name to store committed positions under on the broker, for other tools; never read
+    back), `probe_timeout_ms` (1000), `read_timeout_ms` (120000). The offsets in the
+    checkpoint name their partition streams. See docs/guide/spark-streams.md."""
+    if (stream is None) == (super_stream is None):
+        raise ValueError("give one of stream= or super_stream=")
+    register(spark)
+    r = spark.readStream.format(STREAM_FORMAT).option("url", url)
+    r = r.option("checkpoint", os.fspath(checkpoint))
+    r = r.option("super_stream" if super_stream else "stream", super_stream or stream)
+    if model is not None:
+        r = r.option("model", model if isinstance(model, str) else model_path(model))
+    for k, v in options.items():
+        r = r.option(k, str(v).lower() if isinstance(v, bool) else str(v))
+    return r.load()
 
 
 def read_stream(
@@ -254,10 +292,12 @@ __all__ = [
     "FORMAT",
     "AckAfterCommit",
     "AckFailed",
+    "DataLossError",
     "DeploymentChanged",
     "KeyFrom",
     "OnInvalid",
     "RabbitMQDataSource",
+    "RabbitMQStreamDataSource",
     "RabbitMQStreamReader",
     "RowSchema",
     "ShardKind",
@@ -272,6 +312,7 @@ __all__ = [
     "model_path",
     "parquet_batches",
     "read_stream",
+    "read_stream_source",
     "register",
     "shard_queues",
     "source_stats",

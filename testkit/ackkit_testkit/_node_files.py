@@ -28,6 +28,9 @@ class _NodeFiles:
     _user: tuple[int, int] | None  # owner of the files (the user the node runs as)
     amqp_port: int
     amqps_port: int | None
+    _streams: bool = False
+    stream_port: int | None = None
+    """The stream protocol port of a node booted with ``streams=True`` (else None)."""
 
     def _path(self, *parts: str) -> str:
         return os.path.join(self._base, *parts)
@@ -45,7 +48,8 @@ class _NodeFiles:
                 shutil.copyfile(src, self._path("tls", name))
                 os.chmod(self._path("tls", name), 0o400)
         with open(self._path("enabled_plugins"), "w", encoding="ascii") as fh:
-            fh.write(f"[{','.join(PLUGINS)}].\n")
+            plugins = (*PLUGINS, "rabbitmq_stream") if self._streams else PLUGINS
+            fh.write(f"[{','.join(plugins)}].\n")
         with open(self._path("rabbitmq-env.conf"), "w", encoding="ascii") as fh:
             fh.write(
                 "# throwaway node of the ackkit test kit; settings come from the environment\n"
@@ -76,6 +80,14 @@ class _NodeFiles:
                 "log.file.level = info\n"
             )
             fh.write(self._extra_config())
+            if self._streams:
+                # Loopback only, and advertised as such: a stream client connects where the
+                # node's metadata points it (by default the host name).
+                fh.write(
+                    f"stream.listeners.tcp.1 = 127.0.0.1:{self.stream_port}\n"
+                    "stream.advertised_host = 127.0.0.1\n"
+                    f"stream.advertised_port = {self.stream_port}\n"
+                )
             tls = self._tls
             if tls is not None:
                 fh.write(

@@ -42,17 +42,26 @@ def find_rabbitmq_server() -> str | None:
 
 
 def own_node(
-    version: str = DEFAULT_VERSION, *, server: str | None = None, tls: NodeTLS | None = None
+    version: str = DEFAULT_VERSION,
+    *,
+    server: str | None = None,
+    tls: NodeTLS | None = None,
+    streams: bool = False,
 ) -> BrokerHandle:
     """Boot a throwaway node of RabbitMQ ``version`` ("3.10": the machine's
     ``rabbitmq-server``, or ``server``; "4.0"/"4.3": in a Debian root, built on first
-    use as root) and return its handle (``own=True``; closing it removes the node)."""
+    use as root) and return its handle (``own=True``; closing it removes the node).
+
+    ``streams=True`` also enables the ``rabbitmq_stream`` plugin, listening on
+    127.0.0.1 at ``handle.stream_port`` (advertised as such). Off by default: the
+    plugin adds to every boot, and only the streams tests need it. Super streams
+    need RabbitMQ 3.11+ (so "4.3" here)."""
     if version != DEFAULT_VERSION:
-        return _ChrootNode(version, reap_orphans=_reap_orphans, tls=tls)
+        return _ChrootNode(version, reap_orphans=_reap_orphans, tls=tls, streams=streams)
     server = server or _find_rabbitmq_server()
     if server is None:
         raise BrokerUnavailable(
             "a node of the kit's own needs rabbitmq-server, which is not installed.\n"
             + HOW_TO_GET_A_BROKER
         )
-    return _OwnNode(server, reap_orphans=_reap_orphans, tls=tls)
+    return _OwnNode(server, reap_orphans=_reap_orphans, tls=tls, streams=streams)

@@ -62,6 +62,7 @@ class _ChrootNode(_OwnNode):
         boot_timeout: float | None = None,
         tls: NodeTLS | None = None,
         root: pathlib.Path | None = None,
+        streams: bool = False,
     ) -> None:
         if os.geteuid() != 0:
             raise BrokerUnavailable(
@@ -81,6 +82,7 @@ class _ChrootNode(_OwnNode):
             reap_orphans=reap_orphans,
             boot_timeout=boot_timeout,
             tls=tls,
+            streams=streams,
         )
 
     # -- where things are ----------------------------------------------------------

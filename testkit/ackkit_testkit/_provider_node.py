@@ -56,11 +56,15 @@ class _OwnNode(_NodeFiles, BrokerHandle):
         reap_orphans: Callable[[str], None],
         boot_timeout: float | None = None,
         tls: NodeTLS | None = None,
+        streams: bool = False,
     ) -> None:
         """``reap_orphans(parent)`` runs before the data directory is made under
-        ``parent``; ``provision_broker`` passes its once-per-process reaper."""
+        ``parent``; ``provision_broker`` passes its once-per-process reaper.
+        ``streams``: also run the ``rabbitmq_stream`` plugin, on ``stream_port``."""
         self._server = server
         self._tls = tls
+        self._streams = streams
+        self.stream_port = None
         self.amqps_port: int | None = None
         self._ctl_exe = os.path.join(os.path.dirname(server), "rabbitmqctl")
         self._erl_call = _find_erl_call()
@@ -153,10 +157,14 @@ class _OwnNode(_NodeFiles, BrokerHandle):
             self._dist_port = free_port(avoid=frozenset({self.amqp_port}))
             if self._tls is not None:
                 self.amqps_port = free_port(avoid=frozenset({self.amqp_port, self._dist_port}))
+            if self._streams:
+                taken = {self.amqp_port, self._dist_port, self.amqps_port or 0}
+                self.stream_port = free_port(avoid=frozenset(taken))
             self._url = f"amqp://guest:guest@127.0.0.1:{self.amqp_port}/%2f"
             self._write_config()
             try:
                 self._spawn_and_wait()
+                self._wait_stream_port()
                 return
             except BrokerUnavailable as exc:
                 if attempt < 2 and "eaddrinuse" in str(exc).lower():
@@ -165,6 +173,26 @@ class _OwnNode(_NodeFiles, BrokerHandle):
                     )
                     continue
                 raise
+
+    def _wait_stream_port(self) -> None:
+        """With streams: until the stream listener accepts connections (the plugin may
+        start after the AMQP listener answers)."""
+        if self.stream_port is None:
+            return
+        import socket
+
+        deadline = time.monotonic() + self._boot_timeout
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.stream_port), timeout=2).close()
+                return
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    raise BrokerUnavailable(
+                        f"the throwaway RabbitMQ node {self.node_name} did not listen for "
+                        f"streams on port {self.stream_port} ({exc})\n{self._log_tails()}"
+                    ) from None
+                time.sleep(0.2)
 
     def _spawn(self) -> None:
         kwargs: dict[str, Any] = {}

@@ -110,3 +110,12 @@ def test_exchanges(rabbitmq):
     ]
     assert "example.audit.log.dlq" in out["channels"]
     assert all(v == (0, 0) for v in out["table"].values())
+
+
+def test_stream_publishing(stream_broker):
+    pytest.importorskip("rstream")
+    out = importlib.import_module("examples.stream_publishing").main(
+        stream_broker.url, stream_broker.stream_port
+    )
+    assert (out["before"], out["after"], out["confirmed"]) == (100, 150, 150)
+    assert out["stored"] == 150  # counted by reading the stream: nothing twice

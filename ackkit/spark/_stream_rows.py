@@ -1,0 +1,165 @@
+"""The rows of the `rabbitmq-stream` source: a stream record's bytes to Arrow.
+
+A record is an AMQP 1.0 message (what RabbitMQ stores for AMQP 0-9-1 and 1.0 publishers
+and what rstream's `AMQPMessage` encodes); a record that is not one (a stream client
+that wrote raw bytes) is taken as a body without properties. The model's fields are
+parsed from the body exactly as the queue source does (`_rows.decode`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pydantic import BaseModel
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import (
+    BinaryType,
+    DataType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from ._rows import decode
+from ._schema import _converter, _micros, _timestamps, header_text, model_struct
+
+STREAM_META: tuple[tuple[str, DataType, bool], ...] = (
+    ("stream", StringType(), False),
+    ("offset", LongType(), False),
+    ("message_id", StringType(), True),
+    ("body", BinaryType(), True),
+    ("headers", MapType(StringType(), StringType(), True), True),
+    ("content_type", StringType(), True),
+    ("timestamp", TimestampType(), True),
+)
+"""Columns every row of the stream source has: the partition stream and the record's
+offset in it ((stream, offset) is unique and stable across replays), the AMQP 1.0
+message-id, the body, the application properties as text, the content type, and the
+time the broker wrote the record's chunk."""
+
+META_NAMES = tuple(n for n, _t, _n in STREAM_META)
+_AMQP10 = b"\x00\x53"  # an AMQP 1.0 section descriptor: how an encoded message begins
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One stream record, decoded."""
+
+    stream: str
+    offset: int
+    message_id: str | None
+    body: bytes
+    headers: dict[str, str] | None
+    content_type: str | None
+    timestamp_ms: int
+    parsed: dict[str, Any] | None = None
+    error: str | None = None
+    """Why the body does not validate against the model (None: it does, or no model)."""
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    return str(value)
+
+
+def _body(value: Any) -> bytes:
+    if value is None:
+        return b""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, list):  # several data sections
+        return b"".join(v if isinstance(v, bytes) else str(v).encode() for v in value)
+    return str(value).encode()
+
+
+def record(
+    stream: str,
+    offset: int,
+    timestamp_ms: int,
+    data: bytes,
+    model: type[BaseModel] | None,
+) -> Record:
+    """A record from its stored bytes (validated against `model` when given)."""
+    message_id = content_type = None
+    headers: dict[str, str] | None = None
+    body = data
+    if data[:2] == _AMQP10:
+        try:
+            from rstream import amqp_decoder
+
+            msg = amqp_decoder(data)
+        except Exception:  # not an AMQP 1.0 message after all: raw bytes
+            msg = None
+        if msg is not None:
+            body = _body(msg.body)
+            props = msg.properties
+            if props is not None:
+                message_id = _text(props.message_id)
+                content_type = _text(props.content_type)
+            if msg.application_properties:
+                headers = {
+                    str(_text(k)): header_text(v) for k, v in msg.application_properties.items()
+                }
+    parsed, error = decode(model, body)
+    return Record(
+        stream, offset, message_id, body, headers, content_type, timestamp_ms, parsed, error
+    )
+
+
+class StreamRowSchema:
+    """The stream source's Spark schema and the Arrow form of its rows."""
+
+    def __init__(self, model: type[BaseModel] | None = None) -> None:
+        self.model = model
+        fields = [StructField(n, t, nullable) for n, t, nullable in STREAM_META]
+        self.model_fields: list[str] = []
+        self._convs: list[Any] = []
+        self._ts: set[str] = set()
+        if model is not None:
+            for f in model_struct(model).fields:
+                if f.name in META_NAMES:
+                    raise ValueError(
+                        f"{model.__name__}.{f.name} clashes with the source's column {f.name!r}; "
+                        "rename the field (pydantic aliases keep the JSON name)"
+                    )
+                fields.append(f)
+                self.model_fields.append(f.name)
+                self._convs.append(_converter(model.model_fields[f.name].annotation))
+                if isinstance(f.dataType, TimestampType):
+                    self._ts.add(f.name)
+        self.spark = StructType(fields)
+        self.arrow = to_arrow_schema(self.spark, timezone="UTC")
+
+    def batch(self, records: Sequence[Record]) -> pa.RecordBatch:
+        """Arrow rows of `records` (valid ones: invalid records never become rows)."""
+        cols: list[Any] = [
+            [r.stream for r in records],
+            pa.array([r.offset for r in records], pa.int64()),
+            [r.message_id for r in records],
+            [r.body for r in records],
+            [r.headers for r in records],
+            [r.content_type for r in records],
+            _timestamps([r.timestamp_ms * 1000 for r in records]),
+        ]
+        for name, conv in zip(self.model_fields, self._convs, strict=True):
+            values = [None if r.parsed is None else r.parsed.get(name) for r in records]
+            if conv is not None:
+                values = [conv(v) for v in values]
+            cols.append(_timestamps([_micros(v) for v in values]) if name in self._ts else values)
+        arrays = [
+            c if isinstance(c, pa.Array) else pa.array(c, type=f.type)
+            for c, f in zip(cols, self.arrow, strict=True)
+        ]
+        return pa.RecordBatch.from_arrays(arrays, schema=self.arrow)
