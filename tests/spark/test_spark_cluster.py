@@ -72,10 +72,14 @@ def test_driver_and_executor_sigkilled_on_a_cluster_output_equals_input(
         published = {q: rabbitmq.counts(q).ready for q in layout.queues}
         assert sum(published.values()) == N and all(published.values()), published
 
-        # What executors get: this repo (ackkit and the model's module) and the object
-        # store's credentials, as a deployment would send them; nothing else of ours.
+        # What executors get, as a deployment would send it: this checkout's ackkit (a
+        # directory holding only it: the model's module, spark.orders_pipeline, stays on
+        # the driver host) and the object store's credentials; nothing else of ours.
         creds = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_EC2_METADATA_DISABLED")
-        executor_env = {"PYTHONPATH": str(REPO_ROOT)}
+        lib = tmp_path / "executor-path"
+        lib.mkdir()
+        (lib / "ackkit").symlink_to(REPO_ROOT / "ackkit")
+        executor_env = {"PYTHONPATH": str(lib)}
         executor_env.update({k: os.environ[k] for k in creds if k in os.environ})
         conf = spark_cluster.session_conf(executor_env=executor_env)
         env = dict(os.environ, PYSPARK_PYTHON=sys.executable, ACKKIT_SPARK_CONF=json.dumps(conf))
