@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -210,8 +210,13 @@ def print_queue_table(rows: list[QueueRow]) -> None:
 # -- Spark ---------------------------------------------------------------------------------
 
 
-def spark_session(app: str = "ackkit-orders", *, cores: int = 2) -> Any:
-    """A local SparkSession whose Python workers use this interpreter and see this repo."""
+def spark_session(
+    app: str = "ackkit-orders", *, cores: int = 2, conf: Mapping[str, str] | None = None
+) -> Any:
+    """A local SparkSession whose Python workers use this interpreter and see this repo.
+
+    `conf` is set last, over these defaults: e.g. `spark.master` of a standalone cluster
+    (see tests/spark/_spark_cluster.py) instead of `local[cores]`."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     path = os.environ.get("PYTHONPATH", "")
@@ -219,7 +224,7 @@ def spark_session(app: str = "ackkit-orders", *, cores: int = 2) -> Any:
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), path) if p)
     from pyspark.sql import SparkSession
 
-    spark = (
+    builder = (
         SparkSession.builder.master(f"local[{cores}]")
         .appName(app)
         .config("spark.ui.enabled", "false")
@@ -230,8 +235,10 @@ def spark_session(app: str = "ackkit-orders", *, cores: int = 2) -> Any:
         # The source runner and Python workers must connect back to the JVM within this;
         # the default 15 s is missed on a machine busy with several JVMs.
         .config("spark.python.authenticate.socketTimeout", "120s")
-        .getOrCreate()
     )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 

@@ -28,6 +28,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pika
@@ -68,8 +69,77 @@ def _moto() -> tuple[subprocess.Popen[bytes], str]:
     return proc, f"s3://killrun/wal?{query}"
 
 
-def _batches(out: Path) -> int:
+def batches_written(out: Path) -> int:
+    """How many batches are in the Parquet output (`batch=<id>` directories)."""
     return len(list(out.glob("batch=*"))) if out.is_dir() else 0
+
+
+OnWrite = Callable[[int, "subprocess.Popen[bytes]", "float | None"], None]
+
+
+def kill_rounds(
+    cmd: list[str],
+    env: dict[str, str],
+    base: Path,
+    rng: random.Random,
+    *,
+    kills: int,
+    min_s: float = 0.0,
+    max_s: float = 10.0,
+    timeout: float = 900.0,
+    on_write: OnWrite | None = None,
+) -> tuple[int, int | None]:
+    """Run the driver `cmd` (which writes Parquet batches under `base/out`) `kills + 1`
+    times, each in a new session with its log in `base/driver-<round>.log`. Every round
+    but the last is SIGKILLed (its process group: the JVM and the source runners with it)
+    a random time in [min_s, max_s] after it wrote a batch; the last runs until it exits
+    (3: drained). Stops early when a round drains before its kill.
+
+    `on_write(round, proc, kill_in)` runs once a round has written a batch (`kill_in`:
+    seconds until its SIGKILL, None in the last round), e.g. to kill an executor
+    meanwhile; its time counts towards the kill. Returns (driver kills, the last round's
+    exit code)."""
+    out = base / "out"
+    killed = 0
+    proc: subprocess.Popen[bytes] | None = None
+    for round_no in range(kills + 1):
+        log = open(base / f"driver-{round_no}.log", "wb")  # noqa: SIM115 - closed below
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        last = round_no == kills
+        try:
+            if last and on_write is None:
+                proc.wait(timeout=timeout)
+            else:
+                # Mid-stream: once this run wrote a batch, at a random moment after it.
+                seen = batches_written(out)
+                deadline = time.monotonic() + timeout
+                while batches_written(out) <= seen and proc.poll() is None:
+                    if time.monotonic() > deadline:
+                        raise subprocess.TimeoutExpired(cmd, timeout)
+                    time.sleep(0.2)
+                delay = None if last else rng.uniform(min_s, max_s)
+                t0 = time.monotonic()
+                if on_write is not None and proc.poll() is None:
+                    on_write(round_no, proc, delay)
+                if delay is None:
+                    proc.wait(timeout=max(deadline - time.monotonic(), 1.0))
+                else:
+                    proc.wait(timeout=max(delay - (time.monotonic() - t0), 0.0))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            killed += 0 if last else 1
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the JVM and runners with it
+            proc.wait()
+            log.close()
+        if proc.returncode == 3 and not last:
+            break  # drained before the kill
+    return killed, None if proc is None else proc.returncode
 
 
 def _ready(url: str, queues: list[str]) -> int:
@@ -112,34 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     cmd = [sys.executable, str(DRIVER), args.url, name, str(base), str(args.max_batch)]
     cmd += [str(args.shards), wal]
-    killed = 0
     t0 = time.monotonic()
     try:
-        for round_no in range(args.kills + 1):
-            log = open(base / f"driver-{round_no}.log", "wb")  # noqa: SIM115
-            proc = subprocess.Popen(
-                cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-            last = round_no == args.kills
-            try:
-                if last:
-                    proc.wait(timeout=900)
-                else:
-                    # Mid-stream: once this run wrote a batch, at a random moment after it.
-                    seen = _batches(base / "out")
-                    while _batches(base / "out") <= seen and proc.poll() is None:
-                        time.sleep(0.2)
-                    proc.wait(timeout=rng.uniform(args.min_s, args.max_s))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                killed += 1
-            else:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)  # the JVM and runners with it
-            log.close()
-            if proc.returncode == 3 and not last:
-                break  # drained before the kill
+        killed, last_exit = kill_rounds(
+            cmd, env, base, rng, kills=args.kills, min_s=args.min_s, max_s=args.max_s
+        )
     finally:
         if moto is not None:
             moto.terminate()
@@ -162,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         "ready": ready,
         "dead_letters": dead,
         "seconds": round(time.monotonic() - t0),
-        "last_exit": proc.returncode,
+        "last_exit": last_exit,
     }
     print(json.dumps(result))
     conn = pika.BlockingConnection(pika.URLParameters(args.url))

@@ -8,7 +8,8 @@ Where things run (PySpark 4.x):
   (started lazily on the first call, never in `__init__`).
 * `readBetweenOffsets(start, end)` runs in an executor's Python worker on a
   pickled copy of the reader, only when a restarted query replays a batch: it
-  reads the batch back from the write-ahead log, never from the broker.
+  reads the batch back from the write-ahead log, never from the broker, and
+  never imports the model (its module may exist only on the driver host).
 """
 
 from __future__ import annotations
@@ -123,7 +124,6 @@ class RabbitMQStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailabl
         self.options = options
         self.opts = SourceOptions.parse(options)
         self._runner: _Runner | None = None
-        self._rows: RowSchema | None = None
         if _in_source_runner():
             # Start now, not on the first read(): a restarted query first replays its
             # unfinished batch (Spark reads it back without calling read()), and that
@@ -131,7 +131,7 @@ class RabbitMQStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailabl
             self._run()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"options": self.options, "opts": self.opts, "_runner": None, "_rows": None}
+        return {"options": self.options, "opts": self.opts, "_runner": None}
 
     def _run(self) -> _Runner:
         if self._runner is None:
@@ -147,13 +147,13 @@ class RabbitMQStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailabl
     def readBetweenOffsets(
         self, start: dict[str, Any], end: dict[str, Any]
     ) -> Iterator[pa.RecordBatch]:
-        if self._rows is None:
-            self._rows = _schema(self.opts)
-        rows = self._rows
         q = self.opts.queue
         s, e = check_offset(q, start, "start offset"), check_offset(q, end, "end offset")
         wal = WriteAheadLog(self.opts.wal_dir)  # on an executor: read from the store
-        return iter([rows.rows(b) for b in wal.read(s, e)])
+        # The logged rows are what Spark got, plus the key column: no model needed here
+        # (an executor without the model's module replays as well; Spark checks the
+        # columns against the query's schema).
+        return iter([b.drop_columns([KEY_COLUMN]) for b in wal.read(s, e)])
 
     def commit(self, end: dict[str, Any]) -> None:
         seq = check_offset(self.opts.queue, end, "committed offset")

@@ -7,11 +7,14 @@ write-ahead log's location (e.g. an s3:// URI) when not inside the checkpoint.
 
 `ACKKIT_SPARK_CRASH=<point>:<n>` picks the crash point (see ackkit.spark._faults);
 `mid_write:<batch>` is this script's own: the process kills itself while Spark is
-writing that batch's Parquet files. Exit code 3: drained without reaching the point.
+writing that batch's Parquet files. `ACKKIT_SPARK_CONF=<JSON object>`: Spark settings
+over the local defaults (e.g. a standalone cluster's, see `_spark_cluster.py`). Exit
+code 3: drained without reaching the point.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -25,6 +28,8 @@ sys.path.insert(0, str(ROOT))
 from ackkit.spark import ShardKind, ShardLayout, parquet_batches  # noqa: E402
 from ackkit.spark._faults import ENV  # noqa: E402
 from spark import orders_pipeline as op  # noqa: E402
+
+CONF_ENV = "ACKKIT_SPARK_CONF"
 
 
 def main() -> int:
@@ -48,7 +53,8 @@ def main() -> int:
                 time.sleep(5)  # not reached in time: still dies before the ack
 
         writer = killing_writer
-    spark = op.spark_session("ackkit-crash-driver")
+    conf = json.loads(os.environ.get(CONF_ENV) or "{}")
+    spark = op.spark_session("ackkit-crash-driver", conf=conf)
     query, _writer = op.start_query(
         spark,
         url=url,

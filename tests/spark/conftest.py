@@ -40,6 +40,21 @@ def spark() -> Iterator[Any]:
     session.stop()
 
 
+@pytest.fixture(scope="module")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A Spark standalone cluster on loopback for one test module: a master and two
+    workers of 1 core each, every one its own JVM (`_spark_cluster.SparkCluster`; a driver
+    uses it through `cluster.session_conf()`). Stopped afterwards, executors included."""
+    if not _java():
+        pytest.skip("Spark tests need Java (a JRE 17 on PATH)")
+    pytest.importorskip("pyspark")
+    from _spark_cluster import SparkCluster
+
+    with SparkCluster(tmp_path_factory.mktemp("spark-cluster"), workers=2) as cluster:
+        yield cluster
+    assert not cluster.left, f"Spark cluster processes left running: {sorted(cluster.left)}"
+
+
 # Credentials for the S3-compatible test server (any value does): set before Spark starts,
 # so that the source runner and the Python workers the JVM spawns inherit them.
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "ackkit-test")

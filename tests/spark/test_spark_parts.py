@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import pickle
 import secrets
 import threading
 from pathlib import Path
@@ -126,6 +127,35 @@ def test_model_fields_become_typed_columns():
     assert types["tags"] == "map<string,bigint>"
     nullable = {f.name: f.nullable for f in rs.spark.fields}
     assert nullable["note"] and nullable["tags"] and not nullable["name"]
+
+
+def test_a_replay_on_an_executor_needs_no_model_module(tmp_path: Path):
+    # An executor replays a batch from the write-ahead log on a pickled copy of the reader.
+    # The model's module may exist only on the driver host (seen on a standalone cluster:
+    # the replay failed with "No module named ..." while normal batches ran).
+    from ackkit.spark import RabbitMQStreamReader
+
+    rs = RowSchema(Sample)
+    s = Sample(
+        name="x",
+        price=1.5,
+        when=dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+        color=Color.RED,
+        tier="a",
+        lines=[Line(sku="s", qty=2)],
+    )
+    missing = "ackkit_no_such_module:Sample"
+    options = {"url": "amqp://x", "queue": "q", "checkpoint": str(tmp_path), "model": missing}
+    reader = RabbitMQStreamReader(options)
+    wal = WriteAheadLog(reader.opts.wal_dir)
+    logged = rs.batch(0, [meta(1), meta(2)], [s.model_dump(), s.model_dump()], ["m1", "m2"])
+    wal.write(0, 2, logged)
+    on_executor = pickle.loads(pickle.dumps(reader))
+    with pytest.raises(ImportError):
+        load_model(missing)
+    got = list(on_executor.readBetweenOffsets({"ackkit": "q", "seq": 0}, {"ackkit": "q", "seq": 2}))
+    assert len(got) == 1 and got[0].equals(rs.rows(logged))
+    assert got[0].schema.equals(rs.arrow)
 
 
 def test_rows_convert_to_the_exact_arrow_schema_spark_expects():
