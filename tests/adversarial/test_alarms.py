@@ -220,6 +220,9 @@ def test_sigterm_under_an_alarm_stops_in_bounded_time_and_acks_nothing_uncopied(
         print(f"SIGTERM under the alarm: exited after {took:.2f} s ({runtime.kind})")
         last = err.strip().splitlines()[-1:]
         print(f"FIG sigterm-alarm {runtime.kind}: queue={broker.counts(q).total} of 10, {last}")
-        assert took < 5 + MAX_OVERRUN + 1.5, (took, err[-2000:])  # + interpreter exit
+        # shutdown_timeout + the stop budget's overrun, + the interpreter's exit (a process
+        # start-up and teardown: seconds on a loaded 2-core machine; the stop itself is
+        # bounded tighter in-process above). Not hung: a hung stop would take the 60 s.
+        assert took < 5 + MAX_OVERRUN + 5, (took, err[-2000:])
         assert broker.counts(q).total == 10
         assert broker.counts(f"{q}.dlq").total == 0
