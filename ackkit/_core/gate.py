@@ -110,7 +110,9 @@ class Flow:
     @property
     def ticking(self) -> bool:
         """Does `tick` have anything to do (a breaker, a refusal wait, a step to carry out)?"""
-        return self.breaker is not None or bool(self.refusing) or bool(self._step)
+        step = self._step  # FlowStep's truth, inline: the tick asks this every period
+        pending = step.returned or step.ready or step.consume is not None
+        return self.breaker is not None or bool(self.refusing) or bool(pending)
 
     @property
     def waiting(self) -> int:
