@@ -92,6 +92,8 @@ class RunnerConsumer(SourceConsumer):
                     self._raise_fatal()
                     if self.stopping:
                         return BatchPlan(start, start, [], [])
+                    if self._told_end:
+                        break
                     n = self._eligible(run)
                     take = self._admit(n)
                     if n and (
@@ -106,11 +108,33 @@ class RunnerConsumer(SourceConsumer):
                         continue
                     if run.complete(self.received, n, time.monotonic()):
                         self._tell_end(run)
-                        return BatchPlan(start, start, [], [])
+                        break
                     seen = n
                     self.cond.wait(wait)
             finally:
                 self._waiting -= 1
+        # The run is over: the acks the core still holds (redelivered copies of rows that
+        # an earlier run wrote, settled on arrival) go on the wire before Spark hears that
+        # nothing is left, so a runner stopped right after cannot take them with it.
+        self._send_held_acks()
+        return BatchPlan(start, start, [], [])
+
+    def _send_held_acks(self, timeout: float = 30.0) -> None:
+        with self.lock:
+            acts = self.core.drain()
+            if acts:
+                self.queue(self.core.generation, acts)
+        if acts:
+            done = threading.Event()
+
+            def run() -> None:
+                try:
+                    self.flush()
+                finally:
+                    done.set()
+
+            if self.call_soon(run):
+                done.wait(timeout)
 
     def _eligible(self, run: AvailableNowRun) -> int:
         """How many buffered deliveries, from the oldest, belong to the run."""
