@@ -125,16 +125,7 @@ class RunnerConsumer(SourceConsumer):
             if acts:
                 self.queue(self.core.generation, acts)
         if acts:
-            done = threading.Event()
-
-            def run() -> None:
-                try:
-                    self.flush()
-                finally:
-                    done.set()
-
-            if self.call_soon(run):
-                done.wait(timeout)
+            self.flushed(timeout)
 
     def _eligible(self, run: AvailableNowRun) -> int:
         """How many buffered deliveries, from the oldest, belong to the run."""

@@ -209,17 +209,7 @@ class SourceConsumer(SourceChannel, Engine, Executor):
             w = self.ledger.written(end)
             if w.actions:
                 self.queue(self.core.generation, w.actions)
-        sent = True
-        if w.actions:
-            done = threading.Event()
-
-            def run() -> None:
-                try:
-                    self.flush()
-                finally:
-                    done.set()
-
-            sent = self.call_soon(run) and done.wait(timeout)
+        sent = self.flushed(timeout) if w.actions else True
         return {
             "acked": w.acked,
             "held": w.held,
@@ -281,6 +271,19 @@ class SourceConsumer(SourceChannel, Engine, Executor):
         self.connections += 1
         conn.channel(on_open_callback=self._on_channel_open)
         self.publisher.open(conn)
+
+    def flushed(self, timeout: float) -> bool:
+        """Have the I/O thread carry out the queued actions; True once it has (the frames
+        are written to the socket), False when it is gone or `timeout` passed."""
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                self.flush()
+            finally:
+                done.set()
+
+        return self.call_soon(run) and done.wait(timeout)
 
     def channels_lost(self, reason: BaseException) -> None:
         if self.channel is not None:
