@@ -16,7 +16,7 @@ from typing import Any
 
 import pika
 import pytest
-from _spark_support import output_ids
+from _spark_support import dlq_messages, output_ids
 
 pytest.importorskip("pyspark")
 pytest.importorskip("rstream")
@@ -205,7 +205,7 @@ def test_invalid_records_dead_lettered_or_failing(spark: Any, node: Any, tmp_pat
         q = _run(spark, node, tmp_path / "dl", stream=name, model=MODEL, on_invalid="dead_letter")
         assert q.exception() is None
         _exactly(spark, tmp_path / "dl", [m for m, _ in items if m not in bad])
-        got = _drain(node.url, dlq)
+        got = dlq_messages(node.url, dlq)
         assert {m for m, _h in got} == bad
         assert all(h.get(REASON) and h.get("x-stream") == name for _m, h in got)
     finally:
@@ -242,21 +242,6 @@ def test_data_loss_is_reported_or_counted(spark: Any, node: Any, tmp_path: Path)
 
 
 # -- helpers ---------------------------------------------------------------------------------
-
-
-def _drain(url: str, queue: str) -> list[tuple[str | None, dict[str, Any]]]:
-    out = []
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        ch = conn.channel()
-        while True:
-            method, props, _body = ch.basic_get(queue, auto_ack=True)
-            if method is None:
-                break
-            out.append((props.message_id, dict(props.headers or {})))
-    finally:
-        conn.close()
-    return out
 
 
 def _delete_exchange(url: str, name: str) -> None:
