@@ -20,7 +20,7 @@ import functools
 import inspect
 import json
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
@@ -283,6 +283,23 @@ def failure(
     if not confirmed:
         return PublishNacked(f"publish to {msg.where} was refused by the broker (basic.nack)")
     return None
+
+
+EXCHANGE_CHANNELS = 4
+"""How many exchanges an app's messages get a publishing channel of their own for."""
+
+
+def channel_for(exchange: str, open_keys: Collection[str]) -> str:
+    """Which of an app's publishing channels (by key) a message to `exchange` goes on.
+
+    The broker answers a publish to a missing exchange (404), or to one the user may not
+    write to (403), by closing the channel it came on, losing the confirms of every
+    other publish on it. So the first EXCHANGE_CHANNELS exchanges an app publishes to
+    get a channel each, and a bad one fails only its own messages; later ones share the
+    default exchange's channel ("")."""
+    if exchange in open_keys or len(open_keys) < EXCHANGE_CHANNELS + 1:
+        return exchange
+    return ""
 
 
 def not_confirmed(msg: Outgoing, why: str) -> PublishNotConfirmed:

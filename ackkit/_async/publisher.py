@@ -14,9 +14,11 @@ import dataclasses
 import logging
 from typing import Protocol
 
+import aiormq.exceptions
 from aiormq.abc import AbstractChannel, AbstractConnection
 
 from .._core.actions import Action, Republish
+from .._core.errors import PublishNotConfirmed
 from .._core.listener import ListenerCore
 from .._delivery import DeliveryBase
 from .._logs import short
@@ -67,12 +69,21 @@ class AsyncPublisher:
 
     async def send(self, msg: Outgoing) -> None:
         """Publish an app message and wait for the broker's answer; PublishError if it
-        was not confirmed."""
-        try:
-            ch = await self._channel()
-        except (TimeoutError, *CHANNEL_GONE) as exc:
-            raise not_confirmed(msg, f"not published: {short(exc)}") from None
-        await carry(ch, msg)
+        was not confirmed. The channel is shared by every handler: when another
+        publish's error closed it before this message was written, the message goes on
+        the next channel (as on App), within its timeout."""
+        deadline = self.rt.loop.time() + msg.timeout
+        while True:
+            try:
+                ch = await self._channel()
+            except (TimeoutError, *CHANNEL_GONE) as exc:
+                raise not_confirmed(msg, f"not published: {short(exc)}") from None
+            try:
+                await carry(ch, msg)
+                return
+            except Unwritten:
+                if self.rt.loop.time() >= deadline:
+                    raise
 
     async def _publish(self, c: ChannelSettler, a: Republish, original: DeliveryBase) -> None:
         acts = await self.copy(c.core, a, original)
@@ -123,6 +134,22 @@ class AsyncPublisher:
         return dataclasses.replace(a, declare=None)
 
 
+class Unwritten(PublishNotConfirmed):
+    """Not confirmed because the channel had closed before the message was written:
+    the broker never saw it, so sending it on another channel doubles nothing."""
+
+
+def closed_by(ch: AbstractChannel) -> str:
+    """Why `ch` closed, as the broker or the connection said it ("the channel had
+    closed: NOT_FOUND - no exchange ..."), for an error of a publish it never sent."""
+    if ch.is_closed:  # else `closing` would be a new observer, left waiting
+        closing = ch.closing
+        why = None if closing.cancelled() else closing.exception()
+        if why is not None:
+            return f"the channel had closed: {short(why)}"
+    return "the channel had closed"
+
+
 async def carry(ch: AbstractChannel, msg: Outgoing) -> None:
     """The async carrier: publish a built message on confirm channel `ch` and wait for
     the broker's answer; the PublishError its outcome means (`failure`), if any."""
@@ -142,6 +169,9 @@ async def carry(ch: AbstractChannel, msg: Outgoing) -> None:
             f"no confirm within {msg.timeout:g} s (is the broker blocking publishers? "
             "a memory or disk alarm)",
         ) from None
+    except aiormq.exceptions.ChannelInvalidStateError:
+        reason = closed_by(ch)
+        raise Unwritten(f"publish to {msg.where} not confirmed: not sent, {reason}") from None
     except CHANNEL_GONE as exc:
         raise not_confirmed(msg, f"the channel closed first: {short(exc)}") from None
     error = failure(msg, confirmed=confirmed, returned=returned)

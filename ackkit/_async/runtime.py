@@ -38,7 +38,7 @@ from .._declaring import declaration
 from .._io import TICK, ConnectFailed, FatalConnectError, reconnect_logger, reconnect_wait
 from .._logs import log_stop
 from .._observers import observing
-from .._publish import Outgoing, not_confirmed
+from .._publish import Outgoing, channel_for, not_confirmed
 from .._settings import Settings
 from .._spec import Instrument, ListenerSpec
 from .._url import mask_text
@@ -68,7 +68,10 @@ class AsyncRuntime:
         # `observer` (ackkit's log lines) is called in place; the app's registered
         # `observers` on a thread of their own, off the listeners' locks (`_observers`).
         observer, self.events = observing(observer, observers)
-        self.publisher = AsyncPublisher(self)  # the app's messages (and a settler's copies)
+        # The app's messages, a channel per exchange (`channel_for`); the default
+        # exchange's also carries a settler's copies.
+        self.publisher = AsyncPublisher(self)
+        self.publishers: dict[str, AsyncPublisher] = {"": self.publisher}
         self.consumers = [AsyncConsumer(self, s, observer, instruments) for s in specs]
         self.connection: aio_pika.abc.AbstractConnection | None = None
         self.amqp: AbstractConnection | None = None
@@ -109,7 +112,11 @@ class AsyncRuntime:
                 raise not_confirmed(msg, "not published: the app is not connected")
             await asyncio.sleep(0.02)
         remaining = max(deadline - self.loop.time(), 0.001)
-        await self.publisher.send(dataclasses.replace(msg, timeout=remaining))
+        key = channel_for(msg.exchange, self.publishers)
+        p = self.publishers.get(key)
+        if p is None:
+            p = self.publishers[key] = AsyncPublisher(self)
+        await p.send(dataclasses.replace(msg, timeout=remaining))
 
     async def pause(self, delay: float) -> bool:
         """Sleep `delay` seconds; True (at once) when a shutdown was requested."""
@@ -201,7 +208,8 @@ class AsyncRuntime:
                 await conn.close()
             for c in self.consumers:
                 c.lost(None)
-            self.publisher.channel = None
+            for p in self.publishers.values():
+                p.channel = None
             for c in self.consumers:
                 c.copies.channel = None
         if not self.stopping:
@@ -297,7 +305,7 @@ class AsyncRuntime:
                 await c.drain()
             # A confirmed copy's task still has the original's ack to send: not done yet
             # (closing now would leave the original to be requeued next to its copy).
-            busy = self.publisher.pending
+            busy = any(p.pending for p in self.publishers.values())
             if (all(c.core.quiescent for c in self.consumers) and not busy) or (
                 time.monotonic() > deadline
             ):

@@ -27,7 +27,7 @@ from .._delivery import Delivery
 from .._io import ConnectFailed, FatalConnectError
 from .._logs import log_stop
 from .._observers import observing
-from .._publish import Outgoing, not_confirmed
+from .._publish import Outgoing, channel_for, not_confirmed
 from .._settings import Settings
 from .._spec import Instrument, ListenerSpec
 from . import flowing
@@ -59,7 +59,10 @@ class Runtime(Engine):
         # `observers` on a thread of their own, off the listeners' locks (`_observers`).
         observer, self.events = observing(observer, observers)
         self.consumers = [Consumer(self, s, observer, instruments) for s in specs]
-        self.publisher = Publisher(self)  # the app's own messages (each listener has its copies')
+        # The app's own messages, a channel per exchange (`channel_for`); each listener
+        # has its copies' channel.
+        self.publisher = Publisher(self)
+        self.publishers: dict[str, Publisher] = {"": self.publisher}
         self.stop_event = threading.Event()
         self.ready = threading.Event()
         self._ready: set[str] = set()  # listeners that consume (or stand by) on this connection
@@ -93,7 +96,7 @@ class Runtime(Engine):
             raise RuntimeError("publish() on ackkit's I/O thread would wait for itself")
         t = Ticket(msg)
         deadline = time.monotonic() + msg.timeout
-        while not self.call_soon(lambda: self.publisher.send(t)):
+        while not self.call_soon(lambda: self._publisher(msg.exchange).send(t)):
             if self._done.is_set() or time.monotonic() >= deadline:
                 raise not_confirmed(msg, "not published: the app is not connected")
             time.sleep(0.02)
@@ -104,6 +107,17 @@ class Runtime(Engine):
             raise not_confirmed(msg, why)
         if t.error is not None:
             raise t.error
+
+    def _publisher(self, exchange: str) -> Publisher:
+        """The publishing channel for app messages to `exchange` (I/O thread)."""
+        key = channel_for(exchange, self.publishers)
+        p = self.publishers.get(key)
+        if p is None:
+            p = self.publishers[key] = Publisher(self)
+            conn = self.connection
+            if conn is not None and conn.is_open:
+                p.open(conn)
+        return p
 
     def fail(self, exc: BaseException, what: str) -> None:
         """Something that must not go on quietly: a failure of ackkit's own threads, or a
@@ -231,7 +245,8 @@ class Runtime(Engine):
 
     def opened(self, conn: Any) -> None:
         self._ready.clear()
-        self.publisher.open(conn)
+        for p in self.publishers.values():
+            p.open(conn)
         for c in self.consumers:
             c.copies.open(conn)
             c.open(conn)
@@ -250,7 +265,7 @@ class Runtime(Engine):
 
     def closed(self, reason: BaseException) -> None:
         self.channels_lost(reason)
-        for p in (self.publisher, *(c.copies for c in self.consumers)):
+        for p in (*self.publishers.values(), *(c.copies for c in self.consumers)):
             if p.channel is not None:
                 p._on_closed(p.channel, reason)
 
