@@ -8,6 +8,7 @@ a coroutine that must be awaited."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
@@ -294,10 +295,10 @@ class Originals(Generic[T]):
         if type(a) is Reject or not a.multiple:  # type: ignore[union-attr]
             tags.pop(a.tag, None)
             return
-        # tags arrive in ascending order: a multiple frame settles a prefix
-        for tag in list(tags):
-            if tag > a.tag:
-                break
+        # tags arrive in ascending order: a multiple frame settles a prefix (only the
+        # prefix is read, not every delivery in flight)
+        upto = a.tag
+        for tag in list(itertools.takewhile(lambda t: t <= upto, tags)):
             del tags[tag]
 
     def decided(self, gen: int, acts: Iterable[Action]) -> None:

@@ -100,6 +100,9 @@ class Shutdown:
         after how long a wait for the rate limit (`Go.wait`), and the actions for the
         others (see `start`; the flow gate returns those it no longer lets start).
         `waited`: asked again after the rate limit's wait (it is not booked twice)."""
+        if len(ts) == 1 and not self.gated:  # the common case, without the lists
+            a = self.start(ts[0])
+            return Go(list(ts)) if a is None else Go([], a)
         go, acts = self._startable(ts)
         flow = self.flow
         if go and self.gated and (flow.gated or flow.bucket is not None):
