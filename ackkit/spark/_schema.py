@@ -9,7 +9,7 @@ import json
 import types
 import typing
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -219,29 +219,36 @@ def _apply(conv: Converter | None, v: Any) -> Any:
 # -- the row schema ---------------------------------------------------------------------
 
 
+def model_columns(
+    model: type[BaseModel] | None, reserved: Collection[str]
+) -> list[tuple[StructField, Converter | None]]:
+    """The model's fields as a source's columns, each with its value converter; a field
+    named like one of the source's own columns (`reserved`) is refused."""
+    if model is None:
+        return []
+    out = []
+    for f in model_struct(model).fields:
+        if f.name in reserved:
+            raise ValueError(
+                f"{model.__name__}.{f.name} clashes with the source's column {f.name!r}; "
+                "rename the field (pydantic aliases keep the JSON name)"
+            )
+        out.append((f, _converter(model.model_fields[f.name].annotation)))
+    return out
+
+
 class RowSchema:
     """The source's Spark schema and the Arrow form of its batches."""
 
     def __init__(self, model: type[BaseModel] | None = None) -> None:
         self.model = model
         fields = [StructField(n, t, nullable) for n, t, nullable in META_FIELDS]
-        self.model_fields: list[str] = []
-        self._convs: list[Converter | None] = []
-        if model is not None:
-            for f in model_struct(model).fields:
-                if f.name in META_NAMES or f.name == KEY_COLUMN:
-                    raise ValueError(
-                        f"{model.__name__}.{f.name} clashes with the source's column {f.name!r}; "
-                        "rename the field (pydantic aliases keep the JSON name)"
-                    )
-                fields.append(f)
-                self.model_fields.append(f.name)
-                self._convs.append(_converter(model.model_fields[f.name].annotation))
-        self.spark = StructType(fields)
+        columns = model_columns(model, (*META_NAMES, KEY_COLUMN))
+        self.model_fields = [f.name for f, _c in columns]
+        self._convs: list[Converter | None] = [c for _f, c in columns]
+        self.spark = StructType(fields + [f for f, _c in columns])
         self._timestamp_fields = {
-            f.name
-            for f in fields
-            if f.name in self.model_fields and isinstance(f.dataType, TimestampType)
+            f.name for f, _c in columns if isinstance(f.dataType, TimestampType)
         }
         self.arrow = to_arrow_schema(self.spark, timezone="UTC")
         self.wal_arrow = self.arrow.append(pa.field(KEY_COLUMN, pa.string()))

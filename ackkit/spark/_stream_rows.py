@@ -28,7 +28,7 @@ from pyspark.sql.types import (
 )
 
 from ._rows import decode
-from ._schema import _converter, _micros, _timestamps, header_text, model_struct
+from ._schema import _micros, _timestamps, header_text, model_columns
 
 STREAM_META: tuple[tuple[str, DataType, bool], ...] = (
     ("stream", StringType(), False),
@@ -124,22 +124,11 @@ class StreamRowSchema:
     def __init__(self, model: type[BaseModel] | None = None) -> None:
         self.model = model
         fields = [StructField(n, t, nullable) for n, t, nullable in STREAM_META]
-        self.model_fields: list[str] = []
-        self._convs: list[Any] = []
-        self._ts: set[str] = set()
-        if model is not None:
-            for f in model_struct(model).fields:
-                if f.name in META_NAMES:
-                    raise ValueError(
-                        f"{model.__name__}.{f.name} clashes with the source's column {f.name!r}; "
-                        "rename the field (pydantic aliases keep the JSON name)"
-                    )
-                fields.append(f)
-                self.model_fields.append(f.name)
-                self._convs.append(_converter(model.model_fields[f.name].annotation))
-                if isinstance(f.dataType, TimestampType):
-                    self._ts.add(f.name)
-        self.spark = StructType(fields)
+        columns = model_columns(model, META_NAMES)
+        self.model_fields = [f.name for f, _c in columns]
+        self._convs: list[Any] = [c for _f, c in columns]
+        self.spark = StructType(fields + [f for f, _c in columns])
+        self._ts = {f.name for f, _c in columns if isinstance(f.dataType, TimestampType)}
         self.arrow = to_arrow_schema(self.spark, timezone="UTC")
 
     def batch(self, records: Sequence[Record]) -> pa.RecordBatch:
