@@ -20,7 +20,8 @@ BROKER_SUITES := tests/contract tests/integration tests/adversarial tests/inbox 
 # (SIGKILLed drivers), the standalone-cluster test (a master, two workers, executors in
 # JVMs of their own) and the deployment-change and shard-scale runs are on 3.10; the
 # Trigger.AvailableNow end-to-end run and the Spark Connect check (a second JVM) are on
-# 4.3, with the streams source's super-stream and kill tests (super streams need 3.11+).
+# 4.3, with the streams source's super-stream, kill and cluster tests (super streams need
+# 3.11+).
 # None of these is about the broker's version (the AvailableNow broker side, without
 # Spark, runs on every leg: tests/contract/test_spark_available.py); make test-matrix
 # runs every module on every version. This keeps CI near 30 minutes on a 2-core machine.
@@ -29,7 +30,8 @@ LEG43_SKIP := --ignore=tests/spark/test_spark_crash.py \
               --ignore=tests/spark/test_spark_deploy.py \
               --ignore=tests/spark/test_spark_scale.py
 LEG310_SKIP := --ignore=tests/spark/test_spark_available.py \
-               --ignore=tests/spark/test_spark_connect.py
+               --ignore=tests/spark/test_spark_connect.py \
+               --ignore=tests/spark/test_spark_cluster_streams.py
 # The environment of a leg on RabbitMQ $(1): 3.10 keeps AMQP_URL as given.
 leg_env = $(if $(filter 3.10,$(1)),,env -u AMQP_URL) ACKKIT_TEST_RABBITMQ=$(1)
 RESULTS_SUFFIX := $(if $(filter 3.10,$(RABBITMQ)),,-$(RABBITMQ))

@@ -122,11 +122,13 @@ def read_all(url: str, port: int, stream: str, timeout: float = 5.0) -> list[tup
     return out
 
 
-def message_ids(url: str, port: int, stream: str) -> list[str]:
+def message_ids(url: str, port: int, stream: str, timeout: float = 5.0) -> list[str]:
+    """The message ids of every record of `stream` (`read_all`: until nothing more comes
+    for `timeout` s)."""
     from rstream import amqp_decoder
 
     ids = []
-    for _off, data in read_all(url, port, stream):
+    for _off, data in read_all(url, port, stream, timeout):
         m = amqp_decoder(data)
         if m.properties is not None and m.properties.message_id is not None:
             mid = m.properties.message_id
