@@ -1,0 +1,172 @@
+"""Scale figures in one run: the stream source over 1, 2 and 4 partitions next to the
+queue source over 1, 2 and 4 shard queues, and raw rstream / raw pika consumers reading
+the same records.
+
+    python -m spark.bench_scale [--messages 40000] [--version 4.3] [--json PATH]
+
+One throwaway node of the test kit's own with the stream plugin (super streams: 3.11+),
+one SparkSession (local[2], warmed first). Each Spark case reads N records of 200 bytes
+into Parquet with the source's own sink (`parquet_batches`; the queue source acks after
+each commit) and is timed from the query's start until the last record is written (the
+queue source: acked; the stream source: an AvailableNow run's end); Spark's start-up is
+outside. Each raw case reads the same records with the plain client: pika, one consumer
+per queue in threads, prefetch 1000, a multiple-ack every 100; rstream, one subscription
+per partition. CPU per message is this process and its descendants (driver, Spark's JVM,
+the source runners, the Python workers), the broker's excluded. On a shared 2-core
+machine the shape is the point (per-partition rate, CPU per message as partitions grow),
+not the absolute numbers. Prints a table, and writes JSON with `--json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import ackkit.spark as aks
+from spark.bench import BODY, drain, prefill_shards, process_cpu, raw_pika, session, warm
+from spark.bench_streams import raw_read
+
+SIZES = (1, 2, 4)
+
+
+def _cpu() -> float:
+    return sum(process_cpu().values())
+
+
+def _row(source: str, k: int, n: int, seconds: float, cpu_s: float) -> dict[str, Any]:
+    rate = n / seconds
+    return {
+        "source": source,
+        "parallel": k,
+        "msgs_per_s": round(rate),
+        "per_partition": round(rate / k),
+        "cpu_us_per_msg": round(cpu_s * 1e6 / n, 1),
+    }
+
+
+def raw_pika_all(url: str, queues: list[str], per_queue: list[int]) -> float:
+    """Seconds for one plain pika consumer per queue (threads) to drain them."""
+    errors: list[BaseException] = []
+
+    def one(q: str, n: int) -> None:
+        try:
+            raw_pika(url, q, n)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=one, args=(q, n)) for q, n in zip(queues, per_queue, strict=True)
+    ]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return time.monotonic() - t0
+
+
+def queue_counts(url: str, queues: list[str]) -> list[int]:
+    import pika
+
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        ch = conn.channel()
+        return [ch.queue_declare(q, passive=True).method.message_count for q in queues]
+    finally:
+        conn.close()
+
+
+def stream_source(spark: Any, url: str, port: int, name: str, cap: int) -> float:
+    """Seconds for an AvailableNow run of the stream source to write everything."""
+    with tempfile.TemporaryDirectory(prefix="ackkit-bench-scale-") as d:
+        ck = Path(d) / "ck"
+        df = aks.read_stream_source(
+            spark, url=url, checkpoint=ck, stream_port=port, super_stream=name,
+            max_messages_per_trigger=cap,
+        )  # fmt: skip
+        t0 = time.monotonic()
+        q = (
+            df.select("stream", "offset", "message_id", "body")
+            .writeStream.foreachBatch(aks.parquet_batches(Path(d) / "out"))
+            .option("checkpointLocation", str(ck))
+            .trigger(availableNow=True)
+            .start()
+        )
+        q.awaitTermination()
+        seconds = time.monotonic() - t0
+        if q.exception() is not None:
+            raise RuntimeError(str(q.exception()))
+        return seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--messages", type=int, default=40_000)
+    p.add_argument("--per-trigger", type=int, default=10_000, help="records per batch, total")
+    p.add_argument("--version", default="4.3")
+    p.add_argument("--json", type=Path, dest="json_path")
+    a = p.parse_args(argv)
+    from ackkit_testkit import own_node
+    from tests._streams import declare_super_stream, publish
+
+    n, cap = a.messages, a.per_trigger
+    rows: list[dict[str, Any]] = []
+    t_start = time.time()
+    with own_node(a.version, streams=True) as node:
+        url, port = node.url, node.stream_port  # type: ignore[attr-defined]
+        spark = session()
+        warm(url, n=20_000)
+        items = [(f"m-{i}", BODY) for i in range(n)]
+        for k in SIZES:
+            name = f"bench-scale-{k}"
+            parts = declare_super_stream(url, name, k)
+            for i, s in enumerate(parts):
+                publish(url, port, s, items[i::k])
+            c0 = _cpu()
+            raw_s = raw_read(url, port, parts, n)
+            rows.append(_row("raw rstream", k, n, raw_s, _cpu() - c0))
+            c0 = _cpu()
+            spark_s = stream_source(spark, url, port, name, cap)
+            rows.append(_row("stream source", k, n, spark_s, _cpu() - c0))
+
+            queues = prefill_shards(url, f"bench.scale.{k}", k, n)
+            c0 = _cpu()
+            raw_s = raw_pika_all(url, queues, queue_counts(url, queues))
+            rows.append(_row("raw pika", k, n, raw_s, _cpu() - c0))
+            queues = prefill_shards(url, f"bench.scale.{k}", k, n)
+            c0 = _cpu()
+            res = drain(url, queues if k > 1 else queues[0], n, max_batch=max(cap // k, 1))
+            rows.append(_row("queue source", k, n, res["seconds"], _cpu() - c0))
+            print(json.dumps(rows[-4:]), flush=True)
+        spark.stop()
+    raw = {(r["source"], r["parallel"]): r for r in rows if r["source"].startswith("raw")}
+    for r in rows:
+        base = {"stream source": "raw rstream", "queue source": "raw pika"}.get(r["source"])
+        if base:
+            r["ratio_to_raw"] = round(r["msgs_per_s"] / raw[(base, r["parallel"])]["msgs_per_s"], 2)
+    print(f"\n{n:,} records of 200 bytes, {cap:,} per batch, RabbitMQ {a.version}")
+    print("| source | partitions / shards | msg/s | per partition | ratio to raw | CPU µs/msg |")
+    print("|---|---|---|---|---|---|")
+    for r in sorted(rows, key=lambda r: (r["source"], r["parallel"])):
+        ratio = r.get("ratio_to_raw", "")
+        print(
+            f"| {r['source']} | {r['parallel']} | {r['msgs_per_s']:,} | {r['per_partition']:,} "
+            f"| {ratio} | {r['cpu_us_per_msg']} |"
+        )
+    if a.json_path:
+        a.json_path.write_text(
+            json.dumps({"messages": n, "per_trigger": cap, "rabbitmq": a.version,
+                        "started": t_start, "rows": rows}, indent=2) + "\n"
+        )  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
