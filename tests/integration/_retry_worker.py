@@ -12,6 +12,7 @@ A line {"ready": pid} is written once the App consumes.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import signal
@@ -19,7 +20,7 @@ import threading
 import time
 from typing import Any
 
-from ackkit import App, Consumer, Delivery, Queue, Retry, RetryStrategy
+from ackkit import App, AsyncApp, AsyncDelivery, Consumer, Delivery, Queue, Retry, RetryStrategy
 
 
 class Boom(Exception):
@@ -36,8 +37,9 @@ def record(path: str, entry: dict[str, Any]) -> None:
         os.close(fd)
 
 
-def build(args: argparse.Namespace) -> App:
-    app = App(args.url, shutdown_timeout=5.0, connection_name="ackkit-retry-worker")
+def build(args: argparse.Namespace) -> App | AsyncApp:
+    make = AsyncApp if args.runtime == "async" else App
+    app = make(args.url, shutdown_timeout=5.0, connection_name="ackkit-retry-worker")
     queue_args: dict[str, Any] = {}
     if args.queue_type != "classic":
         queue_args["x-queue-type"] = args.queue_type
@@ -54,12 +56,7 @@ def build(args: argparse.Namespace) -> App:
         strategy=RetryStrategy(args.strategy),
     )
 
-    @app.listener(
-        Queue(args.queue, arguments=queue_args),
-        retry=retry,
-        consumer=Consumer(prefetch=args.prefetch),
-    )
-    def handle(d: Delivery) -> None:
+    def invoked(d: Delivery | AsyncDelivery) -> None:
         record(
             args.log,
             {
@@ -72,12 +69,35 @@ def build(args: argparse.Namespace) -> App:
         )
         if args.die_on and d.message_id == args.die_on:
             os.kill(os.getpid(), signal.SIGKILL)  # the message kills its consumer process
-        if args.hold:
-            time.sleep(args.hold)
+
+    def outcome(d: Delivery | AsyncDelivery) -> None:
         if args.succeed_at and d.attempt >= args.succeed_at:
             return
         raise Boom(f"attempt {d.attempt} failed")
 
+    listener = app.listener(
+        Queue(args.queue, arguments=queue_args),
+        retry=retry,
+        consumer=Consumer(prefetch=args.prefetch),
+    )
+    if isinstance(app, AsyncApp):
+
+        async def ahandle(d: AsyncDelivery) -> None:
+            invoked(d)
+            if args.hold:
+                await asyncio.sleep(args.hold)
+            outcome(d)
+
+        listener(ahandle)
+    else:
+
+        def handle(d: Delivery) -> None:
+            invoked(d)
+            if args.hold:
+                time.sleep(args.hold)
+            outcome(d)
+
+        listener(handle)
     return app
 
 
@@ -110,6 +130,7 @@ def main() -> None:
     p.add_argument("--die-on", default=None, help="SIGKILL itself handling this message id")
     p.add_argument("--prefetch", type=int, default=10)
     p.add_argument("--queue-type", default="classic")
+    p.add_argument("--runtime", choices=("sync", "async"), default="sync")
     p.add_argument("--delivery-limit", type=int, default=None)
     p.add_argument("--dlx-to", default=None, help="the queue's own DLX route (broker-side)")
     p.add_argument(
@@ -122,6 +143,9 @@ def main() -> None:
     if args.slow_writes:
         slow_writes(args.slow_writes)
     app = build(args)
+    if isinstance(app, AsyncApp):
+        asyncio.run(run_async(app, args.log))
+        return
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -132,6 +156,19 @@ def main() -> None:
             pass
     finally:
         app.stop()
+
+
+async def run_async(app: AsyncApp, log: str) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await app.start()
+    record(log, {"ready": os.getpid()})
+    try:
+        await stop.wait()
+    finally:
+        await app.stop()
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ by the message itself; what became of every message is read from the broker.
 
 "slow" workers wait 0.2 s before each socket write (`--slow-writes`), as an I/O thread
 descheduled on a loaded machine does: a settle handed to pika is not yet on the wire,
-and the handler threads run meanwhile."""
+and the handler threads run meanwhile. "async" workers are AsyncApps."""
 
 from __future__ import annotations
 
@@ -21,11 +21,13 @@ from ackkit._core import headers as H
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.parametrize("writes", ["prompt", "slow"])
+@pytest.mark.parametrize("writes", ["prompt", "slow", "async"])
 @pytest.mark.parametrize("queue_type", ["classic", "quorum"])
 def test_a_message_that_kills_its_consumer_ends_in_the_dlq_with_one_attempt(
     rabbitmq: Any, fresh_queue: str, tmp_path: Path, queue_type: str, writes: str
 ) -> None:
+    """`writes`: an App worker whose I/O thread writes at once ("prompt") or late
+    ("slow"), or an AsyncApp worker ("async")."""
     q, dlq = fresh_queue, f"{fresh_queue}.dlq"
     args = {"x-queue-type": "quorum"} if queue_type == "quorum" else None
     log = tmp_path / "calls.jsonl"
@@ -36,6 +38,8 @@ def test_a_message_that_kills_its_consumer_ends_in_the_dlq_with_one_attempt(
     worker_args += ["--queue-type", queue_type, "--prefetch", "10"]
     if writes == "slow":
         worker_args += ["--slow-writes", "0.2"]
+    if writes == "async":
+        worker_args += ["--runtime", "async"]
     w: Worker | None = None
     # Each run of the killer kills one worker; restart workers until every message has
     # ended somewhere (a guard well above the 1 + LOST_BOUND runs the killer needs).
@@ -68,15 +72,14 @@ def test_a_message_that_kills_its_consumer_ends_in_the_dlq_with_one_attempt(
         if w is not None:
             w.stop()
     runs = [e["mid"] for e in read_log(log) if "attempt" in e]
-    print(f"FIG crash-loop {queue_type}: killer ran {runs.count('killer')}x, {starts} workers")
+    tag = f"{queue_type} {writes}"
+    print(f"FIG crash-loop {tag}: killer ran {runs.count('killer')}x, {starts} workers")
     # 1 + LOST_BOUND when each of its runs after a redelivery is the charged one; a run
     # while another redelivered message's charged copy was pending goes uncounted
     assert 1 + H.LOST_BOUND <= runs.count("killer") <= max_starts
     assert sorted(m for m in set(runs) if m != "killer") == [f"ok{i}" for i in range(5)]
     letters = drain(rabbitmq.url, dlq)
-    print(
-        f"FIG crash-loop {queue_type}: dlq letters={len(letters)}, ok handled={len(set(runs)) - 1}"
-    )
+    print(f"FIG crash-loop {tag}: dlq letters={len(letters)}, ok handled={len(set(runs)) - 1}")
     # One dead letter: a charged copy's handler starts only once the broker has answered
     # a round trip sent after its original's ack (the core's `Fence`), so a kill leaves
     # the copy alone in the queue, never beside its original (a twin, which ran again and
