@@ -52,38 +52,6 @@ def _row(source: str, k: int, n: int, seconds: float, cpu_s: float) -> dict[str,
     }
 
 
-def decoded_read(url: str, port: int, streams: list[str], total: int) -> float:
-    """Seconds for plain rstream subscriptions to receive and decode `total` records (the
-    AMQP 1.0 message each one is: what a consumer needs for its message id and body)."""
-    import asyncio
-
-    import rstream
-
-    from ackkit.streams import stream_connection
-
-    async def go() -> float:
-        seen = 0
-        done = asyncio.Event()
-
-        def cb(msg: Any, _ctx: Any) -> None:
-            nonlocal seen
-            m = rstream.amqp_decoder(bytes(msg))
-            if m.properties is not None and m.properties.message_id is not None:
-                seen += 1
-            if seen >= total:
-                done.set()
-
-        t0 = time.perf_counter()
-        async with rstream.Consumer(**stream_connection(url, port)) as c:
-            spec = rstream.ConsumerOffsetSpecification(rstream.OffsetType.FIRST, None)
-            for s in streams:
-                await c.subscribe(s, cb, offset_specification=spec, initial_credit=10)
-            await asyncio.wait_for(done.wait(), 600)
-            return time.perf_counter() - t0
-
-    return asyncio.run(go())
-
-
 def raw_pika_all(url: str, queues: list[str], per_queue: list[int]) -> float:
     """Seconds for one plain pika consumer per queue (threads) to drain them."""
     errors: list[BaseException] = []
@@ -168,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             raw_s = raw_read(url, port, parts, n)
             rows.append(_row("raw rstream", k, n, raw_s, _cpu() - c0))
             c0 = _cpu()
-            raw_s = decoded_read(url, port, parts, n)
+            raw_s = raw_read(url, port, parts, n, decode=True)
             rows.append(_row("raw rstream, decoded", k, n, raw_s, _cpu() - c0))
             c0 = _cpu()
             spark_s = stream_source(spark, url, port, name, cap)

@@ -26,16 +26,21 @@ from ackkit.streams import stream_connection
 BODY = (b"ackkit benchmark payload 0123456789 abcdefghijklmnopqrstuvwxyz. " * 4)[:200]
 
 
-def raw_read(url: str, port: int, streams: list[str], total: int) -> float:
-    """Seconds for plain rstream subscriptions to receive `total` records."""
+def raw_read(url: str, port: int, streams: list[str], total: int, *, decode: bool = False) -> float:
+    """Seconds for plain rstream subscriptions to receive `total` records (`decode`: and
+    decode each one's AMQP 1.0 message, as a consumer needing its message id must)."""
     import rstream
 
     async def go() -> float:
         seen = 0
         done = asyncio.Event()
 
-        def cb(_msg: Any, _ctx: Any) -> None:
+        def cb(msg: Any, _ctx: Any) -> None:
             nonlocal seen
+            if decode:
+                m = rstream.amqp_decoder(bytes(msg))
+                if m.properties is None or m.properties.message_id is None:
+                    return
             seen += 1
             if seen >= total:
                 done.set()
