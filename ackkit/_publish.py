@@ -286,18 +286,20 @@ def failure(
 
 
 EXCHANGE_CHANNELS = 4
-"""How many exchanges an app's messages get a publishing channel of their own for."""
+"""How many exchanges an app's messages get a publishing channel of their own for, at
+most (fewer when the connection's channel_max leaves fewer spare: `spare_channels`)."""
 
 
-def channel_for(exchange: str, open_keys: Collection[str]) -> str:
+def channel_for(exchange: str, open_keys: Collection[str], limit: int = EXCHANGE_CHANNELS) -> str:
     """Which of an app's publishing channels (by key) a message to `exchange` goes on.
 
     The broker answers a publish to a missing exchange (404), or to one the user may not
     write to (403), by closing the channel it came on, losing the confirms of every
-    other publish on it. So the first EXCHANGE_CHANNELS exchanges an app publishes to
-    get a channel each, and a bad one fails only its own messages; later ones share the
+    other publish on it. So the first `limit` exchanges an app publishes to get a
+    channel each, and a bad one fails only its own messages; the others share the
     default exchange's channel ("")."""
-    if exchange in open_keys or len(open_keys) < EXCHANGE_CHANNELS + 1:
+    own = len(open_keys) - ("" in open_keys)  # exchanges with a channel of their own
+    if exchange in open_keys or own < limit:
         return exchange
     return ""
 

@@ -28,7 +28,7 @@ from aiormq.abc import AbstractConnection
 from tenacity import AsyncRetrying, retry_if_exception_type
 
 from .._core.brokers import traits_of
-from .._core.consume import check_channels
+from .._core.consume import check_channels, spare_channels
 from .._core.errors import TopologyConflict
 from .._core.events import Observer
 from .._core.exchanges import plan
@@ -38,7 +38,7 @@ from .._declaring import declaration
 from .._io import TICK, ConnectFailed, FatalConnectError, reconnect_logger, reconnect_wait
 from .._logs import log_stop
 from .._observers import observing
-from .._publish import Outgoing, channel_for, not_confirmed
+from .._publish import EXCHANGE_CHANNELS, Outgoing, channel_for, not_confirmed
 from .._settings import Settings
 from .._spec import Instrument, ListenerSpec
 from .._url import mask_text
@@ -72,6 +72,7 @@ class AsyncRuntime:
         # exchange's also carries a settler's copies.
         self.publisher = AsyncPublisher(self)
         self.publishers: dict[str, AsyncPublisher] = {"": self.publisher}
+        self.exchange_channels = 0  # how many of those the connection has room for
         self.consumers = [AsyncConsumer(self, s, observer, instruments) for s in specs]
         self.connection: aio_pika.abc.AbstractConnection | None = None
         self.amqp: AbstractConnection | None = None
@@ -112,7 +113,7 @@ class AsyncRuntime:
                 raise not_confirmed(msg, "not published: the app is not connected")
             await asyncio.sleep(0.02)
         remaining = max(deadline - self.loop.time(), 0.001)
-        key = channel_for(msg.exchange, self.publishers)
+        key = channel_for(msg.exchange, self.publishers, self.exchange_channels)
         p = self.publishers.get(key)
         if p is None:
             p = self.publishers[key] = AsyncPublisher(self)
@@ -188,9 +189,12 @@ class AsyncRuntime:
         broker = traits_of(amqp.server_properties)
         try:
             try:
-                too_few = check_channels(len(self.consumers), self._channel_max(amqp), s.safe_url)
+                limit = self._channel_max(amqp)
+                too_few = check_channels(len(self.consumers), limit, s.safe_url)
                 if too_few is not None:
                     raise FatalConnectError(too_few)  # from start(): no retry makes channels
+                spare = spare_channels(len(self.consumers), limit)
+                self.exchange_channels = min(EXCHANGE_CHANNELS, spare)
                 for c in self.consumers:
                     c.core.use_broker(broker)  # before anything of this connection is decided
                     c.core.check_broker()  # TopologyConflict: fatal, from start()

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._core.brokers import traits_of
-from .._core.consume import check_channels
+from .._core.consume import check_channels, spare_channels
 from .._core.errors import TopologyConflict
 from .._core.events import Observer
 from .._core.exchanges import plan
@@ -27,7 +27,7 @@ from .._delivery import Delivery
 from .._io import ConnectFailed, FatalConnectError
 from .._logs import log_stop
 from .._observers import observing
-from .._publish import Outgoing, channel_for, not_confirmed
+from .._publish import EXCHANGE_CHANNELS, Outgoing, channel_for, not_confirmed
 from .._settings import Settings
 from .._spec import Instrument, ListenerSpec
 from . import flowing
@@ -63,6 +63,7 @@ class Runtime(Engine):
         # has its copies' channel.
         self.publisher = Publisher(self)
         self.publishers: dict[str, Publisher] = {"": self.publisher}
+        self.exchange_channels = 0  # how many of those the connection has room for
         self.stop_event = threading.Event()
         self.ready = threading.Event()
         self._ready: set[str] = set()  # listeners that consume (or stand by) on this connection
@@ -110,7 +111,7 @@ class Runtime(Engine):
 
     def _publisher(self, exchange: str) -> Publisher:
         """The publishing channel for app messages to `exchange` (I/O thread)."""
-        key = channel_for(exchange, self.publishers)
+        key = channel_for(exchange, self.publishers, self.exchange_channels)
         p = self.publishers.get(key)
         if p is None:
             p = self.publishers[key] = Publisher(self)
@@ -203,6 +204,8 @@ class Runtime(Engine):
         too_few = check_channels(len(self.consumers), negotiated, self.settings.safe_url)
         if too_few is not None:
             raise FatalConnectError(too_few)  # from start(): no retry makes channels
+        spare = spare_channels(len(self.consumers), negotiated)
+        self.exchange_channels = min(EXCHANGE_CHANNELS, spare)
         broker = traits_of(conn._impl.server_properties)
         for c in self.consumers:
             with c.lock:

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 from _apps import Runner, proxied
-from _retry_support import drain, header_text, publish, wait_until
+from _retry_support import channel, drain, header_text, publish, wait_until
 
 from ackkit import (
     App,
@@ -375,6 +375,38 @@ def test_a_handlers_publish_to_a_missing_exchange_hurts_no_other_listener(
     assert not [e for e in errors if missing not in e or "NOT_FOUND" not in e]
     lines = [r.getMessage() for r in caplog.records]
     assert not [x for x in lines if "reconnecting" in x or "CHANNEL_ERROR" in x]
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_publishes_to_another_exchange_fit_a_channel_max_with_no_spare_channel(
+    rabbitmq: Any, queue_factory: Any, runtime: str
+) -> None:
+    """One listener needs 3 channels (its consumer's, its copies', the app's publishing
+    one); with ?channel_max=3 there is no room for a channel per exchange, so a handler's
+    publishes to another exchange share the default exchange's channel: every one is
+    confirmed and reaches its queue (the broker's count), and the app keeps running."""
+    q, n = queue_factory("in"), 30
+    target = queue_factory("t", declare=True)
+    exchange = f"t.tight.{uuid.uuid4().hex[:6]}"
+    with channel(rabbitmq.url) as ch:
+        ch.exchange_declare(exchange, "direct")
+        ch.queue_bind(target, exchange, "k")
+    sep = "&" if "?" in rabbitmq.url else "?"
+    app = make_app(runtime, f"{rabbitmq.url}{sep}channel_max=3")
+    listen(app, q, lambda d: d.publish("k", b"x", exchange=exchange, timeout=10))
+    runner = Runner(app)
+    runner.start()
+    try:
+        for i in range(n):
+            publish(rabbitmq.url, q, b"{}", message_id=f"m{i}")
+        assert wait_until(lambda: rabbitmq.counts(target).ready == n, timeout=60)
+        rabbitmq.wait_for(q, ready=0, unacked=0, timeout=15)
+        assert runner.alive()
+    finally:
+        runner.stop()
+        with channel(rabbitmq.url) as ch:
+            ch.exchange_delete(exchange)
+    assert not drain(rabbitmq.url, f"{q}.dlq")
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
