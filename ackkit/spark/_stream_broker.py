@@ -1,34 +1,42 @@
-"""The stream source's broker I/O (rstream, asyncio): it only carries out what the
-pure planning in `ackkit._core.stream_offsets` decided.
+"""The stream source's broker I/O (rstream): it only carries out what the pure planning
+in `ackkit._core.stream_offsets` decided.
 
-rstream is asyncio; Spark's processes are not. Every call here runs on a private event
-loop of its own (`run`), opened and closed with the call, so nothing is shared across
-a fork, a pickle or a thread: the driver's probes and each executor's read open their
-own connection.
+Each process keeps one `Link` per broker it reads: an event loop on a thread of its own,
+holding a locator connection (metadata, partitions, stored offsets) and one data
+connection per broker node (subscriptions). Planning on the driver and reading on an
+executor then cost a subscription each, not a connection: rstream 1.1.1 waits 0.2 s in
+every connection's close, which made every micro-batch pay for its connections. A link
+belongs to the process that made it: after a fork the child makes its own (`link`).
+rstream's `Client` is used below its `Consumer`, so that a subscription ends without
+closing its connection.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import logging
+import os
+import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from .._core.stream_offsets import Range, RangeCursor
 
 log = logging.getLogger("ackkit.spark.streams")
 T = TypeVar("T")
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run `coro` on a private event loop (closed afterwards)."""
-    return asyncio.run(coro)
+MAX_SUBSCRIPTIONS = 200  # per connection: subscription ids are one byte; rstream's cap
+CLOSE_WAIT = 2.0  # seconds a link may take to close at exit
+Sink = Callable[[int, int, bytes], Awaitable[None] | None]
 
 
 def _rstream() -> Any:
     try:
         import rstream
+        import rstream.client
+        import rstream.schema
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError(
             "the rabbitmq-stream source needs rstream: pip install 'ackkit[streams]'"
@@ -36,130 +44,303 @@ def _rstream() -> Any:
     return rstream
 
 
-def _consumer(conn: dict[str, Any], name: str) -> Any:
-    rs = _rstream()
-    return rs.Consumer(**conn, connection_name=f"ackkit-stream:{name}", max_retries=3)
+def _closed(info: Any) -> None:
+    # A lost connection is found by the next call (a new one is opened) or by a read in
+    # progress (ConnectionError); rstream would log a traceback without this handler.
+    log.info("ackkit.spark: stream connection closed: %s", info)
 
 
-async def partitions(conn: dict[str, Any], super_stream: str) -> list[str]:
-    """The partition streams of a super stream, as the broker lists them."""
-    consumer = _consumer(conn, "partitions")
-    try:
-        client = await consumer.default_client
-        return list(await client.partitions(super_stream))
-    finally:
-        await consumer.close()
+class Link:
+    """One process's connections to one broker (see the module doc). Its methods block
+    the calling thread until the broker answered; they may be called from any thread
+    but that of the link's own loop."""
 
+    def __init__(self, conn: dict[str, Any]) -> None:
+        self.conn = dict(conn)
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(
+            target=self.loop.run_forever, name="ackkit-streams", daemon=True
+        )
+        self.thread.start()
+        self._pool: Any = None
+        self._locator: Any = None
+        self._data: dict[Any, Any] = {}  # broker address -> data connection
+        self._ids: dict[int, set[int]] = {}  # id(data connection) -> subscription ids in use
+        self._lock: asyncio.Lock | None = None
 
-async def stream_exists(conn: dict[str, Any], stream: str) -> bool:
-    consumer = _consumer(conn, "exists")
-    try:
-        return bool(await consumer.stream_exists(stream))
-    finally:
-        await consumer.close()
+    # -- plumbing ------------------------------------------------------------------------
 
-
-async def probe(
-    conn: dict[str, Any], streams: Iterable[str], kind: str, timeout: float, at: int | None = None
-) -> dict[str, int]:
-    """One offset per stream, read from a short subscription (all streams at once).
-
-    kind "first": the first offset the stream holds; "tail": one past the highest
-    offset seen in the last chunk (the next offset to be written: a lower bound if the
-    stream grows meanwhile); "timestamp": the first offset of the first chunk written
-    at or after `at` (epoch ms). A stream that delivers nothing within `timeout` seconds
-    is left out (empty, or nothing at or after the timestamp)."""
-    rs = _rstream()
-    spec = {
-        "first": rs.ConsumerOffsetSpecification(rs.OffsetType.FIRST, None),
-        "tail": rs.ConsumerOffsetSpecification(rs.OffsetType.LAST, None),
-        "timestamp": rs.ConsumerOffsetSpecification(rs.OffsetType.TIMESTAMP, at),
-    }[kind]
-    consumer = _consumer(conn, f"probe-{kind}")
-    found: dict[str, int] = {}
-    events: dict[str, asyncio.Event] = {}
-
-    def on_message(stream: str) -> Callable[[Any, Any], None]:
-        def cb(_msg: Any, ctx: Any) -> None:
-            if kind == "tail":
-                found[stream] = max(found.get(stream, 0), ctx.offset + 1)
-            else:
-                found.setdefault(stream, ctx.offset)
-            events[stream].set()
-
-        return cb
-
-    try:
-        names = list(streams)
-        for s in names:
-            events[s] = asyncio.Event()
-            await consumer.subscribe(s, on_message(s), offset_specification=spec, initial_credit=1)
-        waits = [asyncio.wait_for(events[s].wait(), timeout) for s in names]
-        for res in await asyncio.gather(*waits, return_exceptions=True):
-            if isinstance(res, BaseException) and not isinstance(res, asyncio.TimeoutError):
-                raise res
-        return {s: found[s] for s in names if s in found}
-    finally:
-        await consumer.close()
-
-
-async def read_range(
-    conn: dict[str, Any],
-    rng: Range,
-    timeout: float,
-    sink: Callable[[int, int, bytes], Awaitable[None] | None],
-) -> RangeCursor:
-    """Deliver every record of `rng` to `sink(offset, chunk_timestamp_ms, data)`, in
-    offset order; returns the cursor (its `gaps`: offsets not delivered). A
-    TimeoutError when nothing of the range came for `timeout` seconds."""
-    rs = _rstream()
-    cursor = RangeCursor(rng)
-    consumer = _consumer(conn, f"read-{rng.stream}")
-    done = asyncio.Event()
-    progress = asyncio.Event()
-    failure: list[BaseException] = []
-
-    async def cb(msg: Any, ctx: Any) -> None:
-        if done.is_set():
-            return
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        fut: Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
-            if cursor.offer(ctx.offset):
-                maybe = sink(ctx.offset, ctx.timestamp, bytes(msg))
-                if maybe is not None:
-                    await maybe
-        except BaseException as exc:  # surfaced by read_range, not swallowed by rstream
-            failure.append(exc)
-            done.set()
-        progress.set()
-        if cursor.done:
-            done.set()
+            return fut.result()
+        except BaseException:
+            fut.cancel()
+            raise
 
-    try:
-        spec = rs.ConsumerOffsetSpecification(rs.OffsetType.OFFSET, rng.first)
-        await consumer.subscribe(rng.stream, cb, offset_specification=spec, initial_credit=10)
-        while not done.is_set():
-            progress.clear()
+    def _pool_(self) -> Any:
+        if self._pool is None:
+            rs = _rstream()
+            c = self.conn
+            self._pool = rs.client.ClientPool(
+                c["host"],
+                c.get("port", 5552),
+                ssl_context=c.get("ssl_context"),
+                vhost=c.get("vhost", "/"),
+                username=c["username"],
+                password=c["password"],
+                frame_max=1024 * 1024,
+                heartbeat=60,
+                load_balancer_mode=False,
+                max_retries=3,
+            )
+        return self._pool
+
+    async def _locator_(self) -> Any:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._locator is None or not self._locator.is_connection_alive():
+                pool = self._pool_()
+                self._locator = await pool.new(
+                    connection_name="ackkit-stream:locator",
+                    addr=pool.addr,
+                    connection_closed_handler=_closed,
+                )
+            return self._locator
+
+    async def _data_for(self, stream: str) -> tuple[Any, int]:
+        """A data connection to a node holding `stream` (a replica if there is one, as
+        rstream's consumer reads) and a free subscription id on it."""
+        locator = await self._locator_()
+        leader, replicas = await locator.query_leader_and_replicas(stream)
+        node = sorted(replicas, key=lambda b: (b.host, b.port))[0] if replicas else leader
+        rs = _rstream()
+        addr = rs.client.Addr(node.host, node.port)
+        assert self._lock is not None
+        async with self._lock:
+            client = self._data.get(addr)
+            if client is None or not client.is_connection_alive():
+                client = await self._pool_().new(
+                    connection_name="ackkit-stream:data",
+                    addr=addr,
+                    connection_closed_handler=_closed,
+                )
+                self._data[addr] = client
+                self._ids[id(client)] = set()
+            used = self._ids[id(client)]
+            free = next((i for i in range(MAX_SUBSCRIPTIONS) if i not in used), None)
+            if free is None:
+                raise RuntimeError(f"more than {MAX_SUBSCRIPTIONS} stream subscriptions at once")
+            used.add(free)
+            return client, free
+
+    @contextlib.asynccontextmanager
+    async def _subscription(
+        self,
+        stream: str,
+        spec: Any,
+        credit: int,
+        on_chunk: Callable[[Any], Awaitable[None]],
+    ) -> Any:
+        """Subscribe to `stream` at `spec`; `on_chunk(frame)` for each chunk delivered.
+        Yields the data connection; unsubscribes (the connection stays open)."""
+        rs = _rstream()
+        client, sid = await self._data_for(stream)
+
+        async def handler(frame: Any) -> None:
+            if frame.subscription_id == sid:
+                await on_chunk(frame)
+
+        client.add_handler(rs.schema.Deliver, handler, name=str(sid))
+        await client.run_queue_listener_task(subscriber_id=sid, handler=handler)
+        try:
+            offset_spec = rs.schema.OffsetSpec.from_params(spec.offset_type, spec.offset)
+            await client.subscribe(
+                stream=stream, subscription_id=sid, offset_spec=offset_spec, initial_credit=credit
+            )
+            yield client
+        finally:
+            with contextlib.suppress(Exception):
+                if client.is_connection_alive():
+                    await asyncio.wait_for(client.unsubscribe(sid), 5)
+            with contextlib.suppress(Exception):
+                await client.stop_queue_listener_task(subscriber_id=sid)
+            with contextlib.suppress(Exception):
+                client.remove_handler(rs.schema.Deliver, name=str(sid))
+            self._ids.get(id(client), set()).discard(sid)
+
+    async def _close(self) -> None:
+        for client in [*self._data.values(), self._locator]:
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    await client.close()
+        self._data.clear()
+        self._locator = None
+
+    def close(self) -> None:
+        """Close the connections and stop the loop (at exit; a later call opens anew)."""
+        if self.pid != os.getpid() or not self.loop.is_running():
+            return
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(self._close(), self.loop).result(CLOSE_WAIT)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+    # -- what the source asks ------------------------------------------------------------
+
+    def partitions(self, super_stream: str) -> list[str]:
+        """The partition streams of a super stream, as the broker lists them."""
+
+        async def go() -> list[str]:
+            return list(await (await self._locator_()).partitions(super_stream))
+
+        return self.call(go())
+
+    def stream_exists(self, stream: str) -> bool:
+        async def go() -> bool:
+            return bool(await (await self._locator_()).stream_exists(stream))
+
+        return self.call(go())
+
+    def probe(
+        self, streams: Iterable[str], kinds: Iterable[str], timeout: float, at: int | None = None
+    ) -> list[dict[str, int]]:
+        """Offsets per stream for each kind, from short subscriptions (all at once).
+
+        kind "first": the first offset the stream holds; "tail": the offset after the
+        last chunk's (the next offset to be written: a lower bound if the stream grows
+        meanwhile); "timestamp": the first offset of the first chunk written at or after
+        `at` (epoch ms). A stream that delivers nothing within `timeout` seconds is left
+        out of its kind's answer (empty, or nothing at or after the timestamp)."""
+        names, wanted = list(streams), list(kinds)
+        return self.call(self._probe_all(names, wanted, timeout, at))
+
+    async def _probe_all(
+        self, names: list[str], kinds: list[str], timeout: float, at: int | None
+    ) -> list[dict[str, int]]:
+        answers: list[dict[str, int]] = [{} for _ in kinds]
+        jobs = [
+            self._probe_one(s, kind, timeout, at, answers[i])
+            for i, kind in enumerate(kinds)
+            for s in names
+        ]
+        for res in await asyncio.gather(*jobs, return_exceptions=True):
+            if isinstance(res, BaseException):
+                raise res
+        return answers
+
+    async def _probe_one(
+        self, stream: str, kind: str, timeout: float, at: int | None, out: dict[str, int]
+    ) -> None:
+        rs = _rstream()
+        spec = {
+            "first": rs.ConsumerOffsetSpecification(rs.OffsetType.FIRST, None),
+            "tail": rs.ConsumerOffsetSpecification(rs.OffsetType.LAST, None),
+            "timestamp": rs.ConsumerOffsetSpecification(rs.OffsetType.TIMESTAMP, at),
+        }[kind]
+        got = asyncio.Event()
+
+        async def on_chunk(frame: Any) -> None:
+            if not got.is_set():
+                first = frame.chunk_first_offset
+                out[stream] = first + frame.num_records if kind == "tail" else first
+                got.set()
+
+        async with self._subscription(stream, spec, 1, on_chunk):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(got.wait(), timeout)
+
+    def read_range(self, rng: Range, timeout: float, sink: Sink) -> RangeCursor:
+        """Deliver every record of `rng` to `sink(offset, chunk_timestamp_ms, data)`, in
+        offset order; returns the cursor (its `gaps`: offsets not delivered). A
+        TimeoutError when nothing of the range came for `timeout` seconds; a
+        ConnectionError when the connection is lost meanwhile."""
+        return self.call(self._read(rng, timeout, sink))
+
+    async def _read(self, rng: Range, timeout: float, sink: Sink) -> RangeCursor:
+        rs = _rstream()
+        cursor = RangeCursor(rng)
+        done = asyncio.Event()
+        progress = asyncio.Event()
+        failure: list[BaseException] = []
+        client_box: list[Any] = []
+
+        async def on_chunk(frame: Any) -> None:
+            if done.is_set():
+                return
             try:
-                await asyncio.wait_for(progress.wait(), timeout)
-            except TimeoutError:
-                raise TimeoutError(
-                    f"stream {rng.stream!r}: no record of offsets {cursor.expected}.."
-                    f"{rng.until - 1} came within {timeout:.0f} s"
-                ) from None
+                offset = frame.chunk_first_offset - 1
+                for data in frame.get_messages():
+                    offset += 1
+                    if cursor.offer(offset):
+                        maybe = sink(offset, frame.timestamp, bytes(data))
+                        if maybe is not None:
+                            await maybe
+                    if cursor.done:
+                        break
+                if not cursor.done and client_box:
+                    await client_box[0].credit(frame.subscription_id, 1)
+            except BaseException as exc:  # surfaced by read_range
+                failure.append(exc)
+                done.set()
+            progress.set()
+            if cursor.done:
+                done.set()
+
+        spec = rs.ConsumerOffsetSpecification(rs.OffsetType.OFFSET, rng.first)
+        async with self._subscription(rng.stream, spec, 10, on_chunk) as client:
+            client_box.append(client)
+            quiet = 0.0
+            while not done.is_set():
+                progress.clear()
+                try:
+                    await asyncio.wait_for(progress.wait(), 1.0)
+                    quiet = 0.0
+                except TimeoutError:
+                    quiet += 1.0
+                    if not client.is_connection_alive():
+                        raise ConnectionError(
+                            f"stream {rng.stream!r}: the connection was lost while reading "
+                            f"offsets {cursor.expected}..{rng.until - 1}"
+                        ) from None
+                    if quiet >= timeout:
+                        raise TimeoutError(
+                            f"stream {rng.stream!r}: no record of offsets {cursor.expected}.."
+                            f"{rng.until - 1} came within {timeout:.0f} s"
+                        ) from None
         if failure:
             raise failure[0]
         return cursor
-    finally:
-        with contextlib.suppress(Exception):
-            await consumer.close()
+
+    def store_offsets(self, reference: str, positions: dict[str, int]) -> None:
+        """Store positions on the broker under `reference` (the last offset read:
+        position-1)."""
+
+        async def go() -> None:
+            locator = await self._locator_()
+            for stream, pos in positions.items():
+                if pos > 0:
+                    await locator.store_offset(stream=stream, reference=reference, offset=pos - 1)
+
+        self.call(go())
 
 
-async def store_offsets(conn: dict[str, Any], reference: str, positions: dict[str, int]) -> None:
-    """Store positions on the broker under `reference` (the last offset read: position-1)."""
-    consumer = _consumer(conn, "store")
-    try:
-        for stream, pos in positions.items():
-            if pos > 0:
-                await consumer.store_offset(stream, reference, pos - 1)
-    finally:
-        await consumer.close()
+_links: dict[tuple[Any, ...], Link] = {}
+_links_lock = threading.Lock()
+
+
+def link(conn: dict[str, Any]) -> Link:
+    """This process's link for `conn` (made on first use, and again after a fork)."""
+    key = tuple(sorted((k, repr(v)) for k, v in conn.items()))
+    with _links_lock:
+        found = _links.get(key)
+        if found is None or found.pid != os.getpid() or not found.thread.is_alive():
+            found = _links[key] = Link(conn)
+        return found
+
+
+@atexit.register
+def _close_all() -> None:
+    for lk in list(_links.values()):
+        lk.close()

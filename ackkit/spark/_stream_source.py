@@ -108,28 +108,19 @@ class RabbitMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _partitions(self) -> list[str]:
         o = self.opts
         if o.super_stream:
-            parts = io.run(io.partitions(o.connection, o.super_stream))
+            parts = io.link(o.connection).partitions(o.super_stream)
             if not parts:
                 raise ValueError(f"super stream {o.super_stream!r} has no partitions")
             return sorted(parts)
         assert o.stream is not None
-        if not io.run(io.stream_exists(o.connection, o.stream)):
+        if not io.link(o.connection).stream_exists(o.stream):
             raise ValueError(f"stream {o.stream!r} does not exist")
         return [o.stream]
 
-    def _probe(self, parts: Sequence[str], *kinds: str) -> list[dict[str, int]]:
-        o = self.opts
-
-        async def all_of() -> list[dict[str, int]]:
-            import asyncio
-
-            return list(
-                await asyncio.gather(
-                    *(io.probe(o.connection, parts, k, o.probe_timeout) for k in kinds)
-                )
-            )
-
-        return io.run(all_of())
+    def _probe(
+        self, parts: Sequence[str], *kinds: str, at: int | None = None
+    ) -> list[dict[str, int]]:
+        return io.link(self.opts.connection).probe(parts, kinds, self.opts.probe_timeout, at)
 
     def _store(self) -> Store:
         name = self.opts.name
@@ -151,11 +142,7 @@ class RabbitMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         firsts, tails = self._probe(parts, "first", "tail")
         at = None
         if start.kind is StartFrom.TIMESTAMP:
-            at = io.run(
-                io.probe(
-                    self.opts.connection, parts, "timestamp", self.opts.probe_timeout, start.value
-                )
-            )
+            (at,) = self._probe(parts, "timestamp", at=start.value)
         positions = initial_positions(parts, start, firsts=firsts, tails=tails, at_timestamp=at)
         offset = to_json(self.opts.name, positions)
         store.put("initial.json", json.dumps(offset, sort_keys=True).encode())
@@ -206,7 +193,7 @@ class RabbitMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return
         positions = from_json(self.opts.name, end, "committed offset")
         try:
-            io.run(io.store_offsets(self.opts.connection, ref, positions))
+            io.link(self.opts.connection).store_offsets(ref, positions)
         except Exception as exc:  # informational only: the checkpoint is the truth
             log.warning("ackkit.spark: could not store offsets on the broker: %s", exc)
 
@@ -222,10 +209,11 @@ class RabbitMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         def keep(offset: int, ts: int, data: bytes) -> None:
             records.append(record(rng.stream, offset, ts, data, rows.model))
 
-        cursor = io.run(io.read_range(o.connection, rng, o.read_timeout, keep))
+        link = io.link(o.connection)
+        cursor = link.read_range(rng, o.read_timeout, keep)
         lost: list[Loss] = []
         if cursor.gaps:  # retention, or entries that are not messages: which?
-            firsts = io.run(io.probe(o.connection, [rng.stream], "first", o.probe_timeout))
+            (firsts,) = link.probe([rng.stream], ["first"], o.probe_timeout)
             lost = lost_in(cursor.gaps, firsts.get(rng.stream))
         if lost:
             if o.fail_on_data_loss:
