@@ -4,9 +4,11 @@ A driver process (`_spark_streams_driver.py`) reads a super stream of 3 partitio
 idempotent Parquet batches. Each round publishes more records, starts the driver, waits
 until it has written a batch or two, and SIGKILLs, at a random moment (seeded, printed):
 the whole driver (its process group: JVM, source runner, Python workers), or only the
-Python workers that run the executors' reads (the tasks are retried). A last run, in
-this process, reads to the end (AvailableNow). The output must then hold every
-published record exactly once, compared with what plain rstream reads from the stream.
+Python workers that run the executors' reads (the tasks are retried). Before the last
+round the deployment changes: a fourth partition is added to the super stream (as an
+operator scales it), and that round's driver is killed too. A last run, in this
+process, reads to the end (AvailableNow). The output must then hold every published
+record exactly once, compared with what plain rstream reads from the stream.
 
 Super streams need 3.11+: this runs on the 4.3 leg of make test (the plain stream path
 shares all of its code but the partition listing).
@@ -38,7 +40,8 @@ from tests._streams import declare_super_stream, delete_queues, message_ids, pub
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(900)]
 
 DRIVER = Path(__file__).with_name("_spark_streams_driver.py")
-ROUNDS = ("driver", "workers", "driver")
+# (what is killed, whether a partition is added before the round)
+ROUNDS = (("driver", False), ("workers", False), ("driver", True))
 PER_ROUND = 700
 SEED = int(os.environ.get("ACKKIT_STREAMS_KILL_SEED") or 20261126)
 
@@ -88,7 +91,10 @@ def test_random_kills_keep_the_output_exactly_once(
     published = 0
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
     try:
-        for rnd_no, what in enumerate(ROUNDS):
+        for rnd_no, (what, grow) in enumerate(ROUNDS):
+            if grow:  # the deployment changes under the checkpoint, then a kill
+                parts += declare_super_stream(node.url, name, 1, first=len(parts))
+                print(f"round {rnd_no}: partition {parts[-1]} added")
             for i, part in enumerate(parts):
                 ids = range(published + i, published + PER_ROUND, len(parts))
                 publish(node.url, node.stream_port, part, [(f"r-{k:06d}", b"x") for k in ids])
