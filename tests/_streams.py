@@ -66,27 +66,30 @@ def delete_queues(url: str, *names: str) -> None:
             conn.close()
 
 
-def publish(url: str, port: int, stream: str, items: list[tuple[str, bytes]]) -> None:
-    """Publish (message_id, body) pairs to one stream as AMQP 1.0 messages, each batch
-    confirmed by the broker (plain rstream, no publishing ids)."""
+def publish(
+    url: str, port: int, stream: str, items: list[tuple[str, bytes]], batch: int = 500
+) -> None:
+    """Publish (message_id, body) pairs to one stream as AMQP 1.0 messages, `batch` at a
+    time, each batch confirmed by the broker before the next (plain rstream, no
+    publishing ids): no chunk of the stream then spans two batches."""
     import rstream
     from rstream._pyamqp.message import Properties
 
     async def go() -> None:
         async with rstream.Producer(**stream_connection(url, port)) as prod:
-            for i in range(0, len(items), 500):
-                batch = [
+            for i in range(0, len(items), batch):
+                msgs = [
                     rstream.AMQPMessage(body=b, properties=Properties(message_id=m))
-                    for m, b in items[i : i + 500]
+                    for m, b in items[i : i + batch]
                 ]
                 confirmed: set[int] = set()
 
                 def cb(st: Any, seen: set[int] = confirmed) -> None:
                     seen.add(st.message_id)
 
-                await prod.send_batch(stream, batch, on_publish_confirm=cb)
+                await prod.send_batch(stream, msgs, on_publish_confirm=cb)
                 deadline = time.monotonic() + 60
-                while len(confirmed) < len(batch):  # the broker confirmed every one
+                while len(confirmed) < len(msgs):  # the broker confirmed every one
                     assert time.monotonic() < deadline, "publish confirms did not come"
                     await asyncio.sleep(0.01)
 

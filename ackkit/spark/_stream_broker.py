@@ -29,6 +29,7 @@ log = logging.getLogger("ackkit.spark.streams")
 T = TypeVar("T")
 MAX_SUBSCRIPTIONS = 200  # per connection: subscription ids are one byte; rstream's cap
 CLOSE_WAIT = 2.0  # seconds a link may take to close at exit
+CREDIT = 10  # chunks a read may have in flight
 Sink = Callable[[int, int, bytes], Awaitable[None] | None]
 
 
@@ -142,16 +143,17 @@ class Link:
         stream: str,
         spec: Any,
         credit: int,
-        on_chunk: Callable[[Any], Awaitable[None]],
+        on_chunk: Callable[[Any, Any], Awaitable[None]],
     ) -> Any:
-        """Subscribe to `stream` at `spec`; `on_chunk(frame)` for each chunk delivered.
-        Yields the data connection; unsubscribes (the connection stays open)."""
+        """Subscribe to `stream` at `spec`; `on_chunk(connection, frame)` for each chunk
+        delivered (from the first: chunks may come before `subscribe` returns). Yields
+        the data connection; unsubscribes (the connection stays open)."""
         rs = _rstream()
         client, sid = await self._data_for(stream)
 
         async def handler(frame: Any) -> None:
             if frame.subscription_id == sid:
-                await on_chunk(frame)
+                await on_chunk(client, frame)
 
         client.add_handler(rs.schema.Deliver, handler, name=str(sid))
         await client.run_queue_listener_task(subscriber_id=sid, handler=handler)
@@ -241,7 +243,7 @@ class Link:
         }[kind]
         got = asyncio.Event()
 
-        async def on_chunk(frame: Any) -> None:
+        async def on_chunk(_client: Any, frame: Any) -> None:
             if not got.is_set():
                 first = frame.chunk_first_offset
                 out[stream] = first + frame.num_records if kind == "tail" else first
@@ -264,9 +266,8 @@ class Link:
         done = asyncio.Event()
         progress = asyncio.Event()
         failure: list[BaseException] = []
-        client_box: list[Any] = []
 
-        async def on_chunk(frame: Any) -> None:
+        async def on_chunk(client: Any, frame: Any) -> None:
             if done.is_set():
                 return
             try:
@@ -279,8 +280,8 @@ class Link:
                             await maybe
                     if cursor.done:
                         break
-                if not cursor.done and client_box:
-                    await client_box[0].credit(frame.subscription_id, 1)
+                if not cursor.done:  # one more chunk for this one
+                    await client.credit(frame.subscription_id, 1)
             except BaseException as exc:  # surfaced by read_range
                 failure.append(exc)
                 done.set()
@@ -289,8 +290,7 @@ class Link:
                 done.set()
 
         spec = rs.ConsumerOffsetSpecification(rs.OffsetType.OFFSET, rng.first)
-        async with self._subscription(rng.stream, spec, 10, on_chunk) as client:
-            client_box.append(client)
+        async with self._subscription(rng.stream, spec, CREDIT, on_chunk) as client:
             quiet = 0.0
             while not done.is_set():
                 progress.clear()

@@ -55,6 +55,24 @@ def test_probes_and_ranges_match_a_plain_reader(stream_broker: Any, stream: str)
         assert _read(link, Range(stream, a, b)) == [t for t in truth if a <= t[0] < b]
 
 
+def test_a_range_of_many_small_chunks_is_read_whole(stream_broker: Any) -> None:
+    # 30 records a chunk: a range spans several times the chunks a read has credit for
+    # at first, so it finishes only if each chunk handled asks for the next, from the
+    # very first (chunks can be handled before the subscription's answer is)
+    node = stream_broker
+    name = f"link-small-{uuid.uuid4().hex[:8]}"
+    declare_stream(node.url, name)
+    try:
+        items = [(f"s{i}", b"x" * 100) for i in range(30 * io.CREDIT * 4)]
+        publish(node.url, node.stream_port, name, items, batch=30)
+        link = _link(node)
+        for _ in range(3):
+            got = _read(link, Range(name, 0, len(items)))
+            assert [off for off, _ in got] == list(range(len(items)))
+    finally:
+        delete_queues(node.url, name)
+
+
 def test_many_subscriptions_on_one_link_free_their_ids(stream_broker: Any, stream: str) -> None:
     # more short subscriptions than a connection has subscription ids
     link = _link(stream_broker)
