@@ -2,7 +2,8 @@
 queue source over 1, 2 and 4 shard queues, and raw rstream / raw pika consumers reading
 the same records.
 
-    python -m spark.bench_scale [--messages 40000] [--version 4.3] [--json PATH]
+    python -m spark.bench_scale [--messages 40000] [--version 4.3] [--only streams|queues]
+                                [--json PATH]
 
 One throwaway node of the test kit's own with the stream plugin (super streams: 3.11+),
 one SparkSession (local[2], warmed first). Each Spark case reads N records of 200 bytes
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 import threading
 import time
@@ -86,8 +88,11 @@ def queue_counts(url: str, queues: list[str]) -> list[int]:
         conn.close()
 
 
-def stream_source(spark: Any, url: str, port: int, name: str, cap: int) -> float:
-    """Seconds for an AvailableNow run of the stream source to write everything."""
+def stream_source(
+    spark: Any, url: str, port: int, name: str, cap: int
+) -> tuple[float, dict[str, float]]:
+    """Seconds for an AvailableNow run of the stream source to write everything, and the
+    median of each of Spark's `durationMs` parts over the run's batches."""
     with tempfile.TemporaryDirectory(prefix="ackkit-bench-scale-") as d:
         ck = Path(d) / "ck"
         df = aks.read_stream_source(
@@ -106,7 +111,12 @@ def stream_source(spark: Any, url: str, port: int, name: str, cap: int) -> float
         seconds = time.monotonic() - t0
         if q.exception() is not None:
             raise RuntimeError(str(q.exception()))
-        return seconds
+        parts: dict[str, list[float]] = {}
+        for p in q.recentProgress:
+            if p.numInputRows:
+                for key, ms in (p.durationMs or {}).items():
+                    parts.setdefault(key, []).append(float(ms))
+        return seconds, {k: statistics.median(v) for k, v in parts.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-trigger", type=int, default=10_000, help="records per batch, total")
     p.add_argument("--version", default="4.3")
     p.add_argument("--json", type=Path, dest="json_path")
+    p.add_argument("--only", choices=("streams", "queues"), help="one source and its raw client")
     a = p.parse_args(argv)
     from ackkit_testkit import own_node
     from tests._streams import declare_super_stream, publish
@@ -129,27 +140,29 @@ def main(argv: list[str] | None = None) -> int:
         items = [(f"m-{i}", BODY) for i in range(n)]
         for k in SIZES:
             name = f"bench-scale-{k}"
-            parts = declare_super_stream(url, name, k)
-            for i, s in enumerate(parts):
-                publish(url, port, s, items[i::k])
-            c0 = _cpu()
-            raw_s = raw_read(url, port, parts, n)
-            rows.append(_row("raw rstream", k, n, raw_s, _cpu() - c0))
-            c0 = _cpu()
-            raw_s = raw_read(url, port, parts, n, decode=True)
-            rows.append(_row("raw rstream, decoded", k, n, raw_s, _cpu() - c0))
-            c0 = _cpu()
-            spark_s = stream_source(spark, url, port, name, cap)
-            rows.append(_row("stream source", k, n, spark_s, _cpu() - c0))
-
-            queues = prefill_shards(url, f"bench.scale.{k}", k, n)
-            c0 = _cpu()
-            raw_s = raw_pika_all(url, queues, queue_counts(url, queues))
-            rows.append(_row("raw pika", k, n, raw_s, _cpu() - c0))
-            queues = prefill_shards(url, f"bench.scale.{k}", k, n)
-            c0 = _cpu()
-            res = drain(url, queues if k > 1 else queues[0], n, max_batch=max(cap // k, 1))
-            rows.append(_row("queue source", k, n, res["seconds"], _cpu() - c0))
+            if a.only != "queues":
+                parts = declare_super_stream(url, name, k)
+                for i, s in enumerate(parts):
+                    publish(url, port, s, items[i::k])
+                c0 = _cpu()
+                raw_s = raw_read(url, port, parts, n)
+                rows.append(_row("raw rstream", k, n, raw_s, _cpu() - c0))
+                c0 = _cpu()
+                raw_s = raw_read(url, port, parts, n, decode=True)
+                rows.append(_row("raw rstream, decoded", k, n, raw_s, _cpu() - c0))
+                c0 = _cpu()
+                spark_s, spark_ms = stream_source(spark, url, port, name, cap)
+                rows.append(_row("stream source", k, n, spark_s, _cpu() - c0))
+                rows[-1]["spark_ms"] = spark_ms
+            if a.only != "streams":
+                queues = prefill_shards(url, f"bench.scale.{k}", k, n)
+                c0 = _cpu()
+                raw_s = raw_pika_all(url, queues, queue_counts(url, queues))
+                rows.append(_row("raw pika", k, n, raw_s, _cpu() - c0))
+                queues = prefill_shards(url, f"bench.scale.{k}", k, n)
+                c0 = _cpu()
+                res = drain(url, queues if k > 1 else queues[0], n, max_batch=max(cap // k, 1))
+                rows.append(_row("queue source", k, n, res["seconds"], _cpu() - c0))
             print(json.dumps(rows[-5:]), flush=True)
         spark.stop()
     raw = {(r["source"], r["parallel"]): r for r in rows if r["source"].startswith("raw")}
@@ -168,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
             f"| {r['source']} | {r['parallel']} | {r['msgs_per_s']:,} | {r['per_partition']:,} "
             f"| {ratio} | {r['cpu_us_per_msg']} |"
         )
+    for r in rows:
+        if "spark_ms" in r:
+            k = r["parallel"]
+            print(f"stream source, {k} partition(s), median ms per batch: {r['spark_ms']}")
     if a.json_path:
         a.json_path.write_text(
             json.dumps({"messages": n, "per_trigger": cap, "rabbitmq": a.version,
