@@ -15,23 +15,18 @@ VERSIONS := 3.10 4.0 4.3
 # Suites that talk to a broker; unit tests need no second run.
 BROKER_SUITES := tests/contract tests/integration tests/adversarial tests/inbox \
                  tests/chaos/test_chaos_quick.py tests/spark
-# The Spark modules are split between make test's two broker legs (both run on the same
-# 2 cores, so each Spark start-up counts once): the queue source's crash scenarios
-# (SIGKILLed drivers), the standalone-cluster test (a master, two workers, executors in
-# JVMs of their own) and the deployment-change and shard-scale runs are on 3.10; the
-# Trigger.AvailableNow end-to-end run and the Spark Connect check (a second JVM) are on
-# 4.3, with the streams source's super-stream, kill and cluster tests (super streams need
-# 3.11+).
-# None of these is about the broker's version (the AvailableNow broker side, without
-# Spark, runs on every leg: tests/contract/test_spark_available.py); make test-matrix
-# runs every module on every version. This keeps CI near 30 minutes on a 2-core machine.
-LEG43_SKIP := --ignore=tests/spark/test_spark_crash.py \
-              --ignore=tests/spark/test_spark_cluster.py \
-              --ignore=tests/spark/test_spark_deploy.py \
-              --ignore=tests/spark/test_spark_scale.py
-LEG310_SKIP := --ignore=tests/spark/test_spark_available.py \
-               --ignore=tests/spark/test_spark_connect.py \
-               --ignore=tests/spark/test_spark_cluster_streams.py
+# The Spark modules that need a Spark of their own (SIGKILLed drivers, a standalone
+# cluster, a Spark Connect server) run once, in the legs that follow the Docker leg (see
+# .ci/test-legs): the queue source's crash, cluster, deployment-change and shard-scale
+# modules on 3.10, and the AvailableNow, Spark Connect and streams kill and cluster
+# modules on 4.3 (super streams need 3.11+). None of them is about the broker's version
+# (the AvailableNow broker side, without Spark, runs on every leg:
+# tests/contract/test_spark_available.py); make test-matrix runs every module on every
+# version. The other Spark modules run on both broker legs.
+SPARK310 := tests/spark/test_spark_crash.py tests/spark/test_spark_cluster.py \
+            tests/spark/test_spark_deploy.py tests/spark/test_spark_scale.py
+SPARK43 := tests/spark/test_spark_available.py tests/spark/test_spark_connect.py \
+           tests/spark/test_spark_cluster_streams.py tests/spark/test_spark_streams_kill.py
 # The environment of a leg on RabbitMQ $(1): 3.10 keeps AMQP_URL as given.
 leg_env = $(if $(filter 3.10,$(1)),,env -u AMQP_URL) ACKKIT_TEST_RABBITMQ=$(1)
 RESULTS_SUFFIX := $(if $(filter 3.10,$(RABBITMQ)),,-$(RABBITMQ))
@@ -55,7 +50,7 @@ docs-serve: $(STAMP)
 	.venv/bin/mkdocs serve
 
 test: $(STAMP)
-	PYTEST=$(PYTEST) BROKER_SUITES="$(BROKER_SUITES)" LEG43_SKIP="$(LEG43_SKIP)" LEG310_SKIP="$(LEG310_SKIP)" \
+	PYTEST=$(PYTEST) BROKER_SUITES="$(BROKER_SUITES)" SPARK310="$(SPARK310)" SPARK43="$(SPARK43)" \
 	    bash .ci/test-legs
 
 # contract + test-kit tests against RabbitMQ containers (skipped without Docker)

@@ -318,6 +318,32 @@ class SparkCluster:
                 raise TimeoutError(f"executor JVM {executor.pid} still alive after SIGKILL")
             time.sleep(0.1)
 
+    def executor_killer(
+        self, rng: Any, executors: int, kills: list[dict[str, Any]], idle_max: float = 1.0
+    ) -> Any:
+        """An `on_write` hook for `spark.random_kill.kill_rounds`: while the driver runs
+        (before its own SIGKILL, `kill_in` seconds away), SIGKILL one of the application's
+        `executors` executor JVMs at a random moment; each kill (or a driver that ended
+        first) is appended to `kills`, with `killed_at` the driver's kill time."""
+
+        def kill_an_executor(round_no: int, proc: Any, kill_in: float | None) -> None:
+            app, execs = self.wait_executors(executors, timeout=120)
+            top = 0.8 * kill_in if kill_in is not None else idle_max
+            after = rng.uniform(0, top)
+            victim = rng.choice(sorted(execs, key=lambda e: e.worker))
+            driver_at = time.time() + kill_in if kill_in is not None else None
+            time.sleep(after)
+            running = proc.poll() is None
+            if running:
+                self.kill_executor(victim)
+            kills.append(
+                {"round": round_no, "after_s": round(after, 2), "worker": victim.worker,
+                 "executor": victim.executor_id, "app": app, "driver_running": running,
+                 "driver_killed_at": driver_at}
+            )  # fmt: skip
+
+        return kill_an_executor
+
     # -- stopping ------------------------------------------------------------------------------
 
     def processes(self) -> dict[int, int]:

@@ -87,23 +87,7 @@ def test_driver_and_executor_sigkilled_on_a_cluster_output_equals_input(
         cmd += [str(SHARDS), wal]
 
         kills: list[dict[str, Any]] = []
-        driver_killed_at: list[float] = []
-
-        def kill_an_executor(round_no: int, proc: Any, kill_in: float | None) -> None:
-            """While the driver runs (before its own SIGKILL): SIGKILL one executor JVM."""
-            if kill_in is not None:
-                driver_killed_at.append(time.time() + kill_in)
-            app, execs = spark_cluster.wait_executors(SHARDS, timeout=120)
-            after = rng.uniform(0, 0.8 * kill_in) if kill_in is not None else rng.uniform(0, 2)
-            victim = rng.choice(sorted(execs, key=lambda e: e.worker))
-            time.sleep(after)
-            running = proc.poll() is None
-            if running:
-                spark_cluster.kill_executor(victim)
-            kills.append(
-                {"round": round_no, "after_s": round(after, 2), "worker": victim.worker,
-                 "executor": victim.executor_id, "app": app, "driver_running": running}
-            )  # fmt: skip
+        kill_an_executor = spark_cluster.executor_killer(rng, SHARDS, kills, idle_max=2.0)
 
         t0 = time.monotonic()
         driver_kills, last_exit = kill_rounds(
@@ -143,7 +127,7 @@ def test_driver_and_executor_sigkilled_on_a_cluster_output_equals_input(
         print(
             f"cluster kill run: seed {seed}, {seconds:.0f} s, driver kills {driver_kills}, "
             f"executor kills {kills}, batches replayed after the driver kill: "
-            f"{_replayed(tmp_path / 'ck', driver_killed_at)}"
+            f"{_replayed(tmp_path / 'ck', [k['driver_killed_at'] for k in kills])}"
         )
     finally:
         conn = pika.BlockingConnection(pika.URLParameters(amqp_url))
@@ -168,11 +152,11 @@ def _ready(url: str, queue: str) -> int:
             conn.close()
 
 
-def _replayed(ck: Path, killed_at: list[float]) -> list[int]:
+def _replayed(ck: Path, killed_at: list[float | None]) -> list[int]:
     """Batches the killed driver had planned (Spark's offsets log) and the restarted one
     committed: replayed, read back from the write-ahead log by an executor (for the
     report: the kill moment is known to a fraction of a second)."""
-    if not killed_at:
+    if not killed_at or killed_at[0] is None:
         return []
     out = []
     for p in (ck / "offsets").iterdir():

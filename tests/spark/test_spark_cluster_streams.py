@@ -84,20 +84,7 @@ def test_executor_and_driver_sigkilled_stream_output_is_exactly_once(
         cmd = [sys.executable, str(DRIVER), node.url, str(node.stream_port), kind, name]
         cmd += [str(tmp_path), str(N)]
         kills: list[dict[str, Any]] = []
-
-        def kill_an_executor(round_no: int, proc: Any, kill_in: float | None) -> None:
-            """While the driver runs (before its own SIGKILL): SIGKILL one executor JVM."""
-            app, execs = spark_cluster.wait_executors(2, timeout=120)
-            after = rng.uniform(0, 0.8 * kill_in) if kill_in is not None else rng.uniform(0, 1)
-            victim = rng.choice(sorted(execs, key=lambda e: e.worker))
-            time.sleep(after)
-            running = proc.poll() is None
-            if running:
-                spark_cluster.kill_executor(victim)
-            kills.append(
-                {"round": round_no, "after_s": round(after, 2), "worker": victim.worker,
-                 "app": app, "driver_running": running}
-            )  # fmt: skip
+        kill_an_executor = spark_cluster.executor_killer(rng, 2, kills)
 
         t0 = time.monotonic()
         driver_kills, last_exit = kill_rounds(
