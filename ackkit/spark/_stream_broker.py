@@ -51,6 +51,19 @@ def _closed(info: Any) -> None:
     log.info("ackkit.spark: stream connection closed: %s", info)
 
 
+async def _discard(client: Any) -> None:
+    """Let go of a connection the broker closed: its tasks and its socket (rstream's
+    close() leaves the socket of a broken connection open)."""
+    conn = getattr(client, "_conn", None)
+    with contextlib.suppress(Exception):
+        await client.close()
+    writer = getattr(conn, "_writer", None)
+    if writer is not None:
+        with contextlib.suppress(Exception):
+            writer.close()
+            await asyncio.wait_for(writer.wait_closed(), 1)
+
+
 class Link:
     """One process's connections to one broker (see the module doc). Its methods block
     the calling thread until the broker answered; they may be called from any thread
@@ -103,6 +116,8 @@ class Link:
             self._lock = asyncio.Lock()
         async with self._lock:
             if self._locator is None or not self._locator.is_connection_alive():
+                if self._locator is not None:
+                    await _discard(self._locator)
                 pool = self._pool_()
                 self._locator = await pool.new(
                     connection_name="ackkit-stream:locator",
@@ -123,6 +138,9 @@ class Link:
         async with self._lock:
             client = self._data.get(addr)
             if client is None or not client.is_connection_alive():
+                if client is not None:
+                    await _discard(client)
+                    self._ids.pop(id(client), None)
                 client = await self._pool_().new(
                     connection_name="ackkit-stream:data",
                     addr=addr,
@@ -176,8 +194,7 @@ class Link:
     async def _close(self) -> None:
         for client in [*self._data.values(), self._locator]:
             if client is not None:
-                with contextlib.suppress(Exception):
-                    await client.close()
+                await _discard(client)
         self._data.clear()
         self._locator = None
 

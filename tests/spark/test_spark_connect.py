@@ -1,4 +1,5 @@
-"""The rabbitmq queue source under Spark Connect: a local server, the client in another process.
+"""The rabbitmq queue source and the rabbitmq-stream source under Spark Connect: a local
+server, the client in another process.
 
 The server is the pyspark installation's own (`sbin/start-connect-server.sh --wait`,
 the `spark-connect` jar in `pyspark/jars`), bound to 127.0.0.1 on a free port. The
@@ -15,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -127,9 +129,9 @@ def _ids(output: Path) -> list[str]:
     return out
 
 
-def _client(remote: str, url: str, queue: str, base: Path, sink: str) -> dict[str, Any]:
+def _client(remote: str, url: str, queue: str, base: Path, sink: str, *more: str) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, str(CLIENT), remote, url, queue, str(base), sink],
+        [sys.executable, str(CLIENT), remote, url, queue, str(base), sink, *more],
         env=_env(),
         capture_output=True,
         text=True,
@@ -174,3 +176,30 @@ def test_the_queue_source_runs_under_spark_connect(
         ids = _ids(tmp_path / "out")
         assert sorted(ids) == sorted(good)  # nothing written twice
         wait_for(lambda: rabbitmq.counts(q).ready == 0, 60, "the copies acked")
+
+
+def test_the_stream_source_runs_under_spark_connect(connect_server, stream_broker, tmp_path):
+    # Under Connect the stream source plans in the server's source runner and reads in
+    # the server's Python workers, as without it; the client only sends the query.
+    from tests._streams import declare_stream, delete_queues, publish
+
+    node = stream_broker
+    name = f"connect-{secrets.token_hex(3)}"
+    declare_stream(node.url, name)
+    try:
+        ids = [f"s-{i:04d}" for i in range(N)]
+        publish(node.url, node.stream_port, name, [(m, b"x") for m in ids])
+        port = str(node.stream_port)
+        result = _client(connect_server, node.url, name, tmp_path, "stream", port)
+        if not result["ok"] and SLOW_WORKER in str(result.get("error")):
+            result = _client(connect_server, node.url, name, tmp_path, "stream", port)
+        assert result["ok"], f"{result.get('stage')}: {result.get('error')}\n{result['stderr']}"
+        assert sorted(_ids(tmp_path / "out")) == ids
+        # the next run on the same checkpoint reads only what came since
+        more = [f"t-{i:04d}" for i in range(N // 2)]
+        publish(node.url, node.stream_port, name, [(m, b"y") for m in more])
+        again = _client(connect_server, node.url, name, tmp_path, "stream", port)
+        assert again["ok"], again
+        assert sorted(_ids(tmp_path / "out")) == sorted(ids + more)
+    finally:
+        delete_queues(node.url, name)
