@@ -46,8 +46,10 @@ def _rstream() -> Any:
 
 
 def _closed(info: Any) -> None:
-    # A lost connection is found by the next call (a new one is opened) or by a read in
-    # progress (ConnectionError); rstream would log a traceback without this handler.
+    # rstream logs a traceback for a lost connection that has no handler (it calls a
+    # handler only for connections that carry stream names, which ours never do). A lost
+    # connection is found by the next call (a new one is opened) or by a read in progress
+    # (ConnectionError).
     log.info("ackkit.spark: stream connection closed: %s", info)
 
 
@@ -79,8 +81,8 @@ class Link:
         self.thread.start()
         self._pool: Any = None
         self._locator: Any = None
-        self._data: dict[Any, Any] = {}  # broker address -> data connection
-        self._ids: dict[int, set[int]] = {}  # id(data connection) -> subscription ids in use
+        # broker address -> (data connection, its subscription ids in use)
+        self._data: dict[Any, tuple[Any, set[int]]] = {}
         self._lock: asyncio.Lock | None = None
 
     # -- plumbing ------------------------------------------------------------------------
@@ -126,9 +128,10 @@ class Link:
                 )
             return self._locator
 
-    async def _data_for(self, stream: str) -> tuple[Any, int]:
+    async def _data_for(self, stream: str) -> tuple[Any, set[int], int]:
         """A data connection to a node holding `stream` (a replica if there is one, as
-        rstream's consumer reads) and a free subscription id on it."""
+        rstream's consumer reads), its ids in use, and a free subscription id on it
+        (already counted as in use)."""
         locator = await self._locator_()
         leader, replicas = await locator.query_leader_and_replicas(stream)
         node = sorted(replicas, key=lambda b: (b.host, b.port))[0] if replicas else leader
@@ -136,24 +139,22 @@ class Link:
         addr = rs.client.Addr(node.host, node.port)
         assert self._lock is not None
         async with self._lock:
-            client = self._data.get(addr)
+            client, used = self._data.get(addr, (None, set()))
             if client is None or not client.is_connection_alive():
                 if client is not None:
                     await _discard(client)
-                    self._ids.pop(id(client), None)
                 client = await self._pool_().new(
                     connection_name="ackkit-stream:data",
                     addr=addr,
                     connection_closed_handler=_closed,
                 )
-                self._data[addr] = client
-                self._ids[id(client)] = set()
-            used = self._ids[id(client)]
+                used = set()
+                self._data[addr] = (client, used)
             free = next((i for i in range(MAX_SUBSCRIPTIONS) if i not in used), None)
             if free is None:
                 raise RuntimeError(f"more than {MAX_SUBSCRIPTIONS} stream subscriptions at once")
             used.add(free)
-            return client, free
+            return client, used, free
 
     @contextlib.asynccontextmanager
     async def _subscription(
@@ -167,7 +168,7 @@ class Link:
         delivered (from the first: chunks may come before `subscribe` returns). Yields
         the data connection; unsubscribes (the connection stays open)."""
         rs = _rstream()
-        client, sid = await self._data_for(stream)
+        client, used, sid = await self._data_for(stream)
 
         async def handler(frame: Any) -> None:
             if frame.subscription_id == sid:
@@ -189,10 +190,10 @@ class Link:
                 await client.stop_queue_listener_task(subscriber_id=sid)
             with contextlib.suppress(Exception):
                 client.remove_handler(rs.schema.Deliver, name=str(sid))
-            self._ids.get(id(client), set()).discard(sid)
+            used.discard(sid)
 
     async def _close(self) -> None:
-        for client in [*self._data.values(), self._locator]:
+        for client in [*(c for c, _ in self._data.values()), self._locator]:
             if client is not None:
                 await _discard(client)
         self._data.clear()

@@ -87,7 +87,7 @@ def test_a_link_comes_back_after_the_broker_closed_its_connections(
     node = stream_broker
     link = _link(node)
     assert len(_read(link, Range(stream, 0, 100))) == 100
-    before = [link._locator, *link._data.values()]
+    before = [link._locator, *(c for c, _ in link._data.values())]
     writers = [c._conn._writer for c in before]
     node.ctl("close_all_connections", "test: connections closed under a link")
     deadline = time.monotonic() + 10
