@@ -8,7 +8,6 @@ parsed from the body exactly as the queue source does (`_rows.decode`).
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +26,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from .._core import amqp10
 from ._rows import decode
 from ._schema import _micros, _timestamps, header_text, model_columns
 
@@ -48,7 +48,7 @@ META_NAMES = tuple(n for n, _t, _n in STREAM_META)
 _AMQP10 = b"\x00\x53"  # an AMQP 1.0 section descriptor: how an encoded message begins
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Record:
     """One stream record, decoded."""
 
@@ -69,19 +69,22 @@ def _text(value: Any) -> str | None:
         return None
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
-    if isinstance(value, uuid.UUID):
-        return str(value)
     return str(value)
 
 
-def _body(value: Any) -> bytes:
+def _body(msg: amqp10.Message) -> bytes:
+    """The body column: the data sections; or an amqp-value that is text or binary as
+    its bytes, and any other amqp-value or amqp-sequence as JSON text; or empty."""
+    if msg.body is not None:
+        return msg.body
+    value = msg.value
     if value is None:
         return b""
     if isinstance(value, bytes):
         return value
-    if isinstance(value, list):  # several data sections
-        return b"".join(v if isinstance(v, bytes) else str(v).encode() for v in value)
-    return str(value).encode()
+    if isinstance(value, str):
+        return value.encode()
+    return header_text(value).encode()
 
 
 def record(
@@ -95,23 +98,13 @@ def record(
     message_id = content_type = None
     headers: dict[str, str] | None = None
     body = data
-    if data[:2] == _AMQP10:
-        try:
-            from rstream import amqp_decoder
-
-            msg = amqp_decoder(data)
-        except Exception:  # not an AMQP 1.0 message after all: raw bytes
-            msg = None
-        if msg is not None:
-            body = _body(msg.body)
-            props = msg.properties
-            if props is not None:
-                message_id = _text(props.message_id)
-                content_type = _text(props.content_type)
-            if msg.application_properties:
-                headers = {
-                    str(_text(k)): header_text(v) for k, v in msg.application_properties.items()
-                }
+    msg = amqp10.read(data) if data[:2] == _AMQP10 else None
+    if msg is not None:  # else not an AMQP 1.0 message: a body without properties
+        body = _body(msg)
+        message_id = _text(msg.message_id)
+        content_type = _text(msg.content_type)
+        if msg.application_properties:
+            headers = {k: header_text(v) for k, v in msg.application_properties.items()}
     parsed, error = decode(model, body)
     return Record(
         stream, offset, message_id, body, headers, content_type, timestamp_ms, parsed, error
