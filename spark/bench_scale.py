@@ -29,14 +29,22 @@ import statistics
 import tempfile
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import ackkit.spark as aks
 from spark.bench import BODY, drain, prefill_shards, process_cpu, raw_pika, session, warm
 from spark.bench_streams import raw_read
 
 SIZES = (1, 2, 4)
+CEILING = "Spark alone (rows from memory)"
+BASE = {
+    "stream source": "raw rstream, decoded",
+    CEILING: "raw rstream, decoded",
+    "queue source": "raw pika",
+}
+"""Each Spark case's raw client (its ratio's denominator)."""
 
 
 def _cpu() -> float:
@@ -99,24 +107,119 @@ def stream_source(
             spark, url=url, checkpoint=ck, stream_port=port, super_stream=name,
             max_messages_per_trigger=cap,
         )  # fmt: skip
-        t0 = time.monotonic()
-        q = (
-            df.select("stream", "offset", "message_id", "body")
-            .writeStream.foreachBatch(aks.parquet_batches(Path(d) / "out"))
-            .option("checkpointLocation", str(ck))
-            .trigger(availableNow=True)
-            .start()
-        )
-        q.awaitTermination()
-        seconds = time.monotonic() - t0
-        if q.exception() is not None:
-            raise RuntimeError(str(q.exception()))
-        parts: dict[str, list[float]] = {}
-        for p in q.recentProgress:
-            if p.numInputRows:
-                for key, ms in (p.durationMs or {}).items():
-                    parts.setdefault(key, []).append(float(ms))
-        return seconds, {k: statistics.median(v) for k, v in parts.items()}
+        return _timed(df, d, ck)
+
+
+class MemoryRows:
+    """The ceiling case: a streaming Python data source (`ackkit-bench-memory`) that hands
+    Spark the stream source's rows (stream, offset, message_id, body) from memory, built
+    once per process, in the same partitions and triggers: what Spark itself costs per
+    row and per batch, with no broker and no decoding. No source over Spark's Python
+    data source API can be faster than this case on the same machine."""
+
+    _cache: ClassVar[dict[tuple[str, int], Any]] = {}
+
+    @classmethod
+    def rows(cls, stream: str, first: int, until: int) -> Any:
+        import pyarrow as pa
+
+        key = (stream, until - first)
+        if key not in cls._cache:
+            n = until - first
+            cls._cache[key] = pa.RecordBatch.from_arrays(
+                [
+                    pa.array([stream] * n, pa.string()),
+                    pa.array(range(n), pa.int64()),
+                    pa.array([f"m-{i}" for i in range(n)], pa.string()),
+                    pa.array([BODY] * n, pa.binary()),
+                ],
+                names=["stream", "offset", "message_id", "body"],
+            )
+        return cls._cache[key]
+
+
+def memory_source(spark: Any, k: int, n: int, cap: int) -> tuple[float, dict[str, float]]:
+    """`stream_source`'s run with `MemoryRows` in place of the broker."""
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+    from pyspark.sql.streaming.datasource import ReadMaxRows, SupportsTriggerAvailableNow
+
+    class Part(InputPartition):
+        def __init__(self, stream: str, first: int, until: int) -> None:
+            self.stream, self.first, self.until = stream, first, until
+
+    class Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+        def __init__(self, k: int, n: int) -> None:
+            self.k, self.n = k, n
+
+        def initialOffset(self) -> dict[str, int]:
+            return {"at": 0}
+
+        def prepareForTriggerAvailableNow(self) -> None:
+            pass
+
+        def getDefaultReadLimit(self) -> Any:
+            return ReadMaxRows(cap)
+
+        def latestOffset(self, start: dict[str, int], limit: Any) -> dict[str, int]:
+            return {"at": min(self.n, start["at"] + limit.max_rows)}
+
+        def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[Part]:
+            per = (end["at"] - start["at"]) // self.k
+            return [Part(f"p-{i}", start["at"] + i * per, start["at"] + (i + 1) * per)
+                    for i in range(self.k) if per]  # fmt: skip
+
+        def read(self, partition: Any) -> Any:
+            yield MemoryRows.rows(partition.stream, partition.first, partition.until)
+
+    class Source(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "ackkit-bench-memory"
+
+        def schema(self) -> str:
+            return "stream string, offset bigint, message_id string, body binary"
+
+        def streamReader(self, schema: Any) -> Reader:
+            return Reader(k, n)
+
+    spark.dataSource.register(Source)
+    with tempfile.TemporaryDirectory(prefix="ackkit-bench-scale-") as d:
+        ck = Path(d) / "ck"
+        df = spark.readStream.format("ackkit-bench-memory").load()
+        return _timed(df, d, ck)
+
+
+def _timed(df: Any, d: str, ck: Path) -> tuple[float, dict[str, float]]:
+    """Run `df` into parquet_batches with AvailableNow: (seconds, median durationMs parts,
+    steady msg/s: the rows after the first batch over the time from its end to the last
+    batch's end)."""
+    t0 = time.monotonic()
+    q = (
+        df.select("stream", "offset", "message_id", "body")
+        .writeStream.foreachBatch(aks.parquet_batches(Path(d) / "out"))
+        .option("checkpointLocation", str(ck))
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination()
+    seconds = time.monotonic() - t0
+    if q.exception() is not None:
+        raise RuntimeError(str(q.exception()))
+    parts: dict[str, list[float]] = {}
+    batches = [p for p in q.recentProgress if p.numInputRows]
+    for p in batches:
+        for key, ms in (p.durationMs or {}).items():
+            parts.setdefault(key, []).append(float(ms))
+    medians = {k: statistics.median(v) for k, v in parts.items()}
+    if len(batches) > 1:
+        ends = [_ts(p.timestamp) + p.durationMs["triggerExecution"] / 1000 for p in batches]
+        rows = sum(p.numInputRows for p in batches[1:])
+        medians["steady_msgs_per_s"] = round(rows / max(ends[-1] - ends[0], 1e-6))
+    return seconds, medians
+
+
+def _ts(text: str) -> float:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,6 +257,10 @@ def main(argv: list[str] | None = None) -> int:
                 spark_s, spark_ms = stream_source(spark, url, port, name, cap)
                 rows.append(_row("stream source", k, n, spark_s, _cpu() - c0))
                 rows[-1]["spark_ms"] = spark_ms
+                c0 = _cpu()
+                mem_s, mem_ms = memory_source(spark, k, n, cap)
+                rows.append(_row(CEILING, k, n, mem_s, _cpu() - c0))
+                rows[-1]["spark_ms"] = mem_ms
             if a.only != "streams":
                 queues = prefill_shards(url, f"bench.scale.{k}", k, n)
                 c0 = _cpu()
@@ -163,28 +270,35 @@ def main(argv: list[str] | None = None) -> int:
                 c0 = _cpu()
                 res = drain(url, queues if k > 1 else queues[0], n, max_batch=max(cap // k, 1))
                 rows.append(_row("queue source", k, n, res["seconds"], _cpu() - c0))
-            print(json.dumps(rows[-5:]), flush=True)
+            print(json.dumps(rows[-6:]), flush=True)
         spark.stop()
     raw = {(r["source"], r["parallel"]): r for r in rows if r["source"].startswith("raw")}
     for r in rows:
-        base = {"stream source": "raw rstream, decoded", "queue source": "raw pika"}.get(
-            r["source"]
-        )
+        base = BASE.get(r["source"])
         if base:
-            r["ratio_to_raw"] = round(r["msgs_per_s"] / raw[(base, r["parallel"])]["msgs_per_s"], 2)
+            raw_rate = raw[(base, r["parallel"])]["msgs_per_s"]
+            r["ratio_to_raw"] = round(r["msgs_per_s"] / raw_rate, 2)
+            steady = r.get("spark_ms", {}).get("steady_msgs_per_s")
+            if steady:
+                r["steady_ratio_to_raw"] = round(steady / raw_rate, 2)
     print(f"\n{n:,} records of 200 bytes, {cap:,} per batch, RabbitMQ {a.version}")
-    print("| source | partitions / shards | msg/s | per partition | ratio to raw | CPU µs/msg |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| source | partitions / shards | msg/s | per partition | ratio to raw "
+        "| steady msg/s (ratio) | CPU µs/msg |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for r in sorted(rows, key=lambda r: (r["source"], r["parallel"])):
         ratio = r.get("ratio_to_raw", "")
+        steady = r.get("spark_ms", {}).get("steady_msgs_per_s")
+        st = f"{steady:,} ({r['steady_ratio_to_raw']})" if steady else ""
         print(
             f"| {r['source']} | {r['parallel']} | {r['msgs_per_s']:,} | {r['per_partition']:,} "
-            f"| {ratio} | {r['cpu_us_per_msg']} |"
+            f"| {ratio} | {st} | {r['cpu_us_per_msg']} |"
         )
     for r in rows:
         if "spark_ms" in r:
             k = r["parallel"]
-            print(f"stream source, {k} partition(s), median ms per batch: {r['spark_ms']}")
+            print(f"{r['source']}, {k} partition(s), median ms per batch: {r['spark_ms']}")
     if a.json_path:
         a.json_path.write_text(
             json.dumps({"messages": n, "per_trigger": cap, "rabbitmq": a.version,

@@ -18,8 +18,9 @@ import atexit
 import contextlib
 import logging
 import os
+import queue
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -276,11 +277,42 @@ class Link:
         offset order; returns the cursor (its `gaps`: offsets not delivered). A
         TimeoutError when nothing of the range came for `timeout` seconds; a
         ConnectionError when the connection is lost meanwhile."""
-        return self.call(self._read(rng, timeout, sink))
+        return self.call(self._read(RangeCursor(rng), timeout, sink))
 
-    async def _read(self, rng: Range, timeout: float, sink: Sink) -> RangeCursor:
+    def read_parts(
+        self, cursor: RangeCursor, timeout: float, make: Callable[[int, int, bytes], T], size: int
+    ) -> Iterator[list[T]]:
+        """`read_range` of `cursor.range`, handed over while it is read: lists of up to
+        `size` items, `make(offset, chunk_timestamp_ms, data)` of each record in offset
+        order (made on the link's thread), so that the caller works on one part while
+        the next is read. The read's error, if any, is raised after the parts before it;
+        `cursor.gaps` is complete once the iterator is exhausted."""
+        parts: queue.SimpleQueue[list[T] | None] = queue.SimpleQueue()
+        pending: list[T] = []
+
+        def sink(offset: int, ts: int, data: bytes) -> None:
+            pending.append(make(offset, ts, data))
+            if len(pending) >= size:
+                parts.put(pending[:])
+                pending.clear()
+
+        def finished(_fut: Future[RangeCursor]) -> None:  # on the link's thread, last
+            if pending:
+                parts.put(pending[:])
+            parts.put(None)
+
+        fut = asyncio.run_coroutine_threadsafe(self._read(cursor, timeout, sink), self.loop)
+        fut.add_done_callback(finished)
+        try:
+            while (part := parts.get()) is not None:
+                yield part
+            fut.result()
+        finally:
+            fut.cancel()
+
+    async def _read(self, cursor: RangeCursor, timeout: float, sink: Sink) -> RangeCursor:
         rs = _rstream()
-        cursor = RangeCursor(rng)
+        rng = cursor.range
         done = asyncio.Event()
         progress = asyncio.Event()
         failure: list[BaseException] = []

@@ -39,6 +39,7 @@ from .._core.stream_offsets import (
     DataLossError,
     Loss,
     Range,
+    RangeCursor,
     StartFrom,
     from_json,
     initial_positions,
@@ -200,17 +201,27 @@ class RabbitMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- an executor ---------------------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        # Rows go to Spark part by part while the rest of the range is read: the JVM
+        # converts and writes one part while this process reads and decodes the next.
+        # An error after some parts (a lost offset, an invalid record) fails the task, and
+        # Spark discards what the task gave.
         assert isinstance(partition, StreamRange)
         rng = partition.range
         o = self.opts
         rows = _rows(o)
-        records: list[Record] = []
 
-        def keep(offset: int, ts: int, data: bytes) -> None:
-            records.append(record(rng.stream, offset, ts, data, rows.model))
+        def make(offset: int, ts: int, data: bytes) -> Record:
+            return record(rng.stream, offset, ts, data, rows.model)
 
         link = io.link(o.connection)
-        cursor = link.read_range(rng, o.read_timeout, keep)
+        cursor = RangeCursor(rng)
+        bad: list[Record] = []
+        for part in link.read_parts(cursor, o.read_timeout, make, ROWS_PER_BATCH):
+            good = [r for r in part if r.error is None]
+            if len(good) < len(part):
+                bad += _invalid(o, [r for r in part if r.error is not None])
+            if good:
+                yield rows.batch(good)
         lost: list[Loss] = []
         if cursor.gaps:  # retention, or entries that are not messages: which?
             (firsts,) = link.probe([rng.stream], ["first"], o.probe_timeout)
@@ -220,19 +231,20 @@ class RabbitMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 raise DataLossError("; ".join(loss.message() for loss in lost))
             for loss in lost:
                 log.warning("ackkit.spark: data loss while reading, going on: %s", loss.message())
-        bad = [r for r in records if r.error is not None]
         if bad:
-            if o.on_invalid is OnInvalid.FAIL:
-                r = bad[0]
-                raise ValueError(
-                    f"record {r.stream}@{r.offset} (message_id {r.message_id or '-'}) does not "
-                    f"validate: {r.error} (set option on_invalid=dead_letter to dead-letter "
-                    "such records instead of failing the query)"
-                )
             _dead_letter(o, bad)
-            records = [r for r in records if r.error is None]
-        for i in range(0, len(records), ROWS_PER_BATCH):
-            yield rows.batch(records[i : i + ROWS_PER_BATCH])
+
+
+def _invalid(opts: StreamSourceOptions, bad: list[Record]) -> list[Record]:
+    """Invalid records to dead-letter; with on_invalid=fail, the error that fails the task."""
+    if opts.on_invalid is OnInvalid.FAIL:
+        r = bad[0]
+        raise ValueError(
+            f"record {r.stream}@{r.offset} (message_id {r.message_id or '-'}) does not "
+            f"validate: {r.error} (set option on_invalid=dead_letter to dead-letter "
+            "such records instead of failing the query)"
+        )
+    return bad
 
 
 def _dead_letter(opts: StreamSourceOptions, bad: Sequence[Record]) -> None:
