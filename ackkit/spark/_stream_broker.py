@@ -134,7 +134,10 @@ class Link:
         rstream's consumer reads), its ids in use, and a free subscription id on it
         (already counted as in use)."""
         locator = await self._locator_()
-        leader, replicas = await locator.query_leader_and_replicas(stream)
+        try:
+            leader, replicas = await locator.query_leader_and_replicas(stream)
+        except _rstream().exceptions.ServerError as exc:  # rstream's errors carry no text
+            raise _refused(stream, exc) from exc
         node = sorted(replicas, key=lambda b: (b.host, b.port))[0] if replicas else leader
         rs = _rstream()
         addr = rs.client.Addr(node.host, node.port)
@@ -179,19 +182,21 @@ class Link:
         await client.run_queue_listener_task(subscriber_id=sid, handler=handler)
         try:
             offset_spec = rs.schema.OffsetSpec.from_params(spec.offset_type, spec.offset)
-            await client.subscribe(
-                stream=stream, subscription_id=sid, offset_spec=offset_spec, initial_credit=credit
-            )
+            try:
+                await client.subscribe(
+                    stream=stream,
+                    subscription_id=sid,
+                    offset_spec=offset_spec,
+                    initial_credit=credit,
+                )
+            except rs.exceptions.ServerError as exc:
+                raise _refused(stream, exc) from exc
             yield client
         finally:
-            with contextlib.suppress(Exception):
-                if client.is_connection_alive():
-                    await asyncio.wait_for(client.unsubscribe(sid), 5)
-            with contextlib.suppress(Exception):
-                await client.stop_queue_listener_task(subscriber_id=sid)
-            with contextlib.suppress(Exception):
-                client.remove_handler(rs.schema.Deliver, name=str(sid))
-            used.discard(sid)
+            # Its own task: a reader that stops early cancels the read, and the
+            # cancellation must not cut the ending short (the id would stay taken).
+            end = asyncio.ensure_future(_unsubscribe(client, used, sid))
+            await asyncio.shield(end)
 
     async def _close(self) -> None:
         for client in [*(c for c, _ in self._data.values()), self._locator]:
@@ -374,6 +379,27 @@ class Link:
                     await locator.store_offset(stream=stream, reference=reference, offset=pos - 1)
 
         self.call(go())
+
+
+def _refused(stream: str, exc: Exception) -> Exception:
+    """rstream's error for `stream` with words: a LookupError when it does not exist."""
+    rs = _rstream()
+    if isinstance(exc, rs.exceptions.StreamDoesNotExist):
+        return LookupError(f"stream {stream!r} does not exist on the broker")
+    return RuntimeError(f"stream {stream!r}: the broker refused ({type(exc).__name__})")
+
+
+async def _unsubscribe(client: Any, used: set[int], sid: int) -> None:
+    """End subscription `sid` on `client` and free its id (whatever fails on the way)."""
+    rs = _rstream()
+    with contextlib.suppress(Exception):
+        if client.is_connection_alive():
+            await asyncio.wait_for(client.unsubscribe(sid), 5)
+    with contextlib.suppress(Exception):
+        await client.stop_queue_listener_task(subscriber_id=sid)
+    with contextlib.suppress(Exception):
+        client.remove_handler(rs.schema.Deliver, name=str(sid))
+    used.discard(sid)
 
 
 _links: dict[tuple[Any, ...], Link] = {}

@@ -148,3 +148,41 @@ def test_a_read_in_progress_fails_fast_when_its_connection_is_lost(
     assert len(box) == 1 and isinstance(box[0], ConnectionError), box
     assert "1200..1299" in str(box[0])
     assert len(_read(link, Range(stream, 0, 10))) == 10  # and the link reads on
+
+
+def test_parts_come_in_order_while_the_range_is_read(stream_broker: Any, stream: str) -> None:
+    from ackkit._core.stream_offsets import RangeCursor
+
+    node = stream_broker
+    truth = read_all(node.url, node.stream_port, stream)
+    link = _link(node)
+    cursor = RangeCursor(Range(stream, 3, 1100))
+    parts = list(link.read_parts(cursor, 10, lambda off, _ts, data: (off, data), 250))
+    assert [len(p) for p in parts] == [250, 250, 250, 250, 97]
+    assert [r for p in parts for r in p] == [t for t in truth if 3 <= t[0] < 1100]
+    assert cursor.done and not cursor.gaps
+
+    # a reader that stops after the first part ends its subscription: its id is free
+    # again, and the next read on the link is whole
+    def ids() -> set[int]:
+        return {i for _c, used in link._data.values() for i in used}
+
+    before = ids()
+    first = link.read_parts(RangeCursor(Range(stream, 0, 1200)), 10, lambda *a: a[0], 100)
+    assert next(first) == list(range(100))
+    assert ids() != before
+    first.close()
+    deadline = time.monotonic() + 10
+    while ids() != before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ids() == before
+    assert _read(link, Range(stream, 0, 1200)) == truth
+
+
+def test_a_part_reader_raises_the_read_error_after_its_parts(stream_broker: Any) -> None:
+    from ackkit._core.stream_offsets import RangeCursor
+
+    link = _link(stream_broker)
+    missing = f"link-missing-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(Exception, match=missing):
+        list(link.read_parts(RangeCursor(Range(missing, 0, 10)), 5, lambda *a: a, 10))
