@@ -1,15 +1,17 @@
-"""The `rabbitmq` streaming data source (pyspark.sql.datasource, simple stream reader).
+"""The `rabbitmq` streaming data source (pyspark.sql.datasource stream reader).
 
-Where things run (PySpark 4.x):
+Where things run (PySpark 4.2+):
 
-* `read(start)` and `commit(end)` run in Spark's long-lived
-  `python_streaming_source_runner` process, one per query. The broker
-  connection, the write-ahead log writer and the IPC listener live there
-  (started lazily on the first call, never in `__init__`).
-* `readBetweenOffsets(start, end)` runs in an executor's Python worker on a
-  pickled copy of the reader, only when a restarted query replays a batch: it
-  reads the batch back from the write-ahead log, never from the broker, and
-  never imports the model (its module may exist only on the driver host).
+* `latestOffset(start, limit)` and `commit(end)` run in Spark's long-lived
+  `python_streaming_source_runner` process, one per query. The broker connection,
+  the write-ahead log writer and the IPC listener live there (started with the
+  reader in that process). `latestOffset` takes the next batch of deliveries and
+  writes it to the write-ahead log before it answers: a batch exists only once
+  it is durable there.
+* `read(partition)` runs in an executor's Python worker on a pickled copy of the
+  reader: it reads the batch from the write-ahead log, never from the broker, and
+  never imports the model (its module may exist only on the driver host). The
+  first run of a batch and its replay after a restart read the same bytes.
 """
 
 from __future__ import annotations
@@ -28,15 +30,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
-
-try:  # Spark 4.2+: Trigger.AvailableNow for Python data sources
-    from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
-except ImportError:  # pragma: no cover - pyspark 4.0/4.1
-
-    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
-        """Stands in for pyspark's mixin where it does not exist (no AvailableNow)."""
-
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 
 from .._core.batches import BatchPlan
 from ._available import RunnerConsumer
@@ -108,17 +103,25 @@ class RabbitMQDataSource(DataSource):
     def schema(self) -> Any:
         return _schema(SourceOptions.parse(self.options)).spark
 
-    def simpleStreamReader(self, schema: Any) -> RabbitMQStreamReader:
+    def streamReader(self, schema: Any) -> RabbitMQStreamReader:
         return RabbitMQStreamReader(dict(self.options))
 
 
-class RabbitMQStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
+class WalRange(InputPartition):
+    """A batch to read from the write-ahead log: sequence numbers (start, end]."""
+
+    def __init__(self, start: int, end: int) -> None:
+        self.start = start
+        self.end = end
+
+
+class RabbitMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Hands out batches of deliveries; acks wait for `ack_after_commit` (see module doc).
 
     Batches hold at most maxMessagesPerTrigger messages and maxBytesPerTrigger body bytes
-    (Spark's simple stream reader takes its admission control from `read`). With
-    Trigger.AvailableNow the run reads the messages in the queue when it starts, then
-    ends (`ackkit.spark._available`)."""
+    (the source's own options, applied in `latestOffset`; Spark's read limit is not
+    used). With Trigger.AvailableNow the run reads the messages in the queue when it
+    starts, then ends (`ackkit.spark._available`)."""
 
     def __init__(self, options: dict[str, str]) -> None:
         self.options = options
@@ -141,19 +144,23 @@ class RabbitMQStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailabl
     def initialOffset(self) -> dict[str, Any]:
         return _offset(self.opts.queue, 0)
 
-    def read(self, start: dict[str, Any]) -> tuple[Iterator[pa.RecordBatch], dict[str, Any]]:
-        return self._run().read(check_offset(self.opts.queue, start, "start offset"))
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        q = self.opts.queue
+        return _offset(q, self._run().offer(check_offset(q, start, "start offset")))
 
-    def readBetweenOffsets(
-        self, start: dict[str, Any], end: dict[str, Any]
-    ) -> Iterator[pa.RecordBatch]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[WalRange]:
         q = self.opts.queue
         s, e = check_offset(q, start, "start offset"), check_offset(q, end, "end offset")
+        return [WalRange(s, e)] if e > s else []
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, WalRange)
         wal = WriteAheadLog(self.opts.wal_dir)  # on an executor: read from the store
-        # The logged rows are what Spark got, plus the key column: no model needed here
-        # (an executor without the model's module replays as well; Spark checks the
+        # The logged rows are what Spark gets, plus the key column: no model needed here
+        # (an executor without the model's module reads as well; Spark checks the
         # columns against the query's schema).
-        return iter([b.drop_columns([KEY_COLUMN]) for b in wal.read(s, e)])
+        for b in wal.read(partition.start, partition.end):
+            yield b.drop_columns([KEY_COLUMN])
 
     def commit(self, end: dict[str, Any]) -> None:
         seq = check_offset(self.opts.queue, end, "committed offset")
@@ -211,7 +218,9 @@ class _Runner:
 
     # -- Spark's calls --------------------------------------------------------------------
 
-    def read(self, start: int) -> tuple[Iterator[pa.RecordBatch], dict[str, Any]]:
+    def offer(self, start: int) -> int:
+        """The end of the batch after `start`, durable in the write-ahead log (`start`:
+        nothing to hand out now)."""
         q = self.opts.queue
         again = batch_to_offer(
             q,
@@ -223,8 +232,7 @@ class _Runner:
         if again is not None:
             # Handed out before (e.g. the process died before Spark logged its offsets):
             # offer exactly the same rows again.
-            batches = [self.rows.rows(b) for b in self.wal.read(*again)]
-            return iter(batches), _offset(q, again[1])
+            return again[1]
         built: list[pa.RecordBatch] = []
         t0 = time.monotonic()
         marks = [t0, t0, t0]
@@ -244,14 +252,13 @@ class _Runner:
 
         plan = self.consumer.take(start, seal)
         if not built:
-            return iter([]), _offset(q, start)
+            return start
         # Durable before Spark hears of the batch, written after the lock is released:
         # the file's fsync waits on the disk, and meanwhile the I/O thread receives the
         # next batch instead of waiting for the lock. (Nothing acks these rows before
         # Spark has them: their notice can only come after this returns.)
         self.wal.write(start, plan.end, built[0])
         marks[2] = time.monotonic()
-        sealed = [self.rows.rows(built[0])]
         # Where a batch's time went in this process (see docs/measured/spark.md).
         self.timings.append(
             {
@@ -266,7 +273,7 @@ class _Runner:
         )
         self._handed_out += 1
         crash_point("wal_written", self._handed_out, group=True)
-        return iter(sealed), _offset(q, plan.end)
+        return plan.end
 
     def commit(self, end: int) -> None:
         # Spark logs a batch as committed only after its sink returned, so the output up

@@ -2,7 +2,7 @@
 
 `SourceConsumer` (spark/_consumer.py) runs on the same pika Engine, Executor and
 confirm Publisher as the App. These tests drive it the way the source's runner
-does (spark/_source.py `_Runner`): `read(start)` is `take(start, seal)` and the
+does (spark/_source.py `_Runner`): `offer(start)` is `take(start, seal)` and the
 next read starts at `plan.end`; the sink's notice is `written(end)`; a restarted
 runner builds the consumer with `written_upto` from its log and `restore`s every
 logged batch before `start()`. No SparkSession and no write-ahead log: `seal` only
