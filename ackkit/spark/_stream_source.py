@@ -5,9 +5,9 @@ Where things run (PySpark 4.x, `DataSourceStreamReader`):
 * the driver's source runner plans: `initialOffset`, `latestOffset` (it asks the broker
   for each partition's first and tail offsets, checks for data loss and decides the
   batch's end positions with `ackkit._core.stream_offsets`), `partitions` and `commit`;
-* executors read: `read(partition)` opens its own stream connection on a private event
-  loop, reads exactly the planned offsets of one partition stream and returns them as
-  Arrow rows.
+* executors read: `read(partition)` reads exactly the planned offsets of one partition
+  stream on the process's stream link (`_stream_broker.link`) and hands them to Spark
+  as Arrow rows, part by part while the rest is read.
 
 Spark's offset log is the truth: a batch is the per-partition offset ranges between two
 logged offsets, so a replayed batch reads exactly the same records again. Nothing is
