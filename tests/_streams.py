@@ -75,13 +75,19 @@ def publish(
     import rstream
     from rstream._pyamqp.message import Properties
 
+    msgs = [rstream.AMQPMessage(body=b, properties=Properties(message_id=m)) for m, b in items]
+    publish_records(url, port, stream, msgs, batch)
+
+
+def publish_records(url: str, port: int, stream: str, records: list[Any], batch: int = 500) -> None:
+    """Publish records as they are (rstream messages, or bytes stored verbatim), `batch`
+    at a time, each batch confirmed by the broker before the next."""
+    import rstream
+
     async def go() -> None:
         async with rstream.Producer(**stream_connection(url, port)) as prod:
-            for i in range(0, len(items), batch):
-                msgs = [
-                    rstream.AMQPMessage(body=b, properties=Properties(message_id=m))
-                    for m, b in items[i : i + batch]
-                ]
+            for i in range(0, len(records), batch):
+                msgs = records[i : i + batch]
                 confirmed: set[int] = set()
 
                 def cb(st: Any, seen: set[int] = confirmed) -> None:
@@ -93,7 +99,7 @@ def publish(
                     assert time.monotonic() < deadline, "publish confirms did not come"
                     await asyncio.sleep(0.01)
 
-    if items:
+    if records:
         asyncio.run(go())
 
 

@@ -31,6 +31,7 @@ from tests._streams import (
     last_offsets,
     message_ids,
     publish,
+    publish_records,
     version_of,
 )
 
@@ -185,6 +186,54 @@ def test_plain_stream_starting_positions(spark: Any, node: Any, tmp_path: Path) 
         _exactly(spark, tmp_path / "latest", [m for m, _ in c])
         _run(spark, node, tmp_path / "earliest", stream=name, max_messages_per_trigger=7)
         _exactly(spark, tmp_path / "earliest", [m for m, _ in a + b + c])
+    finally:
+        delete_queues(node.url, name)
+
+
+def test_records_of_every_body_kind_arrive_whole(spark: Any, node: Any, tmp_path: Path) -> None:
+    # What other teams' clients write: an AMQP 0-9-1 publish (the broker converts it),
+    # AMQP 1.0 messages whose body is two data sections, an amqp-value or an
+    # amqp-sequence, and bytes that are no AMQP 1.0 message at all.
+    import struct
+
+    import rstream
+    from rstream._pyamqp.message import Properties
+
+    name = _name("kinds")
+    declare_stream(node.url, name)
+    try:
+        conn = pika.BlockingConnection(pika.URLParameters(node.url))
+        ch = conn.channel()
+        ch.confirm_delivery()
+        props = pika.BasicProperties(
+            message_id="amqp091", content_type="text/plain", headers={"h": "v", "n": 7}
+        )
+        ch.basic_publish("", name, b"from pika", props)
+        conn.close()
+        two = b"\x00Ss\xc0\x06\x01\xa1\x03two" + b"\x00Su\xa0\x05hello"
+        two += b"\x00Su\xb0" + struct.pack(">I", 6) + b" world"
+        records = [
+            two,
+            rstream.AMQPMessage(value="a text value", properties=Properties(message_id="val")),
+            rstream.AMQPMessage(value={"k": [1, 2]}, properties=Properties(message_id="map")),
+            rstream.AMQPMessage(sequence=[[1, "x"]], properties=Properties(message_id="seq")),
+            b"raw bytes, not AMQP",
+        ]
+        publish_records(node.url, node.stream_port, name, records)
+        q = _run(spark, node, tmp_path, stream=name)
+        assert q.exception() is None
+        rows = spark.read.parquet(str(tmp_path / "out")).orderBy("offset").collect()
+        got = [(r["message_id"], bytes(r["body"])) for r in rows]
+        assert got == [
+            ("amqp091", b"from pika"),
+            ("two", b"hello world"),
+            ("val", b"a text value"),
+            ("map", b'{"k": [1, 2]}'),
+            ("seq", b'[[1, "x"]]'),
+            (None, b"raw bytes, not AMQP"),
+        ]
+        assert rows[0]["content_type"] == "text/plain"
+        assert rows[0]["headers"] == {"h": "v", "n": "7"}
     finally:
         delete_queues(node.url, name)
 
