@@ -25,6 +25,7 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from .._core.stream_offsets import Range, RangeCursor
+from ._stream_client import closed, discard, refused, rstream, unsubscribe
 
 log = logging.getLogger("ackkit.spark.streams")
 T = TypeVar("T")
@@ -32,39 +33,6 @@ MAX_SUBSCRIPTIONS = 200  # per connection: subscription ids are one byte; rstrea
 CLOSE_WAIT = 2.0  # seconds a link may take to close at exit
 CREDIT = 10  # chunks a read may have in flight
 Sink = Callable[[int, int, bytes], Awaitable[None] | None]
-
-
-def _rstream() -> Any:
-    try:
-        import rstream
-        import rstream.client
-        import rstream.schema
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "the rabbitmq-stream source needs rstream: pip install 'ackkit[streams]'"
-        ) from exc
-    return rstream
-
-
-def _closed(info: Any) -> None:
-    # rstream logs a traceback for a lost connection that has no handler (it calls a
-    # handler only for connections that carry stream names, which ours never do). A lost
-    # connection is found by the next call (a new one is opened) or by a read in progress
-    # (ConnectionError).
-    log.info("ackkit.spark: stream connection closed: %s", info)
-
-
-async def _discard(client: Any) -> None:
-    """Let go of a connection the broker closed: its tasks and its socket (rstream's
-    close() leaves the socket of a broken connection open)."""
-    conn = getattr(client, "_conn", None)
-    with contextlib.suppress(Exception):
-        await client.close()
-    writer = getattr(conn, "_writer", None)
-    if writer is not None:
-        with contextlib.suppress(Exception):
-            writer.close()
-            await asyncio.wait_for(writer.wait_closed(), 1)
 
 
 class Link:
@@ -98,7 +66,7 @@ class Link:
 
     def _pool_(self) -> Any:
         if self._pool is None:
-            rs = _rstream()
+            rs = rstream()
             c = self.conn
             self._pool = rs.client.ClientPool(
                 c["host"],
@@ -120,12 +88,12 @@ class Link:
         async with self._lock:
             if self._locator is None or not self._locator.is_connection_alive():
                 if self._locator is not None:
-                    await _discard(self._locator)
+                    await discard(self._locator)
                 pool = self._pool_()
                 self._locator = await pool.new(
                     connection_name="ackkit-stream:locator",
                     addr=pool.addr,
-                    connection_closed_handler=_closed,
+                    connection_closed_handler=closed,
                 )
             return self._locator
 
@@ -136,21 +104,21 @@ class Link:
         locator = await self._locator_()
         try:
             leader, replicas = await locator.query_leader_and_replicas(stream)
-        except _rstream().exceptions.ServerError as exc:  # rstream's errors carry no text
-            raise _refused(stream, exc) from exc
+        except rstream().exceptions.ServerError as exc:  # rstream's errors carry no text
+            raise refused(stream, exc) from exc
         node = sorted(replicas, key=lambda b: (b.host, b.port))[0] if replicas else leader
-        rs = _rstream()
+        rs = rstream()
         addr = rs.client.Addr(node.host, node.port)
         assert self._lock is not None
         async with self._lock:
             client, used = self._data.get(addr, (None, set()))
             if client is None or not client.is_connection_alive():
                 if client is not None:
-                    await _discard(client)
+                    await discard(client)
                 client = await self._pool_().new(
                     connection_name="ackkit-stream:data",
                     addr=addr,
-                    connection_closed_handler=_closed,
+                    connection_closed_handler=closed,
                 )
                 used = set()
                 self._data[addr] = (client, used)
@@ -171,7 +139,7 @@ class Link:
         """Subscribe to `stream` at `spec`; `on_chunk(connection, frame)` for each chunk
         delivered (from the first: chunks may come before `subscribe` returns). Yields
         the data connection; unsubscribes (the connection stays open)."""
-        rs = _rstream()
+        rs = rstream()
         client, used, sid = await self._data_for(stream)
 
         async def handler(frame: Any) -> None:
@@ -190,18 +158,18 @@ class Link:
                     initial_credit=credit,
                 )
             except rs.exceptions.ServerError as exc:
-                raise _refused(stream, exc) from exc
+                raise refused(stream, exc) from exc
             yield client
         finally:
             # Its own task: a reader that stops early cancels the read, and the
             # cancellation must not cut the ending short (the id would stay taken).
-            end = asyncio.ensure_future(_unsubscribe(client, used, sid))
+            end = asyncio.ensure_future(unsubscribe(client, used, sid))
             await asyncio.shield(end)
 
     async def _close(self) -> None:
         for client in [*(c for c, _ in self._data.values()), self._locator]:
             if client is not None:
-                await _discard(client)
+                await discard(client)
         self._data.clear()
         self._locator = None
 
@@ -259,7 +227,7 @@ class Link:
     async def _probe_one(
         self, stream: str, kind: str, timeout: float, at: int | None, out: dict[str, int]
     ) -> None:
-        rs = _rstream()
+        rs = rstream()
         spec = {
             "first": rs.ConsumerOffsetSpecification(rs.OffsetType.FIRST, None),
             "tail": rs.ConsumerOffsetSpecification(rs.OffsetType.LAST, None),
@@ -316,7 +284,7 @@ class Link:
             fut.cancel()
 
     async def _read(self, cursor: RangeCursor, timeout: float, sink: Sink) -> RangeCursor:
-        rs = _rstream()
+        rs = rstream()
         rng = cursor.range
         done = asyncio.Event()
         progress = asyncio.Event()
@@ -379,27 +347,6 @@ class Link:
                     await locator.store_offset(stream=stream, reference=reference, offset=pos - 1)
 
         self.call(go())
-
-
-def _refused(stream: str, exc: Exception) -> Exception:
-    """rstream's error for `stream` with words: a LookupError when it does not exist."""
-    rs = _rstream()
-    if isinstance(exc, rs.exceptions.StreamDoesNotExist):
-        return LookupError(f"stream {stream!r} does not exist on the broker")
-    return RuntimeError(f"stream {stream!r}: the broker refused ({type(exc).__name__})")
-
-
-async def _unsubscribe(client: Any, used: set[int], sid: int) -> None:
-    """End subscription `sid` on `client` and free its id (whatever fails on the way)."""
-    rs = _rstream()
-    with contextlib.suppress(Exception):
-        if client.is_connection_alive():
-            await asyncio.wait_for(client.unsubscribe(sid), 5)
-    with contextlib.suppress(Exception):
-        await client.stop_queue_listener_task(subscriber_id=sid)
-    with contextlib.suppress(Exception):
-        client.remove_handler(rs.schema.Deliver, name=str(sid))
-    used.discard(sid)
 
 
 _links: dict[tuple[Any, ...], Link] = {}
