@@ -12,8 +12,8 @@ a quarter of the time of a general decoder.
 Values: null is None; booleans, integers (a timestamp as milliseconds) and floats as
 themselves; a uuid as `uuid.UUID`; strings and symbols as `str` (bytes that are not
 UTF-8 replaced); binary as `bytes`; lists and arrays as lists, maps as dicts; a
-described value as its value; a char as a one-character str; a decimal as its encoded
-bytes.
+described value as its value; a char as a one-character str (U+FFFD for a code point
+that is no character); a decimal as its encoded bytes.
 
 `read` returns None for bytes that are not such a message: a section not described by a
 small ulong, an unknown constructor, a size or a count that runs past its end (or a
@@ -213,8 +213,9 @@ def _typed(c: int, data: bytes, i: int, n: int, depth: int) -> tuple[Any, int]:
         return _I32(data, i)[0], j
     if c == 0x72:
         return _F32(data, i)[0], j
-    if c == 0x73:
-        return chr(min(_U32(data, i)[0], 0x10FFFF)), j
+    if c == 0x73:  # a char: a code point that is no character (a surrogate) is U+FFFD
+        cp = _U32(data, i)[0]
+        return (chr(cp) if cp < 0xD800 or 0xE000 <= cp <= 0x10FFFF else "\ufffd"), j
     if c == 0x80:
         return _U64(data, i)[0], j
     if c == 0x81 or c == 0x83:  # long, timestamp (milliseconds)

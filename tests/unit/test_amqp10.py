@@ -22,7 +22,7 @@ from rstream._pyamqp.message import Header, Properties  # noqa: E402
 
 from ackkit._core import amqp10  # noqa: E402
 from ackkit.spark._schema import header_text  # noqa: E402
-from ackkit.spark._stream_rows import record  # noqa: E402
+from ackkit.spark._stream_rows import StreamRowSchema, record  # noqa: E402
 
 
 def _text(v: object) -> str | None:
@@ -109,6 +109,7 @@ def test_damaged_messages_never_raise_or_overrun(data: bytes, draw: st.DataObjec
     assert out is None or len(out.body or b"") <= len(damaged)
     r = record("s", 0, 0, bytes(damaged), None)  # whatever it is, a row comes out
     assert isinstance(r.body, bytes)
+    assert StreamRowSchema().batch([r]).num_rows == 1
 
 
 @settings(max_examples=300, deadline=None)
@@ -162,3 +163,12 @@ def test_values_nested_too_deep_are_not_a_message() -> None:
     data = deep + b"\x45"
     assert amqp10.read(data) is None
     assert record("s", 0, 0, data, None).body == data
+
+
+def test_a_char_that_is_no_character_still_makes_a_row() -> None:
+    # application properties {"c": char U+D800 (a surrogate), "d": char U+1F600}
+    props = b"\xc1\x11\x04\xa1\x01c\x73\x00\x00\xd8\x00\xa1\x01d\x73\x00\x01\xf6\x00"
+    data = b"\x00St" + props + b"\x00Su\xa0\x01x"
+    r = record("s", 0, 0, data, None)
+    assert r.headers == {"c": "\ufffd", "d": "\U0001f600"}
+    assert StreamRowSchema().batch([r]).num_rows == 1
