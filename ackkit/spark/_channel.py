@@ -109,8 +109,10 @@ class SourceChannel:
 
     def _on_cancelled(self, ch: Any) -> None:
         """basic.cancel from the broker (RabbitMQ 4.3's consumer timeout): fenced like a
-        lost channel, then this channel is closed and a new one consumes."""
-        if ch is self.channel and not self.stopping:
+        lost channel, then this channel is closed and a new one consumes. A cancel that
+        comes while the channel is already closing was fenced by the first: closing it
+        again would raise in pika's callback and lose the whole connection."""
+        if ch is self.channel and not self.stopping and ch.is_open:
             with self.lock:
                 log_cancel(log, f"ackkit.spark:{self.opts.queue}", self.core.consumer_cancelled())
             ch.close()
