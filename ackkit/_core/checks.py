@@ -106,7 +106,7 @@ def exception_types(option: str, value: object) -> tuple[type[BaseException], ..
     return items
 
 
-_AMQP_SCALARS = (str, bytes, int, float, bool, type(None))
+_AMQP_SCALARS = (str, bytes, bytearray, int, float, bool, type(None))
 
 
 def amqp_table(option: str, value: object) -> dict[str, Any]:

@@ -49,21 +49,82 @@ class KeyVerdict(str, Enum):
     """No usable key: dead-letter the message without running the handler."""
 
 
+BYTES_MARK = "\ufffe"
+"""The first character of a key given as bytes that are not NUL-free UTF-8: the key is
+stored as this mark and the bytes in hex. No text key starts with it (one that does is
+refused), so a key given as bytes never meets a key given as text."""
+
+MAX_KEY_BYTES = (MAX_KEY_LENGTH - len(BYTES_MARK)) // 2
+"""The longest key given as bytes that are not UTF-8 (stored in hex, two characters a byte)."""
+
+
+class UnusableKey(ValueError):
+    """A key that cannot be stored as given (the message is dead-lettered with this text
+    as its reason, without running the handler)."""
+
+
 def normalize_key(value: object) -> str | None:
-    """A key as text (None or "" is no key). Bytes are decoded as UTF-8; numbers and
-    other scalars by `str`; anything else (a table, an array) is refused with TypeError."""
+    """The key as stored (None: no key). Never lossy: two different keys are never
+    stored alike, and the same key always is.
+
+    - text is stored as it is; text with a NUL character (PostgreSQL text cannot hold
+      one), text that is not Unicode (a lone surrogate), text starting with
+      `BYTES_MARK`, or over `MAX_KEY_LENGTH` characters raises UnusableKey;
+    - bytes (also bytearray, memoryview: aio-pika hands a byte-array header over as a
+      bytearray) that are UTF-8 without NUL are the same key as that text (one id is
+      one key, whichever client's type carries it); other bytes are stored as
+      `BYTES_MARK` and their hex, at most `MAX_KEY_BYTES` of them;
+    - an int is its decimal text; None, "" and b"" are no key;
+    - anything else (a bool, a float, a table, an array) raises TypeError.
+    """
     if value is None:
         return None
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", "replace")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        raw = bytes(value)
+        if not raw:
+            return None
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        if text is not None and "\x00" not in text and not text.startswith(BYTES_MARK):
+            return _checked_text(text)
+        if len(raw) > MAX_KEY_BYTES:
+            raise UnusableKey(
+                f"inbox key of {len(raw)} bytes (not UTF-8 text) is longer than "
+                f"{MAX_KEY_BYTES} bytes"
+            )
+        return BYTES_MARK + raw.hex()
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise TypeError(f"an inbox key must be text, bytes or an int, got {type(value).__name__}")
     text = str(value)
-    return text or None
+    return _checked_text(text) if text else None
+
+
+def _checked_text(text: str) -> str:
+    if len(text) > MAX_KEY_LENGTH:
+        raise UnusableKey(f"inbox key of {len(text)} characters is longer than {MAX_KEY_LENGTH}")
+    if "\x00" in text:
+        raise UnusableKey(
+            "inbox key contains a NUL character, which a PostgreSQL text key cannot hold "
+            "(give the key as bytes to keep it whole)"
+        )
+    if text.startswith(BYTES_MARK):
+        raise UnusableKey(
+            "inbox key starts with U+FFFE, which ackkit reserves for keys given as bytes"
+        )
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UnusableKey(
+            "inbox key is not Unicode text (it holds a lone surrogate); give it as bytes"
+        ) from None
+    return text
 
 
 def key_verdict(key: str | None, missing: MissingKey) -> tuple[KeyVerdict, str]:
-    """What to do with a delivery whose key is `key`; the reason, when dead-lettered."""
+    """What to do with a delivery whose stored key (`normalize_key`) is `key`; the reason,
+    when dead-lettered."""
     if key is None:
         if missing is MissingKey.RUN:
             return KeyVerdict.UNGUARDED, ""

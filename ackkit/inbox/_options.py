@@ -23,7 +23,7 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62}
 # Any: a key function may be typed for Delivery or AsyncDelivery (it reads only the
 # read-only parts both have).
 KeyFunction = Callable[[Any], object]
-"""A delivery's dedup key: text, bytes or an int; None or "" for none."""
+"""A delivery's dedup key: text, bytes (or bytearray) or an int; None or "" for none."""
 
 
 def _table(option: str, value: object) -> str:
@@ -124,8 +124,8 @@ class Inbox:
         return self.dsn.startswith(MEMORY_SCHEME)
 
     def key_of(self, d: DeliveryBase) -> str | None:
-        """The delivery's dedup key as text (None: it has none). A key function that
-        raises, or returns what cannot be a key, raises (the message is dead-lettered
-        with that reason)."""
+        """The delivery's dedup key as stored (`ackkit._core.inbox.normalize_key`; None:
+        it has none). A key function that raises, or a key that cannot be stored as
+        given, raises (the message is dead-lettered with that reason)."""
         raw: Any = d.message_id if self.key is None else self.key(d)
         return normalize_key(raw)

@@ -14,6 +14,7 @@ from .._core.inbox import (
     BatchKeys,
     Fault,
     KeyVerdict,
+    UnusableKey,
     batch_run,
     end_batch,
     key_verdict,
@@ -44,11 +45,19 @@ def guard_key(inbox: Inbox, d: DeliveryBase) -> str | None:
     try:
         key = inbox.key_of(d)
     except Exception as exc:
-        raise DeadLetterMessage(f"inbox key function failed: {describe(exc)}") from None
+        raise DeadLetterMessage(key_refused(exc)) from None
     verdict, why = key_verdict(key, inbox.missing_key)
     if verdict is KeyVerdict.DEAD_LETTER:
         raise DeadLetterMessage(why)
     return key if verdict is KeyVerdict.GUARDED else None
+
+
+def key_refused(exc: Exception) -> str:
+    """The dead-letter reason of a delivery whose key could not be had (`Inbox.key_of`
+    raised `exc`)."""
+    if isinstance(exc, UnusableKey):
+        return str(exc)
+    return f"inbox key function failed: {describe(exc)}"
 
 
 def look_up_key(inbox: Inbox, d: DeliveryBase) -> str | None:
@@ -116,7 +125,7 @@ class BatchTry:
                 keys.append(inbox.key_of(d))
             except Exception as exc:
                 keys.append(None)
-                refused[i] = f"inbox key function failed: {describe(exc)}"
+                refused[i] = key_refused(exc)
         self.plan: BatchKeys = plan_batch(keys, inbox.missing_key, refused)
         self.begin()
         self.end: BatchEnd | None = None

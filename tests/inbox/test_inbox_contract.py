@@ -17,7 +17,7 @@ import pytest
 from ackkit import Retry, RetryStrategy
 from ackkit.inbox import Inbox, MissingKey, memory_inbox
 
-from ._harness import Behaviour, build, effects, effects_table, eventually, running
+from ._harness import Behaviour, build, effects, effects_table, eventually, inbox_keys, running
 
 
 @dataclass
@@ -178,3 +178,52 @@ def test_twins_in_flight_at_once_run_once(kind: str, setup: Setup, queue: str) -
     assert sorted(b.succeeded) == ["tw0", "tw1", "tw2"]
     if setup.pg:
         assert sorted(effects(setup.dsn)) == ["tw0", "tw1", "tw2"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_distinct_byte_keys_never_collide(kind: str, setup: Setup, queue: str) -> None:
+    """Keys given as bytes that are not UTF-8 are kept whole: b"\\xff-x" and b"\\xfe-x"
+    (once both decoded to "\\ufffd-x", and the second acked as a duplicate unrun) are two
+    messages. The header goes over the wire as a byte-array, which aio-pika hands over as
+    a bytearray and pika as bytes; the same bytes as text are the same key."""
+    inbox = setup.inbox(key=lambda d: (d.headers or {}).get("k"))
+    b = Behaviour()
+    app = build(kind, setup.broker.url, queue, inbox, b, name="c")
+    with running(kind, app):
+        sent: list[tuple[str, object]] = [
+            ("m1", b"\xff-x"),  # a long string ('S') on the wire
+            ("m2", b"\xfe-x"),
+            ("m3", b"\xff-x"),  # a duplicate of m1
+            ("m4", bytearray(b"\xfd-x")),  # a byte-array ('x') on the wire
+            ("m5", bytearray(b"\xff-x")),  # the same bytes as m1: a duplicate
+            ("m6", b"ok"),
+            ("m7", "ok"),  # the same key as text: a duplicate of m6
+        ]
+        for mid, key in sent:
+            setup.broker.publish(queue, b"x", message_id=mid, headers={"k": key})
+        setup.broker.wait_for(queue, ready=0, unacked=0, timeout=20)
+        eventually(lambda: app.stats()["c"]["acked"] == 7)
+        assert app.stats()["c"]["duplicate"] == 3
+    assert setup.broker.counts(f"{queue}.dlq").total == 0
+    assert sorted(b.succeeded) == ["m1", "m2", "m4", "m6"]
+    if setup.pg:
+        assert sorted(effects(setup.dsn)) == ["m1", "m2", "m4", "m6"]
+        keys = sorted(k for _, k in inbox_keys(setup.dsn))
+        mark = "\ufffe"
+        assert keys == ["ok", *sorted(mark + k.hex() for k in (b"\xfd-x", b"\xfe-x", b"\xff-x"))]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_key_with_a_nul_character_is_refused_at_once(kind: str, setup: Setup, queue: str) -> None:
+    """PostgreSQL text cannot hold NUL: such a key is dead-lettered unrun with its reason,
+    not inserted, refused by the server, retried and dead-lettered as "attempts
+    exhausted"."""
+    inbox = setup.inbox(key=lambda d: (d.headers or {}).get("k"))
+    b = Behaviour()
+    app = build(kind, setup.broker.url, queue, inbox, b, name="c")
+    with running(kind, app):
+        setup.broker.publish(queue, b"x", message_id="m1", headers={"k": "a\x00b"})
+        setup.broker.wait_for(f"{queue}.dlq", ready=1, timeout=20)
+    assert b.calls == 0
+    dead = setup.broker.dead_letters(f"{queue}.dlq")[0]
+    assert "NUL character" in (dead.reason or "")

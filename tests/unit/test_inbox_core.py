@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ackkit import Batch
 from ackkit._core.inbox import (
+    BYTES_MARK,
     DOWN_STATES,
+    MAX_KEY_BYTES,
     MAX_KEY_LENGTH,
     PROBE,
     TRANSACTION_RETRY,
@@ -17,6 +19,7 @@ from ackkit._core.inbox import (
     Fault,
     KeyVerdict,
     MissingKey,
+    UnusableKey,
     fault_of,
     key_verdict,
     normalize_key,
@@ -46,13 +49,88 @@ def test_a_key_is_guarded_or_the_message_never_runs_unguarded_by_default(
         assert verdict is KeyVerdict.DEAD_LETTER and why
 
 
+key_values = st.one_of(
+    st.none(),
+    st.text(max_size=40),
+    st.text(alphabet="ab\x00\ufffe-", max_size=6),  # NUL and the mark: the hostile ones
+    st.binary(max_size=40),
+    st.binary(max_size=6).map(bytearray),
+    st.integers(),
+)
+
+
+def meaning(value: object) -> object:
+    """What a key value denotes: an int is its decimal text; bytes that are UTF-8 text
+    without NUL (and without the mark) are that text; other bytes are themselves."""
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            text = bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            return bytes(value)
+        return bytes(value) if "\x00" in text or text.startswith(BYTES_MARK) else text
+    return value
+
+
+def stored(value: object) -> str | None:
+    try:
+        return normalize_key(value)
+    except UnusableKey as exc:
+        assert str(exc)  # a reason to dead-letter with
+        return None
+
+
+@settings(max_examples=500)
+@given(a=key_values, b=key_values)
+@example(a=b"\xff-x", b=b"\xfe-x")  # both decoded to "\ufffd-x" once: the second skipped
+@example(a=bytearray(b"\xff-x"), b=b"\xff-x")
+@example(a=b"\x00", b="\x00")
+@example(a=BYTES_MARK + "ff", b=b"\xff")
+def test_two_keys_are_stored_alike_only_when_they_are_the_same_key(a: object, b: object) -> None:
+    ka, kb = stored(a), stored(b)
+    if ka is not None and kb is not None:
+        assert (ka == kb) == (meaning(a) == meaning(b)), (ka, kb)
+        for k in (ka, kb):
+            assert isinstance(k, str) and 0 < len(k) <= MAX_KEY_LENGTH
+            assert "\x00" not in k  # PostgreSQL text holds it
+            k.encode("utf-8")
+
+
 @given(value=st.one_of(st.none(), st.text(), st.binary(), st.integers()))
 def test_normalize_key_gives_text_or_none_and_equal_inputs_equal_keys(value: object) -> None:
-    k = normalize_key(value)
+    try:
+        k = normalize_key(value)
+    except UnusableKey:
+        assert isinstance(value, str) and ("\x00" in value or len(value) > MAX_KEY_LENGTH)
+        return
     assert k is None or (isinstance(k, str) and k)
     if isinstance(value, str):
         assert k == (value or None)
         assert normalize_key(value.encode()) == k  # bytes and text: the same key
+        assert normalize_key(bytearray(value.encode())) == k  # aio-pika's byte-array
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        ("a\x00b", "NUL"),
+        ("\ud800", "surrogate"),
+        (BYTES_MARK + "x", r"U\+FFFE"),
+        ("x" * (MAX_KEY_LENGTH + 1), "longer than 512"),
+        (b"\xff" * (MAX_KEY_BYTES + 1), f"longer than {MAX_KEY_BYTES} bytes"),
+    ],
+)
+def test_a_key_that_cannot_be_stored_as_given_is_refused_with_its_reason(
+    value: object, why: str
+) -> None:
+    with pytest.raises(UnusableKey, match=why):
+        normalize_key(value)
+
+
+def test_bytes_with_nul_or_not_utf8_are_kept_whole() -> None:
+    assert normalize_key(b"a\x00b") == BYTES_MARK + "610062"
+    assert normalize_key(b"\xff" * MAX_KEY_BYTES) == BYTES_MARK + "ff" * MAX_KEY_BYTES
 
 
 @pytest.mark.parametrize("value", [True, 1.5, {"a": 1}, [1]])
