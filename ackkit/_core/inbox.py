@@ -173,6 +173,11 @@ DOWN_STATES = frozenset(
     }
 )
 
+MISSING_TABLE_STATES = frozenset({"42P01", "3F000"})  # undefined_table, invalid_schema_name
+"""A table is not there. When it is one of the inbox's own tables (looked up after the
+error), the database counts as DOWN until it exists: an environment fault, never the
+message's; a table the handler's own SQL names is the handler's failure."""
+
 
 def fault_of(sqlstate: str | None, *, connection_lost: bool, connecting: bool) -> Fault:
     """Classify a database error.

@@ -13,6 +13,7 @@ See docs/guide/exactly-once.md. psycopg 3 is needed for PostgreSQL
 from __future__ import annotations
 
 from .._core.inbox import MAX_KEY_LENGTH, MissingKey
+from ._errors import SwallowedDatabaseError
 from ._memory import memory_inbox
 from ._options import DEFAULT_RETENTION, Inbox
 from ._outbox import aenqueue, enqueue
@@ -28,6 +29,7 @@ __all__ = [
     "SCHEMA",
     "Inbox",
     "MissingKey",
+    "SwallowedDatabaseError",
     "aenqueue",
     "enqueue",
     "memory_inbox",

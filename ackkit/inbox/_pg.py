@@ -8,9 +8,17 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from .._core.inbox import Fault, fault_of
+from .._core.inbox import MISSING_TABLE_STATES, Fault, fault_of
+from ._errors import SwallowedDatabaseError
 from ._options import Inbox
-from ._sql import SCHEMA_LOCK, claim, claim_all, schema, unclaim
+from ._sql import (
+    SCHEMA_LOCK,
+    claim,
+    claim_all,
+    schema,
+    tables_present,
+    unclaim,
+)
 
 try:
     import psycopg
@@ -24,8 +32,31 @@ class ConnectError(Exception):
     """Opening a connection failed (the database counts as down)."""
 
 
-class SwallowedError(Exception):
-    """The handler caught a database error and returned: its transaction is aborted."""
+class TablesMissing(ConnectError):
+    """A table of the inbox is not there (`Inbox(create_tables=False)` before the
+    migration ran, or a table dropped): an environment fault, never the message's. The
+    database counts as down: deliveries go back unstarted and the listener stands by,
+    probing, until the table exists."""
+
+
+def missing_tables(inbox: Inbox, present: tuple[Any, ...] | None) -> TablesMissing | None:
+    """The error naming the tables of `inbox` that `present` (inbox, outbox) says are
+    missing, or None."""
+    present = present or (False, False)
+    names = [t for t, ok in zip((inbox.table, inbox.outbox_table), present, strict=True) if not ok]
+    if not names:
+        return None
+    return TablesMissing(
+        f"table {' and '.join(names)} does not exist: run the migration that creates the "
+        "inbox's tables (the SQL of ackkit.inbox.schema()) or use Inbox(create_tables=True); "
+        "the listener stands by until then"
+    )
+
+
+def _missing_table_error(exc: BaseException) -> bool:
+    """`exc` (or the error it was raised from) says a table or schema does not exist."""
+    err = exc if isinstance(exc, psycopg.Error) else exc.__cause__
+    return isinstance(err, psycopg.Error) and err.sqlstate in MISSING_TABLE_STATES
 
 
 def fault(exc: BaseException, conn: Any = None) -> Fault:
@@ -64,7 +95,7 @@ class PgTx:
     def check(self) -> None:
         status = self.db.info.transaction_status
         if status == psycopg.pq.TransactionStatus.INERROR:
-            raise SwallowedError(
+            raise SwallowedDatabaseError(
                 "the handler caught a database error and returned; its transaction is "
                 "aborted and rolled back (re-raise database errors in an inbox handler)"
             )
@@ -103,11 +134,19 @@ class PgStore:
             )
         except psycopg.Error as exc:
             raise ConnectError(str(exc)) from exc
-        if not self._ready and self.inbox.create_tables:
+        if not self._ready:
             try:
-                with conn.transaction():
-                    conn.execute(SCHEMA_LOCK)  # concurrent CREATE IF NOT EXISTS can collide
-                    conn.execute(schema(self.inbox.table, self.inbox.outbox_table))
+                if self.inbox.create_tables:
+                    with conn.transaction():
+                        conn.execute(SCHEMA_LOCK)  # concurrent CREATE IF NOT EXISTS can collide
+                        conn.execute(schema(self.inbox.table, self.inbox.outbox_table))
+                else:
+                    row = conn.execute(
+                        tables_present(), (self.inbox.table, self.inbox.outbox_table)
+                    ).fetchone()
+                    missing = missing_tables(self.inbox, row)
+                    if missing is not None:
+                        raise missing
             except BaseException:
                 conn.close()
                 raise
@@ -125,12 +164,28 @@ class PgStore:
             with conn.transaction():
                 yield PgTx(conn, self.inbox)
             ok = True
+        except Exception as exc:
+            if _missing_table_error(exc):
+                self._tables_gone(conn, exc)  # or the handler's own table: its failure
+            raise
         finally:
             if ok or not (conn.closed or conn.broken):
                 with self._lock:
                     self._idle.append(conn)
             else:
                 conn.close()
+
+    def _tables_gone(self, conn: Any, exc: Exception) -> None:
+        """TablesMissing (from `exc`) when a table of the inbox is gone; the next
+        connection looks for them again (or makes them)."""
+        try:
+            row = conn.execute(tables_present(), (self.inbox.table, self.inbox.outbox_table))
+            missing = missing_tables(self.inbox, row.fetchone())
+        except psycopg.Error:
+            return
+        if missing is not None:
+            self._ready = False
+            raise missing from exc
 
     def ping(self) -> bool:
         try:
@@ -165,11 +220,19 @@ class AsyncPgStore:
             )
         except psycopg.Error as exc:
             raise ConnectError(str(exc)) from exc
-        if not self._ready and self.inbox.create_tables:
+        if not self._ready:
             try:
-                async with conn.transaction():
-                    await conn.execute(SCHEMA_LOCK)
-                    await conn.execute(schema(self.inbox.table, self.inbox.outbox_table))
+                if self.inbox.create_tables:
+                    async with conn.transaction():
+                        await conn.execute(SCHEMA_LOCK)
+                        await conn.execute(schema(self.inbox.table, self.inbox.outbox_table))
+                else:
+                    cur = await conn.execute(
+                        tables_present(), (self.inbox.table, self.inbox.outbox_table)
+                    )
+                    missing = missing_tables(self.inbox, await cur.fetchone())
+                    if missing is not None:
+                        raise missing
             except BaseException:
                 await conn.close()
                 raise
@@ -186,11 +249,26 @@ class AsyncPgStore:
             async with conn.transaction():
                 yield AsyncPgTx(conn, self.inbox)
             ok = True
+        except Exception as exc:
+            if _missing_table_error(exc):
+                await self._tables_gone(conn, exc)  # or the handler's own table
+            raise
         finally:
             if ok or not (conn.closed or conn.broken):
                 self._idle.append(conn)
             else:
                 await conn.close()
+
+    async def _tables_gone(self, conn: Any, exc: Exception) -> None:
+        """TablesMissing (from `exc`) when a table of the inbox is gone."""
+        try:
+            cur = await conn.execute(tables_present(), (self.inbox.table, self.inbox.outbox_table))
+            missing = missing_tables(self.inbox, await cur.fetchone())
+        except psycopg.Error:
+            return
+        if missing is not None:
+            self._ready = False
+            raise missing from exc
 
     async def ping(self) -> bool:
         try:

@@ -71,6 +71,12 @@ def sent(outbox: str) -> str:
     return f"DELETE FROM {outbox} WHERE id = ANY(%s)"
 
 
+def tables_present() -> str:
+    """Which of two tables (%s, %s: names as given, optionally schema.table) exist: two
+    booleans."""
+    return "SELECT to_regclass(%s) IS NOT NULL, to_regclass(%s) IS NOT NULL"
+
+
 SCHEMA_LOCK = "SELECT pg_advisory_xact_lock(hashtext('ackkit-inbox-schema'))"
 RELAY_LOCK = "SELECT pg_try_advisory_lock(hashtext(%s))"
 RELAY_UNLOCK = "SELECT pg_advisory_unlock(hashtext(%s))"

@@ -5,6 +5,7 @@ counts and dead letters from the broker."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -234,3 +235,119 @@ def test_serialization_failures_are_retried_in_process_not_attempts(
     assert effects(dsn) == ["s1"]
     assert stats["retrying"] == 0 and stats["dead_lettered"] == 0
     assert rabbitmq.counts(f"{fresh_queue}.dlq").total == 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_tables_missing_stand_the_listener_by_until_the_migration_runs(
+    kind: str, rabbitmq: BrokerHandle, fresh_queue: str, dsn: str
+) -> None:
+    """`create_tables=False` before the migration: an environment fault. Nothing is
+    dead-lettered and no attempt is spent; the listener pauses, and once the tables
+    exist it resumes and runs the message."""
+    import secrets
+
+    import psycopg
+
+    from ackkit.inbox import schema
+
+    name = f"inbox_{secrets.token_hex(4)}"
+    inbox = Inbox(dsn, table=name, outbox_table=f"{name}_out", create_tables=False)
+    b = Behaviour()
+    retry = Retry(max_attempts=2, initial_interval=0.05, strategy=RetryStrategy.IN_PROCESS)
+    app = build(kind, rabbitmq.url, fresh_queue, inbox, b, name="l", retry=retry)
+    with running(kind, app):
+        rabbitmq.publish(fresh_queue, b"x", message_id="m1")
+        eventually(lambda: app.flow_state()["l"].value == "paused", what="paused")
+        rabbitmq.wait_for(fresh_queue, ready=1, unacked=0, consumers=0, timeout=20)
+        assert rabbitmq.counts(f"{fresh_queue}.dlq").total == 0
+        assert b.calls == 0
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute(schema(name, f"{name}_out"))  # the migration
+        rabbitmq.wait_for(fresh_queue, ready=0, unacked=0, consumers=1, timeout=30)
+        eventually(lambda: app.stats()["l"]["acked"] == 1, what="acked")
+        # an operator drops the table while the listener runs: the same stand-by
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute(f"DROP TABLE {name}")
+        rabbitmq.publish(fresh_queue, b"x", message_id="m2")
+        eventually(lambda: app.flow_state()["l"].value == "paused", what="paused again")
+        rabbitmq.wait_for(fresh_queue, ready=1, unacked=0, consumers=0, timeout=20)
+        assert rabbitmq.counts(f"{fresh_queue}.dlq").total == 0
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute(schema(name, f"{name}_out"))
+        rabbitmq.wait_for(fresh_queue, ready=0, unacked=0, consumers=1, timeout=30)
+        eventually(lambda: app.stats()["l"]["acked"] == 2, what="acked")
+        stats = app.stats()["l"]
+    assert effects(dsn) == ["m1", "m2"]
+    assert inbox_keys(dsn, name) == [("l", "m2")]  # m1's row went with the table
+    assert rabbitmq.counts(f"{fresh_queue}.dlq").total == 0
+    assert stats["dead_lettered"] == 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_handlers_own_missing_table_is_its_failure(
+    kind: str, rabbitmq: BrokerHandle, fresh_queue: str, dsn: str
+) -> None:
+    """A table the handler's SQL names is the handler's failure (retried, then
+    dead-lettered), not a reason to stand by: only the inbox's own tables are."""
+    from ackkit import App, AsyncApp
+
+    retry = Retry(max_attempts=2, initial_interval=0.05, strategy=RetryStrategy.IN_PROCESS)
+    if kind == "sync":
+        app: Any = App(rabbitmq.url)
+
+        @app.listener(fresh_queue, inbox=Inbox(dsn), retry=retry, name="l")
+        def handle(body: bytes, d: Delivery) -> None:
+            d.db.execute("INSERT INTO no_such_table VALUES (1)")
+
+    else:
+        app = AsyncApp(rabbitmq.url)
+
+        @app.listener(fresh_queue, inbox=Inbox(dsn), retry=retry, name="l")
+        async def ahandle(body: bytes, d: Delivery) -> None:
+            await d.db.execute("INSERT INTO no_such_table VALUES (1)")
+
+    with running(kind, app):
+        rabbitmq.publish(fresh_queue, b"x", message_id="m1")
+        rabbitmq.wait_for(f"{fresh_queue}.dlq", ready=1, timeout=20)
+        assert app.flow_state()["l"].value != "paused"
+    dead = rabbitmq.dead_letters(f"{fresh_queue}.dlq")[0]
+    assert dead.dead_letter is not None
+    assert "UndefinedTable" in (dead.dead_letter.error_type or "")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_swallowed_database_error_has_a_public_name(
+    kind: str, rabbitmq: BrokerHandle, fresh_queue: str, dsn: str
+) -> None:
+    """`ackkit.inbox.SwallowedDatabaseError`: the type a dead letter names, and one a
+    user can put in Retry(fatal=...) to dead-letter at once."""
+    from ackkit import App, AsyncApp
+    from ackkit.inbox import SwallowedDatabaseError
+
+    calls: list[int] = []
+    retry = Retry(max_attempts=5, initial_interval=0.05, fatal=(SwallowedDatabaseError,))
+    if kind == "sync":
+        app: Any = App(rabbitmq.url)
+
+        @app.listener(fresh_queue, inbox=Inbox(dsn), retry=retry, name="l")
+        def handle(body: bytes, d: Delivery) -> None:
+            calls.append(1)
+            with contextlib.suppress(Exception):  # swallowed: the transaction is aborted
+                d.db.execute("SELECT 1/0")
+
+    else:
+        app = AsyncApp(rabbitmq.url)
+
+        @app.listener(fresh_queue, inbox=Inbox(dsn), retry=retry, name="l")
+        async def ahandle(body: bytes, d: Delivery) -> None:
+            calls.append(1)
+            with contextlib.suppress(Exception):
+                await d.db.execute("SELECT 1/0")
+
+    with running(kind, app):
+        rabbitmq.publish(fresh_queue, b"x", message_id="m1")
+        rabbitmq.wait_for(f"{fresh_queue}.dlq", ready=1, timeout=20)
+    dead = rabbitmq.dead_letters(f"{fresh_queue}.dlq")[0]
+    assert dead.dead_letter is not None
+    assert dead.dead_letter.error_type == "ackkit.inbox.SwallowedDatabaseError"
+    assert len(calls) == 1  # fatal: no second attempt
