@@ -27,11 +27,12 @@ Where the broker comes from (first that applies):
    (image ``ACKKIT_TEST_RABBITMQ_IMAGE``, default ``rabbitmq:4.3``; on an engine
    without a bridge network the container shares the host's network and binds
    to 127.0.0.1 on ports of its own, see ``ACKKIT_TEST_DOCKER_NETWORK``).
-3. ackkit-testkit is installed (``pip install ackkit-testkit``, a distribution of
-   its own) and ``rabbitmq-server`` is: a throwaway node with its own data
-   directory, ports, node name and Erlang cookie, removed on exit.
+3. ackkit-testkit is installed (a distribution of its own, not on PyPI: the
+   ``testkit/`` directory of ackkit's checkout, ``pip install /path/to/ackkit/testkit``)
+   and ``rabbitmq-server`` is: a throwaway node with its own data directory, ports,
+   node name and Erlang cookie, removed on exit.
 4. Otherwise :class:`BrokerUnavailable`, saying how to get a broker (without
-   ackkit-testkit: ``pip install ackkit-testkit``, or set ``AMQP_URL``).
+   ackkit-testkit: ``pip install /path/to/ackkit/testkit``, or set ``AMQP_URL``).
 
 The kit's own nodes (3), the 4.x nodes in a Debian root, the kit's Docker image
 for an engine that cannot pull one and the ``postgres`` fixture's throwaway

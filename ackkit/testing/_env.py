@@ -42,8 +42,9 @@ HOW_TO_GET_A_BROKER = """\
 How to get a broker for the tests (any one of):
   * point the tests at a running broker:  export AMQP_URL=amqp://guest:guest@127.0.0.1:5672/%2f
   * start a Docker engine (with testcontainers installed, the kit runs the rabbitmq:4.3 image)
-  * let the kit start throwaway nodes of its own: pip install ackkit-testkit, and install
-    the RabbitMQ server:
+  * let the kit start throwaway nodes of its own: pip install /path/to/ackkit/testkit
+    (ackkit-testkit, from ackkit's checkout: it is not on PyPI), and install the RabbitMQ
+    server:
         sudo apt-get update && sudo apt-get install -y rabbitmq-server   (Debian/Ubuntu)
         brew install rabbitmq                                           (macOS)
 Force one way with ACKKIT_TEST_BROKER=url|docker|own."""

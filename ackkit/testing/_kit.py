@@ -17,7 +17,10 @@ __all__ = ["INSTALL", "TestkitMissing", "require", "testkit"]
 
 DISTRIBUTION = "ackkit-testkit"
 PACKAGE = "ackkit_testkit"
-INSTALL = f"pip install {DISTRIBUTION}"
+# Not on PyPI (nor is ackkit): it is the testkit/ directory of ackkit's checkout, and it
+# pins the ackkit of that checkout; pip cannot find it by name.
+INSTALL = "pip install /path/to/ackkit/testkit"
+WHERE = f"{DISTRIBUTION} is the testkit/ directory of ackkit's checkout; it is not on PyPI"
 
 
 class TestkitMissing(BrokerUnavailable):
@@ -50,8 +53,8 @@ def missing(what: str, instead: str = "", tried: Sequence[str] = ()) -> TestkitM
         (f"no RabbitMQ broker for the tests. Tried:\n{before}" if before else "")
         + f"{what} comes with the test kit's provisioning, a separate distribution that is not "
         f"installed. Either:\n"
-        f"  * {INSTALL}   (throwaway RabbitMQ nodes, 4.x nodes in a Debian root, the kit's "
-        "Docker image, a throwaway PostgreSQL), or\n"
+        f"  * {INSTALL}   ({WHERE}; it adds throwaway RabbitMQ nodes, 4.x nodes in a "
+        "Debian root, the kit's Docker image, a throwaway PostgreSQL), or\n"
         f"  * {instead}"
     )
 

@@ -34,7 +34,7 @@ Fixtures:
 Which RabbitMQ: ``--rabbitmq=3.10|4.0|4.3`` (or ``ACKKIT_TEST_RABBITMQ``) picks the
 version of the kit's own brokers (3.10, the default, is the machine's own
 ``rabbitmq-server``; 4.x runs in a Debian root built on first use, as root; both
-come with ``pip install ackkit-testkit``). With
+come with ackkit-testkit: ``pip install /path/to/ackkit/testkit``). With
 ``AMQP_URL`` set, that broker is used whatever its version. A test marked
 ``@pytest.mark.rabbitmq(min="4.0")`` / ``(max="3.13")`` / ``("4.3", "4.0")`` is
 skipped, with the reason, on a broker of another version.

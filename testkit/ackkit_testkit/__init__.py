@@ -3,9 +3,11 @@
 ``ackkit.testing`` (in ackkit itself) has the in-memory broker, the helpers, the
 pytest fixtures and the broker of ``AMQP_URL`` (or a testcontainers container when
 a Docker engine answers). This distribution adds what starts servers on this
-machine, and ``ackkit.testing`` uses it when it is installed::
+machine, and ``ackkit.testing`` uses it when it is installed. It is not on PyPI (nor
+is ackkit): install it from the ``testkit/`` directory of the checkout ackkit came
+from, after ackkit (it pins that ackkit's version)::
 
-    pip install ackkit-testkit
+    pip install /path/to/ackkit/testkit
 
 * a throwaway RabbitMQ node from the machine's ``rabbitmq-server`` (3.10 here),
   with its own data directory, ports, node name and Erlang cookie;

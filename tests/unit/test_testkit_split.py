@@ -1,6 +1,6 @@
 """ackkit.testing without ackkit-testkit (the separate distribution that starts brokers
 and PostgreSQL): the in-memory broker and the AMQP_URL broker still work, and asking for
-anything the kit would start says `pip install ackkit-testkit` (or what to set instead)."""
+anything the kit would start says `pip install /path/to/ackkit/testkit` (or what to set instead)."""
 
 from __future__ import annotations
 
@@ -37,12 +37,12 @@ def test_a_broker_without_amqp_url_says_pip_install_ackkit_testkit(no_testkit: N
     with pytest.raises(BrokerUnavailable) as info:
         provision_broker()
     text = str(info.value)
-    assert "pip install ackkit-testkit" in text
+    assert "pip install /path/to/ackkit/testkit" in text
     assert "AMQP_URL" in text and "no engine (test)" in text
     for mode, kwargs in (("own", {}), (None, {"rabbitmq": "4.3"})):
-        with pytest.raises(_kit.TestkitMissing, match="pip install ackkit-testkit"):
+        with pytest.raises(_kit.TestkitMissing, match="pip install /path/to/ackkit/testkit"):
             provision_broker(mode, **kwargs)
-    with pytest.raises(_kit.TestkitMissing, match="pip install ackkit-testkit"):
+    with pytest.raises(_kit.TestkitMissing, match="pip install /path/to/ackkit/testkit"):
         provision_broker(tls=NodeTLS("ca.pem", "cert.pem", "key.pem"))
     assert broker_mod._find_rabbitmq_server() is None
 
@@ -59,7 +59,7 @@ def test_the_in_memory_broker_needs_no_testkit(no_testkit: None) -> None:
 def test_postgres_without_testkit(no_testkit: None, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(_kit.TestkitMissing) as info:
         _pg.provision_postgres()
-    assert "pip install ackkit-testkit" in str(info.value)
+    assert "pip install /path/to/ackkit/testkit" in str(info.value)
     assert "ACKKIT_TEST_POSTGRES_DSN" in str(info.value)
     monkeypatch.setenv("ACKKIT_TEST_POSTGRES_DSN", "postgresql://u:secret@db.invalid/x")
     h = _pg.provision_postgres()
@@ -97,7 +97,7 @@ def test_docker_image_choice_without_testkit(
     assert _docker_engine.choose_image(local, "host") == "ackkit-test/rabbitmq:4.3"
     monkeypatch.setenv("ACKKIT_TEST_RABBITMQ_IMAGE", "ackkit-test/rabbitmq:4.3")
     assert _docker_engine.choose_image(local, "bridge") == "ackkit-test/rabbitmq:4.3"
-    with pytest.raises(_kit.TestkitMissing, match="pip install ackkit-testkit"):
+    with pytest.raises(_kit.TestkitMissing, match="pip install /path/to/ackkit/testkit"):
         _docker_engine.choose_image(bare, "bridge")
 
 
