@@ -283,6 +283,9 @@ class AsyncRuntime:
             await self._settle(time.monotonic() + budget.confirms())
         else:
             await self._finish_handlers(0)
+        for c in self.consumers:  # an outbox relay ends its batch (never cancelled mid-way)
+            if c.tx is not None:
+                await c.tx.finish(budget.relay())
         for task in (self._ticker, *self._background):
             if task is not None:
                 cancels.cancel(task)

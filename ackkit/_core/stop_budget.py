@@ -1,14 +1,15 @@
 """How long each step of a graceful stop may wait: one budget, `shutdown_timeout` (no I/O).
 
 A stop cancels the consumers, lets running handlers finish, waits for the
-broker to confirm the copies published for them (dead letters, retries), then
-closes the connection. A broker that blocks publishers (a memory or disk alarm)
-answers none of these: each step waiting its own fixed time made `stop()` take
-shutdown_timeout + 5 + 5 + 10 s. Every step now takes its wait out of the one
-deadline, with a small floor so the acks of finished work still get a chance,
-and the connection close gets `CLOSE_GRACE` before it is dropped: `stop()`
-returns within `shutdown_timeout + MAX_OVERRUN` seconds. An original whose copy
-was not confirmed in time is not acked: the broker redelivers it.
+broker to confirm the copies published for them (dead letters, retries), lets
+an outbox relay end the batch it is sending, then closes the connection. A
+broker that blocks publishers (a memory or disk alarm) answers none of these:
+each step waiting its own fixed time made `stop()` take shutdown_timeout + 5 +
+5 + 10 s. Every step now takes its wait out of the one deadline, with a small
+floor so the acks of finished work still get a chance, and the connection close
+gets `CLOSE_GRACE` before it is dropped: `stop()` returns within
+`shutdown_timeout + MAX_OVERRUN` seconds. An original whose copy was not
+confirmed in time is not acked: the broker redelivers it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ CANCEL_WAIT = 5.0
 """Most seconds a stop waits for the broker to confirm a consumer's cancel."""
 CONFIRM_WAIT = 5.0
 """Most seconds a stop waits for the copies' publisher confirms (after the handlers)."""
+RELAY_WAIT = 5.0
+"""Most seconds a stop waits for the outbox relay to end the batch it is sending."""
 CLOSE_GRACE = 2.0
 """Seconds the connection close may wait for the broker's close-ok before it is dropped."""
 CANCEL_FLOOR = 0.2
@@ -52,6 +55,12 @@ class StopBudget:
     def confirms(self) -> float:
         """How long to wait for the copies' confirms and the last acks."""
         return min(CONFIRM_WAIT, max(self.left(), CONFIRM_FLOOR))
+
+    def relay(self) -> float:
+        """How long the outbox relay may take to end the batch it is sending (sent,
+        confirmed, deleted) before the connection closes: what is left, no floor (past
+        the deadline a batch is cut short, as a crash would)."""
+        return min(RELAY_WAIT, self.left())
 
     @property
     def close(self) -> float:

@@ -38,6 +38,8 @@ T = TypeVar("T")
 
 
 RELAY_POLL = 1.0
+RELAY_CANCEL_WAIT = 2.0
+"""Seconds a stop waits for a relay it cancelled (its DELETE of confirmed rows runs on)."""
 _CURRENT: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
     "ackkit_inbox_tx", default=None
 )
@@ -73,6 +75,7 @@ class AsyncInbox:
         self._probing = False  # see SyncInbox._probing
         self._retention: asyncio.Task[Any] | None = None
         self._relay: asyncio.Task[Any] | None = None
+        self._sending = False  # the relay is in a round (`finish`)
         self._kick = asyncio.Event()
 
     def _transaction(self) -> Any:
@@ -84,6 +87,27 @@ class AsyncInbox:
             self._retention = self.c.rt.spawn(self._expire_loop())
         if self._relay is None and self.store is not None:
             self._relay = self.c.rt.spawn(self._relay_loop())
+
+    async def finish(self, timeout: float) -> None:
+        """The app is stopping (before its connection closes): the relay takes no new
+        batch and ends the one it is sending, confirmed and deleted, within `timeout`
+        seconds. Past that it is cancelled: a message still waiting for its confirm stays
+        in the outbox, and the next app sends it again, as after a crash."""
+        t = self._relay
+        if t is None or t.done():
+            return
+        self._kick.set()  # out of its wait at once
+        if (await asyncio.wait({t}, timeout=timeout))[0]:
+            return
+        if self._sending:
+            log.warning(
+                "%s: outbox relay still sending after %.1f s: cancelled (a message not "
+                "yet confirmed is sent again by the next app)",
+                self.name,
+                timeout,
+            )
+        t.cancel()
+        await asyncio.wait({t}, timeout=RELAY_CANCEL_WAIT)  # its DELETE, its connection
 
     async def close(self) -> None:
         for t in (self._probe, self._retention, self._relay):
@@ -246,12 +270,19 @@ class AsyncInbox:
 
         conn: Any = None
         fails = 0
+        rt = self.c.rt
+
+        def stopping() -> bool:  # then no batch after the one it is sending
+            return rt.stopping
+
         try:
-            while not self.c.rt.stopping:
+            while not rt.stopping:
                 wait = RELAY_POLL if not fails else probe_delay(fails)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._kick.wait(), wait)
                 self._kick.clear()
+                if rt.stopping:
+                    break  # what is left waits for the next app (see `finish`)
                 try:
                     if conn is None or conn.closed or conn.broken:
                         conn = await psycopg.AsyncConnection.connect(
@@ -262,7 +293,11 @@ class AsyncInbox:
                                 await conn.execute(SCHEMA_LOCK)
                                 ddl = schema(self.inbox.table, self.inbox.outbox_table)
                                 await conn.execute(ddl)
-                    await arelay_once(conn, self.inbox.outbox_table, self.c.rt.publish)
+                    self._sending = True
+                    try:
+                        await arelay_once(conn, self.inbox.outbox_table, rt.publish, stopping)
+                    finally:
+                        self._sending = False
                     fails = 0
                 except Exception as exc:
                     fails += 1

@@ -16,11 +16,12 @@ commit order as long as they were written by one transaction at a time.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from .._publish import Outgoing, outgoing
 from ._sql import RELAY_LOCK, RELAY_UNLOCK, pending, sent
@@ -29,6 +30,7 @@ from ._sql import enqueue as enqueue_sql
 log = logging.getLogger("ackkit.inbox")
 
 BATCH = 100
+T = TypeVar("T")
 _BYTES = "$bytes"
 
 
@@ -122,8 +124,15 @@ def relay_once(
         conn.execute(RELAY_UNLOCK, (table,))
 
 
-async def arelay_once(conn: Any, table: str, publish: Callable[[Outgoing], Any]) -> int:
-    """`relay_once` for an AsyncConnection and an async `publish`."""
+async def arelay_once(
+    conn: Any,
+    table: str,
+    publish: Callable[[Outgoing], Awaitable[object]],
+    stop: Callable[[], bool] | None = None,
+) -> int:
+    """`relay_once` for an AsyncConnection and an async `publish`. The DELETE of what
+    the broker confirmed runs to its end even when the task is cancelled meanwhile (then
+    the cancel is raised): a cancelled DELETE left confirmed rows to be sent again."""
     cur = await conn.execute(RELAY_LOCK, (table,))
     row = await cur.fetchone()
     if not row[0]:
@@ -131,6 +140,8 @@ async def arelay_once(conn: Any, table: str, publish: Callable[[Outgoing], Any])
     total = 0
     try:
         while True:
+            if total and stop is not None and stop():
+                return total
             cur = await conn.execute(pending(table), (BATCH,))
             rows = await cur.fetchall()
             if not rows:
@@ -142,7 +153,24 @@ async def arelay_once(conn: Any, table: str, publish: Callable[[Outgoing], Any])
                     done.append(rid)
             finally:
                 if done:
-                    await conn.execute(sent(table), (done,))
+                    await to_the_end(conn.execute(sent(table), (done,)))
                     total += len(done)
     finally:
         await conn.execute(RELAY_UNLOCK, (table,))
+
+
+async def to_the_end(aw: Awaitable[T]) -> T:
+    """`await aw`, on to its end even if the awaiting task is cancelled meanwhile; the
+    cancel is raised once it ended."""
+    inner = asyncio.ensure_future(aw)
+    cancelled = False
+    while not inner.done():
+        try:
+            await asyncio.wait({inner})  # a cancel reaches this task, never `inner`
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled:
+        if not inner.cancelled():
+            inner.exception()  # retrieved: the cancel is what the caller hears
+        raise asyncio.CancelledError
+    return inner.result()

@@ -258,7 +258,7 @@ class SyncInbox:
             try:
                 if conn is None or conn.closed or conn.broken:
                     conn = relay_connection(self.inbox)
-                relay_once(conn, self.inbox.outbox_table, self.c.rt.publish)
+                relay_once(conn, self.inbox.outbox_table, self.c.rt.publish, self.stop.is_set)
                 fails = 0
             except Exception as exc:
                 fails += 1
