@@ -21,9 +21,12 @@ MESSAGE_MAX = 200
 
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
 _UUID = re.compile(r"\b[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}\b")
-_HEX = re.compile(r"[-+]?\b(?:0x)?(?=[0-9a-fA-F]*[a-fA-F])(?=[0-9a-fA-F]*\d)[0-9a-fA-F]{8,}\b")
+_SIGN = r"(?:(?<!\w)[-+])?"
+"""A sign only where no word character comes before it: in `ord-00058` or `x+1` the
+hyphen or plus belongs to the text (folded to `ord-#`), in `balance -5` it is a sign."""
+_HEX = re.compile(_SIGN + r"\b(?:0x)?(?=[0-9a-fA-F]*[a-fA-F])(?=[0-9a-fA-F]*\d)[0-9a-fA-F]{8,}\b")
 """Hex ids with a letter and a digit (all-digit ones are numbers, folded the same)."""
-_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+_NUMBER = re.compile(_SIGN + r"\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
 _SPACE = re.compile(r"\s+")
 
 
