@@ -6,8 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ._url import mask_url
-
 if TYPE_CHECKING:
     import typer
 
@@ -56,9 +54,16 @@ def add_console(cli: typer.Typer, *, err: Callable[[], Any], fail: Callable[...,
             )
         except Exception as exc:
             raise fail(str(exc), url or "", 2) from None
-        err().print(f"ackkit: console on http://{host}:{port}/ ({mask_url(broker)})", markup=False)
-        try:
-            serve(broker, names, access=access, port=port, max_held=max_held)
+        stderr = err()
+        try:  # the address is printed once it answers there, not before
+            serve(
+                broker,
+                names,
+                access=access,
+                port=port,
+                max_held=max_held,
+                say=lambda line: stderr.print(line, markup=False),
+            )
         except KeyboardInterrupt:
             pass
         except Exception as exc:

@@ -38,7 +38,7 @@ from .._core import checks as C
 from .._dead_letters import describe, replay_headers, replay_target
 from .._sync import _frames as frames
 from .._sync._pika import blocking_connection, copy_properties, parameters
-from .._url import check_url, mask_text
+from .._url import check_url, mask_text, mask_url
 from ._confirms import WINDOW, ConfirmedPublisher, Copy
 from ._groups import group_key
 from ._store import Entry, Store
@@ -123,19 +123,48 @@ class Holder:
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
         self.failure: BaseException | None = None
+        self._connected = False
+        self._phase = ""
 
     # -- life -----------------------------------------------------------------------------
 
-    def start(self, timeout: float = 60.0) -> None:
-        """Connect, check the DLQs exist, start holding; raises what went wrong."""
+    def start(
+        self,
+        timeout: float | None = 60.0,
+        *,
+        progress: Callable[[str], None] | None = None,
+        every: float = 5.0,
+    ) -> None:
+        """Connect, check the DLQs exist, start holding; raises what went wrong.
+
+        While it waits, `progress` gets what it is waiting for every `every` seconds
+        (`waiting_for()`). After `timeout` seconds (None: no limit) it stops and raises
+        TimeoutError saying how far it got: a connection that was made is never reported
+        as one that could not be (under load the broker can take minutes to answer
+        basic.consume on a DLQ it is still requeueing into)."""
         self._thread = threading.Thread(target=self._run, name="ackkit-console-holder", daemon=True)
         self._thread.start()
-        if not self._ready.wait(timeout):
-            self.stop()
-            raise TimeoutError(f"the console could not connect within {timeout:g} s")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else deadline - time.monotonic()
+            if self._ready.wait(every if left is None else max(0.0, min(every, left))):
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                what = self.waiting_for()
+                self.stop()
+                raise TimeoutError(f"the console was not ready within {timeout:g} s: {what}")
+            if progress is not None:
+                progress(self.waiting_for())
         if self.failure is not None:
             self.stop()
             raise self.failure
+
+    def waiting_for(self) -> str:
+        """What starting is waiting for, in words (the broker URL's password masked)."""
+        where = mask_url(self.url)
+        if not self._connected:
+            return f"connecting to {where} (waiting for the broker)"
+        return f"connected to {where} ({self._phase})"
 
     def stop(self, timeout: float = 600.0) -> None:
         """Close the connection: the broker returns every held dead letter to its queue.
@@ -279,7 +308,10 @@ class Holder:
             self._stop.wait(2.0)
 
     def _session(self) -> None:
+        self._connected = False
         self._conn = blocking_connection(parameters(self.url, name=self.name))
+        self._phase = "checking that the dead-letter queues exist"
+        self._connected = True
         probe = self._conn.channel()
         for q in self.dlqs:
             try:
@@ -293,6 +325,7 @@ class Holder:
             n = -(-self.max_held // SLOT_MAX)
             self._slots[q] = []
             for k in range(n):
+                self._phase = f"waiting for the broker to start delivering {q} (basic.consume)"
                 gen = gens[q][k] + 1 if k < len(gens[q]) else 1
                 self._slots[q].append(self._open(q, k, gen))
         self._ready.set()

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import socket
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from .._url import mask_url
 from ._holder import Holder
 from ._security import Access
 from ._store import Store
@@ -32,9 +34,14 @@ def serve(
     port: int = 8470,
     max_held: int = 100_000,
     title: str = "",
+    say: Callable[[str], None] | None = None,
 ) -> None:
     """Hold the DLQs, serve the console until interrupted, then let go of everything
-    (the broker returns every held dead letter to its queue)."""
+    (the broker returns every held dead letter to its queue).
+
+    `say` gets the lines for the person who started it: what it waits for while it
+    connects (every few seconds), then the console's address once it answers there
+    (never before: under load the broker can take minutes to start delivering)."""
     try:
         import uvicorn
 
@@ -46,12 +53,24 @@ def serve(
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
         logging.getLogger("ackkit.console").addHandler(handler)
         logging.getLogger("ackkit.console").setLevel(logging.INFO)
+    tell = say or (lambda line: log.info("%s", line))
     store = Store(dlqs)
     holder = Holder(url, dlqs, store, max_held=max_held)
-    holder.start()
+    shown = mask_url(url)
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.started and not self.should_exit:
+                host, bound = self.servers[0].sockets[0].getsockname()[:2]
+                host = f"[{host}]" if ":" in host else host
+                tell(f"ackkit: console on http://{host}:{bound}/ ({shown})")
+
     try:
+        tell(f"ackkit console: {holder.waiting_for()}")
+        holder.start(timeout=None, progress=lambda what: tell(f"ackkit console: {what}"))
         app = create_app(holder, access, title=title)
-        uvicorn.run(app, host=access.host, port=port, log_level="warning")
+        Server(uvicorn.Config(app, host=access.host, port=port, log_level="warning")).run()
     finally:
         held = sum(store.held(q) for q in dlqs)
         log.warning("ackkit console: stopping; the broker takes back %d dead letters", held)

@@ -80,3 +80,57 @@ def served(holder: Any, access: Any = None) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(20)
+
+
+@contextlib.contextmanager
+def slow_broker(url: str, delay: float) -> Iterator[str]:
+    """`url` through a loopback TCP proxy that holds each new connection `delay` seconds
+    before it connects on to the broker (a broker slow to answer, as under load)."""
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    upstream = (parts.hostname or "127.0.0.1", parts.port or 5672)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    stop = threading.Event()
+
+    def pump(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    def relay(client: socket.socket) -> None:
+        if stop.wait(delay):
+            client.close()
+            return
+        try:
+            broker = socket.create_connection(upstream, timeout=10)
+        except OSError:
+            client.close()
+            return
+        broker.settimeout(None)
+        back = threading.Thread(target=pump, args=(broker, client), daemon=True)
+        back.start()
+        pump(client, broker)
+        back.join(30)
+        client.close()
+        broker.close()
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while not stop.is_set():
+                client, _ = listener.accept()
+                threading.Thread(target=relay, args=(client,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    netloc = parts.netloc.rsplit("@", 1)
+    host = f"127.0.0.1:{listener.getsockname()[1]}"
+    proxied = parts._replace(netloc=f"{netloc[0]}@{host}" if len(netloc) == 2 else host)
+    try:
+        yield urllib.parse.urlunsplit(proxied)
+    finally:
+        stop.set()
+        listener.close()
