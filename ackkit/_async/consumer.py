@@ -394,3 +394,10 @@ class AsyncConsumer(ChannelSettler):
     async def release_unstarted(self) -> None:
         """Shutdown: the deliveries that never reached a handler go back to the queue."""
         await handlers.release_unstarted(self)
+
+    async def give_back(self) -> None:
+        """Shutdown, no time left for more copies: the unstarted deliveries still waiting
+        for one go back to the queue as they are."""
+        acts = self.core.give_back()
+        if acts:
+            await self.execute(self.core.generation, acts)

@@ -33,6 +33,7 @@ from .._core.errors import TopologyConflict
 from .._core.events import Observer
 from .._core.exchanges import plan
 from .._core.outcome import EXIT_SIGNALS
+from .._core.shutdown import LAST_COPIES
 from .._core.stop_budget import CONFIRM_WAIT, StopBudget
 from .._declaring import declaration
 from .._io import TICK, ConnectFailed, FatalConnectError, reconnect_logger, reconnect_wait
@@ -306,13 +307,19 @@ class AsyncRuntime:
             await asyncio.to_thread(self.events.close)
 
     async def _settle(self, deadline: float) -> None:
-        """Pending acks out until every core is quiescent (copies confirmed) or the deadline."""
+        """Pending acks out until every core is quiescent (copies confirmed) or the deadline;
+        its last `LAST_COPIES` seconds are for the copies in flight alone."""
         while True:
+            last = time.monotonic() >= deadline - LAST_COPIES
             for c in self.consumers:
+                if last:  # no copy more: what waits for one goes back as it is
+                    await c.give_back()
                 await c.drain()
             # A confirmed copy's task still has the original's ack to send: not done yet
-            # (closing now would leave the original to be requeued next to its copy).
-            busy = any(p.pending for p in self.publishers.values())
+            # (closing now would leave the original to be requeued next to its copy). A
+            # listener's copies go out on its own publisher, not on the app's.
+            publishers = (*self.publishers.values(), *(c.copies for c in self.consumers))
+            busy = any(p.pending for p in publishers)
             if (all(c.core.quiescent for c in self.consumers) and not busy) or (
                 time.monotonic() > deadline
             ):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -104,6 +105,10 @@ class ListenerCore(Fates, Shutdown, LostRuns, Queues, Gating):
         self.use_broker(broker)
         self.stopping = False
         """The app is stopping (`stop()`): no handler starts, no retry runs again."""
+        self._returning: deque[Tracked] = deque()
+        """Unstarted deliveries waiting for their turn to go back as a copy (`release`)."""
+        self._given_back = False
+        """The stop has no time left for copies (`give_back`): no more are sent."""
         # pause, circuit breaker, rate limit, per-key serial mode (see gate.Flow)
         self.flow = Flow(
             policy.flow or NO_FLOW,
@@ -168,6 +173,7 @@ class ListenerCore(Fates, Shutdown, LostRuns, Queues, Gating):
         """
         self._free_slot()
         self.confirms.channel_closed()
+        self._returning.clear()  # the broker requeued them
         if self.gated:
             self.flow.channel_gone()
         return self.ledger.closed()
@@ -364,7 +370,10 @@ class ListenerCore(Fates, Shutdown, LostRuns, Queues, Gating):
         listener wait (FlowState.REFUSED), counted per message; only a copy that cannot
         even be built minimal rejects its original.
         """
-        return self.confirms.confirmed(token, ok, unroutable, error, lost)
+        acts = self.confirms.confirmed(token, ok, unroutable, error, lost)
+        if self._returning:  # a copy's slot is free: the next unstarted delivery's copy
+            acts.extend(self._return_next())
+        return acts
 
     # -- time and shutdown -------------------------------------------------
 

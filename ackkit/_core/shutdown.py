@@ -7,16 +7,26 @@ core (`stop()`) starts nothing from then on: deliveries go back to their
 queue, retries waiting in process too (see also `outcome.handled`), and
 `quiescent` says when it waits for nothing more. Each runtime's stop is then
 a short sequence carrying that out.
+
+An unstarted delivery goes back as a copy that keeps its attempt, and its
+original is acked once the broker confirms the copy. A copy whose confirm the
+stop no longer waits for may be in the queue all the same, next to its
+original requeued when the connection closes: the message twice. So a
+stopping core has at most `STOP_COPIES` copies awaiting their confirm; the
+other unstarted deliveries wait their turn (each confirm sends the next), and
+those still waiting when the stop has no time left go back as they are
+(`give_back`).
 """
 
 from __future__ import annotations
 
 import uuid
+from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from . import copies
-from .actions import Action, CopyPurpose, Nack, Republish
+from .actions import Action, CopyPurpose, Nack, Republish, TxCommit
 from .events import Stage
 from .gate import Flow
 from .ledger import Ledger
@@ -24,6 +34,13 @@ from .outcome import Go, Outcome
 from .policy import AckMode, ListenerPolicy
 from .republish import Confirms
 from .tracked import Tracked
+
+STOP_COPIES = 256
+"""Most copies a listener awaits the broker's confirm for while it returns unstarted
+deliveries (a few round trips' worth: the rest of the stop still fits them all in)."""
+LAST_COPIES = 0.3
+"""Seconds at the end of a stop's wait for copies kept for the copies in flight alone:
+from then on no unstarted delivery goes back as a copy (`give_back`)."""
 
 
 class Shutdown:
@@ -35,6 +52,8 @@ class Shutdown:
     confirms: Confirms
     stopping: bool
     _waiting: list[Tracked]
+    _returning: deque[Tracked]
+    _given_back: bool
     flow: Flow
     gated: bool
 
@@ -150,9 +169,53 @@ class Shutdown:
             self.ledger.gone(t)
             self._emit(Stage.RETURNED, t, "handler cancelled at shutdown")
             return [Nack(t.tag, requeue=True), *leave]
+        if self._given_back:
+            return [*self._as_it_is([t]), *leave]
+        if len(self.confirms) >= STOP_COPIES:  # its turn comes with a confirm (`_return_next`)
+            self._returning.append(t)
+            return leave
+        return [self._copy_back(t), *leave]
+
+    def _copy_back(self, t: Tracked) -> Republish:
+        """The copy that returns unstarted `t` keeping its attempt (its original is acked
+        once the copy is confirmed)."""
         self._emit(Stage.RETURNED, t, f"shutdown before start: attempt {t.attempt} kept on a copy")
         hdrs = copies.restamp_headers(t, uuid.uuid4().hex)
-        return [self.confirms.issue(t, self.policy.queue, hdrs, CopyPurpose.RESTAMP), *leave]
+        return self.confirms.issue(t, self.policy.queue, hdrs, CopyPurpose.RESTAMP)
+
+    def _return_next(self) -> list[Action]:
+        """A copy was answered: the copies of the unstarted deliveries waiting their turn,
+        as far as `STOP_COPIES` allows (called from `republished`)."""
+        acts: list[Action] = []
+        waiting = self._returning
+        while waiting and len(self.confirms) < STOP_COPIES:
+            t = waiting.popleft()
+            if not t.settled and self.ledger.current(t):
+                acts.append(self._copy_back(t))
+        return acts
+
+    def give_back(self) -> list[Action]:
+        """The stop has no time left to wait for more copies (call before its last wait
+        for the copies in flight): the unstarted deliveries still waiting for one go back
+        to their queue as they are, with basic.nack requeue. The broker counts that
+        return (they lose the attempt a copy would have kept); a copy sent now could be
+        in the queue unconfirmed next to its requeued original (twice)."""
+        self._given_back = True
+        waiting, self._returning = self._returning, deque()
+        return self._as_it_is(waiting)
+
+    def _as_it_is(self, ts: Sequence[Tracked]) -> list[Action]:
+        """Unstarted `ts` back to their queue without a copy (`give_back`)."""
+        acts: list[Action] = []
+        for t in ts:
+            if t.settled or not self.ledger.current(t):
+                continue
+            self.ledger.gone(t)
+            self._emit(Stage.RETURNED, t, "shutdown before start: no time left for a copy")
+            acts.append(Nack(t.tag, requeue=True))
+        if acts and self.mode is AckMode.TRANSACTED:
+            acts.append(TxCommit())
+        return acts
 
     def stop(self) -> list[Action]:
         """The app stops (call once its consumer is cancelled, or as the cancel goes
@@ -170,7 +233,9 @@ class Shutdown:
         delivery is the broker's to requeue when the channel closes."""
         if not self.stopping:
             return False
-        return not self.ledger.open or (not self.confirms and self.ledger.pending == 0)
+        if not self.ledger.open:
+            return True
+        return not self.confirms and self.ledger.pending == 0 and not self._returning
 
     @property
     def busy(self) -> int:

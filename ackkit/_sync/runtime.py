@@ -21,6 +21,7 @@ from .._core.errors import TopologyConflict
 from .._core.events import Observer
 from .._core.exchanges import plan
 from .._core.outcome import EXIT_SIGNALS
+from .._core.shutdown import LAST_COPIES
 from .._core.stop_budget import CONFIRM_WAIT, StopBudget
 from .._declaring import declaration
 from .._delivery import Delivery
@@ -293,7 +294,8 @@ class Runtime(Engine):
     def _settle(self, settled: threading.Event, deadline: float, close: float) -> None:
         """I/O thread, last step: deliveries still queued (workers gone) go back to the
         core, pending acks out, until every core is quiescent (copies confirmed) or the
-        deadline; then the connection closes."""
+        deadline (its last `LAST_COPIES` seconds for the copies in flight alone); then
+        the connection closes."""
         for c in self.consumers:
             left: list[Delivery] = []
             while True:
@@ -309,6 +311,8 @@ class Runtime(Engine):
                     acts = c.core.begin([d._tracked for d in left]).actions
                     if acts:
                         c.send(c.core.generation, acts)
+            if time.monotonic() >= deadline - LAST_COPIES:
+                c.decide(c.core.give_back)  # no copy more: what waits for one goes back
             c.decide(c.core.drain)
         conn = self.connection
         quiet = all(c.core.quiescent for c in self.consumers)
