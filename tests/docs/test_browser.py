@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import pytest
 
@@ -80,8 +81,8 @@ def nav_titles(page: Any) -> list[str]:
     ("path", "heading"),
     [
         ("", "ackkit"),
-        ("guide/failures/", "Failures, retry and the dead-letter queue"),
-        ("reference/api/", "API reference"),
+        ("guide/failures.html", "Failures, retry and the dead-letter queue"),
+        ("reference/api.html", "API reference"),
     ],
 )
 def test_page_renders_with_navigation(page: Any, site_url: str, path: str, heading: str) -> None:
@@ -91,7 +92,7 @@ def test_page_renders_with_navigation(page: Any, site_url: str, path: str, headi
     for section in ("Getting started", "User guide", "Recipes", "Reference", "How it works"):
         assert any(section in t for t in titles), (section, titles)
     assert page.errors == []
-    if path == "reference/api/":
+    if path == "reference/api.html":
         # the reference is generated: a class with its signature and docstring
         assert page.locator("[id='ackkit.App']").count() == 1
         assert "InMemoryBroker" in page.locator("article").inner_text()
@@ -114,4 +115,47 @@ def test_search_finds_dead_letter(page: Any, site_url: str) -> None:
     results.first.locator("a").first.click()
     page.wait_for_load_state("networkidle")
     assert page.url.startswith(site_url) and page.url != site_url
+    assert page.errors == []
+
+
+# The site as the README says to open it: site/index.html from disk (file://), no server.
+@pytest.mark.timeout(120)
+def test_the_site_opened_from_disk_follows_its_navigation(page: Any, built_site: Path) -> None:
+    """A nav link leads to the guide page itself (file://.../guide/failures.html), not
+    to the browser's listing of a directory (file://.../guide/failures/)."""
+    open_page(page, (built_site / "index.html").as_uri())
+    page.locator(
+        "nav.md-nav--primary a.md-nav__link", has_text="Failures, retry and the DLQ"
+    ).first.click()
+    page.wait_for_load_state("load")
+    assert page.url.startswith("file://") and page.url.endswith(".html"), page.url
+    assert page.locator("article h1").first.inner_text().strip(" ¶\n") == (
+        "Failures, retry and the dead-letter queue"
+    )
+    titles = nav_titles(page)
+    assert any("User guide" in t for t in titles), titles
+    # and every link of the navigation leads to a page's file, none to a directory
+    hrefs = page.eval_on_selector_all(
+        "nav.md-nav--primary a.md-nav__link[href]", "as => as.map(a => a.href)"
+    )
+    paths = {unquote(urlsplit(h).path) for h in hrefs if h.startswith("file://")}
+    assert len(paths) > 30
+    assert all(Path(p).is_file() for p in paths), sorted(p for p in paths if not Path(p).is_file())
+    assert page.errors == []
+
+
+@pytest.mark.timeout(120)
+def test_search_works_on_the_site_opened_from_disk(page: Any, built_site: Path) -> None:
+    """From file:// too: no worker may start there and no index may be fetched, so the
+    index comes as a script and the worker runs in a frame (docs/javascripts/)."""
+    open_page(page, (built_site / "guide" / "handlers.html").as_uri())
+    box = page.locator("input.md-search__input")
+    box.click()
+    box.press_sequentially("dead letter", delay=50)
+    results = page.locator(".md-search-result__item")
+    results.first.wait_for(timeout=15000)
+    assert results.count() >= 3
+    results.first.locator("a").first.click()
+    page.wait_for_load_state("load")
+    assert page.url.startswith("file://") and ".html" in page.url, page.url
     assert page.errors == []
