@@ -86,6 +86,32 @@ class ActionResult:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class Counts:
+    """One DLQ's numbers as the overview shows them, adding up to `in_queue`."""
+
+    held: int
+    """Held and indexed by this console."""
+    on_the_way: int
+    """Delivered or being delivered to the console, not indexed yet: the broker's count
+    when the console connected, less what is indexed, settled since, or still ready."""
+    ready: int | None
+    """Ready in the queue (beyond --max-held), the broker's count (None: not asked yet)."""
+    at_connect: int | None
+    """The broker's count of the queue when the console connected (None: not yet)."""
+    indexing: bool
+    """The console is still receiving what was in the queue when it connected."""
+
+    @property
+    def in_queue(self) -> int:
+        return self.held + self.on_the_way + (self.ready or 0)
+
+
+QUIET = 10.0
+"""Seconds without a delivery after which indexing is over even if the broker's count
+at connect was not reached (others consumed some, some expired)."""
+
+
 @dataclass
 class _Slot:
     ch: Any
@@ -115,6 +141,11 @@ class Holder:
         self.name = name
         self.ready_counts: dict[str, int | None] = dict.fromkeys(self.dlqs)
         """Messages ready (not held by anyone) in each DLQ, from the broker."""
+        self.at_connect: dict[str, int | None] = dict.fromkeys(self.dlqs)
+        """Messages ready in each DLQ when the console connected (before it consumed)."""
+        self._settled: dict[str, int] = dict.fromkeys(self.dlqs, 0)
+        self._last_delivery: dict[str, float] = dict.fromkeys(self.dlqs, 0.0)
+        self._indexed: set[str] = set()
         self._conn: Any = None
         self._publisher: ConfirmedPublisher | None = None
         self._slots: dict[str, list[_Slot]] = {}
@@ -185,6 +216,21 @@ class Holder:
         else:
             self._work.put((fn, fut))
         return fut
+
+    def counts(self, q: str) -> Counts:
+        """What the console holds of `q` and what the broker counts, adding up."""
+        held, ready, at = self.store.held(q), self.ready_counts.get(q), self.at_connect.get(q)
+        if at is None:
+            return Counts(held, 0, ready, None, True)
+        settled = self._settled.get(q, 0)
+        if q not in self._indexed and (
+            held + settled >= min(at, self.max_held)
+            or time.monotonic() - self._last_delivery.get(q, 0.0) > QUIET
+        ):
+            self._indexed.add(q)  # done for this connection: later arrivals are live
+        indexing = q not in self._indexed
+        way = max(0, at - held - settled - (ready or 0)) if indexing else 0
+        return Counts(held, way, ready, at, indexing)
 
     # -- actions (called from any thread; the work runs on the holder's) ------------------
 
@@ -274,6 +320,7 @@ class Holder:
 
     def _done(self, e: Entry, res: ActionResult, target: str | None, who: str) -> None:
         self.store.remove([e.id])
+        self._settled[e.dlq] += 1
         res.done += 1
         if target is not None:
             res.targets[target] = res.targets.get(target, 0) + 1
@@ -315,9 +362,13 @@ class Holder:
         probe = self._conn.channel()
         for q in self.dlqs:
             try:
-                probe.queue_declare(q, passive=True)
+                ok = probe.queue_declare(q, passive=True)
             except pika.exceptions.ChannelClosedByBroker:
                 raise LookupError(f"no queue {q!r} on the broker") from None
+            self._settled[q], self._last_delivery[q] = 0, time.monotonic()
+            self._indexed.discard(q)
+            self.at_connect[q] = int(ok.method.message_count)
+            self.ready_counts[q] = None  # asked again once the console consumes
         probe.close()
         gens = {q: [s.generation for s in self._slots.get(q, ())] for q in self.dlqs}
         self._slots = {}
@@ -357,6 +408,7 @@ class Holder:
             redelivered=method.redelivered,
             unreadable=frames.unreadable(method, props),
         )
+        self._last_delivery[q] = time.monotonic()
         if getattr(props, "wire_headers", None) is not None:
             # the raw header bytes a faithful copy would reuse: a replay writes new
             # headers anyway (replay_headers), so they would only cost memory here

@@ -20,6 +20,7 @@ from starlette.routing import Route
 from .._core import checks as C
 from .._url import mask_url
 from . import _render as R
+from ._holder import Counts
 from ._security import COOKIE, SECURITY_HEADERS, Access
 
 Next = Callable[[Request], Awaitable[Response]]
@@ -54,8 +55,15 @@ def create_app(holder: Any, access: Access | None = None, *, title: str = "") ->
     store = holder.store
     shown_url = mask_url(holder.url)
 
+    def counts(q: str) -> Any:
+        if hasattr(holder, "counts"):
+            return holder.counts(q)
+        return Counts(store.held(q), 0, holder.ready_counts.get(q), None, False)
+
     def page(request: Request, name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
+        busy = [(q, c) for q in store.dlqs if (c := counts(q)).indexing]
         html = env.get_template(name).render(
+            indexing=busy,
             csrf=access.csrf(),
             read_only=access.read_only,
             url=shown_url,
@@ -70,8 +78,7 @@ def create_app(holder: Any, access: Access | None = None, *, title: str = "") ->
         cards = []
         for d in dlqs:
             step, bars = R.chart(d.seconds)
-            ready = holder.ready_counts.get(d.name)
-            cards.append({"d": d, "ready": ready, "bars": bars, "step": step})
+            cards.append({"d": d, "n": counts(d.name), "bars": bars, "step": step})
         top = store.groups()[:10]
         return page(request, "overview.html", cards=cards, groups=top, errors=store.errors[-5:])
 
