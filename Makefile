@@ -31,7 +31,7 @@ SPARK43 := tests/spark/test_spark_available.py tests/spark/test_spark_connect.py
 leg_env = $(if $(filter 3.10,$(1)),,env -u AMQP_URL) ACKKIT_TEST_RABBITMQ=$(1)
 RESULTS_SUFFIX := $(if $(filter 3.10,$(RABBITMQ)),,-$(RABBITMQ))
 
-.PHONY: demo docs docs-serve test test-matrix test-docker unit fuzz check bench bench-quick chaos clean
+.PHONY: demo docs docs-serve test test-matrix test-docker unit fuzz check bench bench-quick chaos soak clean
 
 $(STAMP): pyproject.toml testkit/pyproject.toml .ci/bootstrap
 	bash .ci/bootstrap
@@ -90,6 +90,25 @@ bench-quick: $(STAMP)
 
 chaos: $(STAMP)
 	$(call leg_env,$(RABBITMQ)) $(PY) -m tests.chaos --json bench-results/chaos$(RESULTS_SUFFIX).json
+
+# The long kill and soak runs, whose short forms are in make test: the chaos run at full
+# size (100,000 messages, 10 consumer kills, 2 broker restarts, 20 connection cuts), the
+# inbox crash test with 10,000 messages on App and on AsyncApp, and the Spark kill tests
+# (driver, executor and cluster kills) with fresh seeds (printed: rerun one with
+# ACKKIT_SPARK_KILL_SEED / ACKKIT_INBOX_CRASH_SEED). About an hour on 2 cores; figures in
+# bench-results/soak*.json and the test logs. When to run it: docs/development.md.
+SOAK_SPARK := tests/spark/test_spark_crash.py tests/spark/test_spark_cluster.py
+soak: $(STAMP)
+	@status=0; \
+	$(call leg_env,$(RABBITMQ)) $(PY) -m tests.chaos --seed $$(date +%s) \
+	    --json bench-results/soak-chaos$(RESULTS_SUFFIX).json || status=1; \
+	for kind in sync async; do \
+	    ACKKIT_INBOX_CRASH_N=10000 ACKKIT_INBOX_CRASH_KIND=$$kind ACKKIT_INBOX_CRASH_SEED=$$(date +%s) \
+	        $(call leg_env,$(RABBITMQ)) $(PYTEST) tests/inbox/test_inbox_crash.py -p no:cacheprovider -s \
+	        || status=1; \
+	done; \
+	ACKKIT_FUZZ=1 $(call leg_env,$(RABBITMQ)) $(PYTEST) $(SOAK_SPARK) -p no:cacheprovider -s || status=1; \
+	exit $$status
 
 clean:
 	rm -rf .venv build dist *.egg-info testkit/build testkit/*.egg-info .pytest_cache .mypy_cache .ruff_cache
