@@ -267,13 +267,26 @@ class Holder:
         return res
 
     def _sync(self, slots: set[tuple[str, int]]) -> None:
-        """A round trip on each holding channel that acked: the broker answers only after
-        it took in every ack sent before, so a crash of the console after the action
-        returns cannot lose them (and bring back dead letters that were replayed)."""
+        """A round trip through the queue, behind the acks, on each holding channel that
+        acked: when the action reports done, the broker's count of the DLQ agrees, and a
+        crash of the console after it returns cannot lose the acks (and bring back dead
+        letters that were replayed).
+
+        A round trip on the channel alone (basic.qos, as before) is not enough: the
+        channel hands each ack on to the queue's own process, which takes it in later.
+        The queue answers count queries (and a passive queue.declare) ahead of acks it
+        has not taken in yet, but a basic.get only after them (RabbitMQ's queue process
+        orders its mailbox by priority: ack 4, stat 7, info 9, basic.get 0); on a queue
+        busy with 100,000 held the counts lagged by minutes. The basic.get finds nothing
+        while the console holds everything; a dead letter it does get goes back at once
+        (requeued: the console's consumer takes it again)."""
         for q, k in slots:
             slot = self._slots[q][k]
-            if slot.ch.is_open:
-                slot.ch.basic_qos(prefetch_count=slot.prefetch)
+            if not slot.ch.is_open:
+                continue
+            method, _props, _body = slot.ch.basic_get(q, auto_ack=False)
+            if method is not None:
+                slot.ch.basic_reject(method.delivery_tag, requeue=True)
 
     def _holds(self, e: Entry, res: ActionResult) -> bool:
         """Whether the channel that delivered `e` is still the one holding it."""
