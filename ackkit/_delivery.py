@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Iterable, Mapping
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
 from pydantic import BaseModel, ValidationError
@@ -39,6 +40,11 @@ class MessagePublisher(Protocol):
     def publish_message(self, msg: Outgoing) -> None: ...
 
 
+# What `db` reads as in a handler whose inbox has no database: the in-memory inbox sets
+# it for its transactions (ackkit.inbox._memory.NoDatabase); None elsewhere.
+NO_DATABASE: ContextVar[Any] = ContextVar("ackkit_no_database", default=None)
+
+
 class DeliveryBase:
     """What a delivered message is, on either runtime (read-only).
 
@@ -49,11 +55,11 @@ class DeliveryBase:
     """
 
     __slots__ = (
+        "_db",
         "_decoder",
         "_settler",
         "_tracked",
         "body",
-        "db",
         "exchange",
         "properties",
         "queue",
@@ -82,10 +88,24 @@ class DeliveryBase:
         self.routing_key = routing_key
         self.redelivered = redelivered
         self.queue = queue
-        self.db: Any = None
-        """An inbox listener's transaction connection while its handler runs (a psycopg
-        Connection, or AsyncConnection on AsyncApp); None otherwise."""
+        self._db: Any = None
         self._decoder = decoder
+
+    @property
+    def db(self) -> Any:
+        """An inbox listener's transaction connection while its handler runs (a psycopg
+        Connection, or AsyncConnection on AsyncApp); None otherwise.
+
+        On the in-memory inbox (``Inbox("memory://...")``), which has no database, it is
+        a stand-in that is false (``if delivery.db:`` skips) and raises an error naming
+        the fix on any other use: test such a handler on PostgreSQL
+        (``Inbox(postgres_dsn)``, the test kit's fixture)."""
+        db = self._db
+        return NO_DATABASE.get() if db is None else db
+
+    @db.setter
+    def db(self, value: Any) -> None:
+        self._db = value
 
     # -- what the message is ------------------------------------------------
 

@@ -1,6 +1,8 @@
 """The in-memory inbox (``Inbox("memory://<name>")``): the same dedup rules as the
 PostgreSQL one, for a service's fast tests on the in-memory broker. Process-wide,
-shared by name; no database, so `delivery.db` is None.
+shared by name. There is no database: in a handler `delivery.db` is `NoDatabase`, false,
+and any other use of it raises, naming the fix (PostgreSQL with the `postgres_dsn`
+fixture).
 
 A claimed key is held by its transaction until it commits (the key is recorded) or
 rolls back (it is free again); a twin claiming it meanwhile waits, like PostgreSQL's
@@ -14,8 +16,10 @@ import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 from .._core.inbox import Fault
+from .._delivery import NO_DATABASE
 from ._options import MEMORY_SCHEME, Inbox
 
 _STORES: dict[str, MemoryInbox] = {}
@@ -122,6 +126,53 @@ class MemoryTx:
         pass
 
 
+class NoDatabaseError(RuntimeError):
+    """A handler used `delivery.db` on the in-memory inbox, which has no database."""
+
+
+class NoDatabase:
+    """`delivery.db` in a handler of a ``memory://`` inbox: false (``if delivery.db:``
+    skips the database work), and any other use raises :class:`NoDatabaseError` naming
+    the fix, where None made the handler fail with "'NoneType' object has no attribute
+    'execute'"."""
+
+    __slots__ = ("dsn",)
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+
+    def _refuse(self, what: str) -> NoDatabaseError:
+        return NoDatabaseError(
+            f"delivery.db.{what}: this listener's inbox is Inbox({self.dsn!r}), the in-memory "
+            "inbox, which has no database for the handler to write in. Test a handler that "
+            "uses delivery.db on PostgreSQL: Inbox(postgres_dsn) with the test kit's "
+            "postgres_dsn fixture (a fresh database per test, about 1 s; the in-memory "
+            "broker stays), see docs/guide/testing.md. Keep memory:// for handlers that "
+            "do not use delivery.db (`if delivery.db:` is False here)."
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        raise self._refuse(name)
+
+    def __enter__(self) -> Any:
+        raise self._refuse("__enter__")
+
+    async def __aenter__(self) -> Any:
+        raise self._refuse("__aenter__")
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    async def __aexit__(self, *exc: object) -> None:
+        pass
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return f"<no database: Inbox({self.dsn!r}) is in memory>"
+
+
 class MemoryStore:
     """The runners' view of an in-memory inbox (the sync and the asyncio one)."""
 
@@ -133,10 +184,14 @@ class MemoryStore:
     def transaction(self) -> Iterator[MemoryTx]:
         tx = MemoryTx(self.store)
         ok = False
+        # tx.db stays None (the runners read it: no outbox, publish at once); the
+        # handler's delivery.db reads this stand-in
+        standin = NO_DATABASE.set(NoDatabase(self.inbox.dsn))
         try:
             yield tx
             ok = True
         finally:
+            NO_DATABASE.reset(standin)
             self.store.end(tx.claimed, ok)
 
     @contextlib.asynccontextmanager

@@ -9,7 +9,8 @@ broker URL the docs show, ``amqp://guest:guest@127.0.0.1:5672/%2f``, and the nam
 setups). ``app.run()`` (which would block until a signal) starts the app and stops it
 again. A block that defines ``test_*`` functions has them
 called, with the test kit's fixtures by name (``memory_broker``, ``amqp_broker``,
-``queue_factory``, ``tmp_path``, ``monkeypatch``). Console blocks run ``ackkit`` in
+``queue_factory``, ``tmp_path``, ``monkeypatch``; ``postgres_dsn``: the kit's, one
+database for the page). Console blocks run ``ackkit`` in
 this process against the page's broker (``AMQP_URL``), after the page's earlier
 blocks. Markers (an HTML comment before a block) are in ``_blocks.py``; blocks marked
 ``real-broker`` run in tests/docs/test_examples_real.py.
@@ -69,8 +70,11 @@ def run_returns() -> Iterator[None]:
 class Page:
     """One page's namespace, broker and fixtures."""
 
-    def __init__(self, path: Path, broker: Any, tmp_path: Path) -> None:
+    def __init__(
+        self, path: Path, broker: Any, tmp_path: Path, request: pytest.FixtureRequest
+    ) -> None:
         self.path = path
+        self.request = request
         self.broker = broker
         self.tmp_path = tmp_path
         name = f"docs_example_{next(_ids)}"
@@ -112,6 +116,8 @@ class Page:
             return memory
         if name == "tmp_path":
             return self.tmp_path
+        if name == "postgres_dsn":  # started only for a page whose test asks for it
+            return self.request.getfixturevalue("postgres_dsn")
         if name == "queue_factory":
             counter = itertools.count(1)
             return lambda tag="", **_: f"t.docs.{tag or 'q'}.{next(counter)}"
@@ -181,9 +187,11 @@ def matches(expected: list[str], got: list[str]) -> bool:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("path", runnable_pages(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_examples_on_the_page_run(path: Path, tmp_path: Path) -> None:
+def test_examples_on_the_page_run(
+    path: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     with InMemoryBroker(ttl_scale=0) as broker, run_returns():
-        page = Page(path, broker, tmp_path)
+        page = Page(path, broker, tmp_path, request)
         try:
             for block in blocks(path):
                 if block.marker is not None:

@@ -111,7 +111,7 @@ def build(
                 n = b.calls
             if b.stall_after is not None and n > b.stall_after:
                 b.released.wait(120)
-            if d.db is not None:
+            if d.db:  # false on the in-memory inbox
                 d.db.execute(
                     "INSERT INTO effects (msg) VALUES (%s)", (d.message_id or body.decode(),)
                 )
@@ -141,7 +141,7 @@ def build(
                     if b.released.is_set():
                         break
                     await asyncio.sleep(0.01)
-            if d.db is not None:
+            if d.db:  # false on the in-memory inbox
                 await d.db.execute(
                     "INSERT INTO effects (msg) VALUES (%s)", (d.message_id or body.decode(),)
                 )

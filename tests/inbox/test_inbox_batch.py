@@ -119,14 +119,14 @@ def build_batch(
             db = ds[0].db
             if exc is not None:
                 for m, d in zip(mids, ds, strict=True):
-                    if db is not None:
+                    if db:  # false on the in-memory inbox
                         db.execute(INSERT, (m,))
                     if follow:
                         d.publish(follow, m.encode(), message_id=f"f-{m}")
                 raise exc
             ok = calls.finished(mids, index)
             for m, d in zip(ok, ds, strict=False):
-                if db is not None:
+                if db:  # false on the in-memory inbox
                     db.execute(INSERT, (m,))
                 if follow:
                     d.publish(follow, m.encode(), message_id=f"f-{m}")
@@ -142,14 +142,14 @@ def build_batch(
             db = ds[0].db
             if exc is not None:
                 for m, d in zip(mids, ds, strict=True):
-                    if db is not None:
+                    if db:  # false on the in-memory inbox
                         await db.execute(INSERT, (m,))
                     if follow:
                         await d.publish(follow, m.encode(), message_id=f"f-{m}")
                 raise exc
             ok = calls.finished(mids, index)
             for m, d in zip(ok, ds, strict=False):
-                if db is not None:
+                if db:  # false on the in-memory inbox
                     await db.execute(INSERT, (m,))
                 if follow:
                     await d.publish(follow, m.encode(), message_id=f"f-{m}")
