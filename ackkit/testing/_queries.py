@@ -17,12 +17,23 @@ __all__ = ["QueueCounts"]
 
 @dataclasses.dataclass(frozen=True)
 class QueueCounts:
-    """Message counts of one queue, as the broker reports them right now."""
+    """Message counts of one queue, as the broker reports them right now:
+    ``counts.ready`` (a frozen dataclass), or ``counts["ready"]`` as the docs' table of
+    helpers reads (the same four names; another raises KeyError)."""
 
     ready: int
     unacked: int
     total: int
     consumers: int
+
+    def __getitem__(self, name: str) -> int:
+        if name not in _COUNT_NAMES:
+            raise KeyError(f"{name!r}: a queue's counts are {', '.join(_COUNT_NAMES)}")
+        value: int = getattr(self, name)
+        return value
+
+
+_COUNT_NAMES = tuple(f.name for f in dataclasses.fields(QueueCounts))
 
 
 # --------------------------------------------------------------------------- Erlang (erl_call)
