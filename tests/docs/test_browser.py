@@ -159,3 +159,16 @@ def test_search_works_on_the_site_opened_from_disk(page: Any, built_site: Path) 
     page.wait_for_load_state("load")
     assert page.url.startswith("file://") and ".html" in page.url, page.url
     assert page.errors == []
+
+
+@pytest.mark.timeout(120)
+def test_search_finds_a_dotted_name(page: Any, site_url: str) -> None:
+    """AckMode.MANUAL as written in the code (the search's separator keeps the dot)."""
+    open_page(page, site_url)
+    box = page.locator("input.md-search__input")
+    box.click()
+    box.press_sequentially("AckMode.MANUAL", delay=50)
+    results = page.locator(".md-search-result__item")
+    results.first.wait_for(timeout=15000)
+    assert "ackmode.manual" in page.locator(".md-search-result").inner_text().lower()
+    assert page.errors == []
