@@ -34,7 +34,7 @@ from .._core.events import Observer
 from .._core.exchanges import plan
 from .._core.outcome import EXIT_SIGNALS
 from .._core.shutdown import LAST_COPIES
-from .._core.stop_budget import CONFIRM_WAIT, StopBudget
+from .._core.stop_budget import CONFIRM_WAIT, StopBudget, may_close
 from .._declaring import declaration
 from .._io import TICK, ConnectFailed, FatalConnectError, reconnect_logger, reconnect_wait
 from .._logs import log_stop
@@ -308,7 +308,8 @@ class AsyncRuntime:
 
     async def _settle(self, deadline: float) -> None:
         """Pending acks out until every core is quiescent (copies confirmed) or the deadline;
-        its last `LAST_COPIES` seconds are for the copies in flight alone."""
+        its last `LAST_COPIES` seconds are for the copies in flight alone, and copies still
+        in flight at the deadline get `COPY_GRACE` more (`may_close`)."""
         while True:
             last = time.monotonic() >= deadline - LAST_COPIES
             for c in self.consumers:
@@ -320,9 +321,9 @@ class AsyncRuntime:
             # listener's copies go out on its own publisher, not on the app's.
             publishers = (*self.publishers.values(), *(c.copies for c in self.consumers))
             busy = any(p.pending for p in publishers)
-            if (all(c.core.quiescent for c in self.consumers) and not busy) or (
-                time.monotonic() > deadline
-            ):
+            quiet = all(c.core.quiescent for c in self.consumers) and not busy
+            in_flight = busy or any(c.core.copies_in_flight for c in self.consumers)
+            if may_close(quiet, in_flight, time.monotonic(), deadline):
                 return
             await asyncio.sleep(0.02)
 

@@ -238,6 +238,12 @@ class Shutdown:
         return not self.confirms and self.ledger.pending == 0 and not self._returning
 
     @property
+    def copies_in_flight(self) -> bool:
+        """Copies sent on a channel still open, their confirm not yet in: closing now could
+        leave one routed next to its original, requeued by the close (`may_close`)."""
+        return self.ledger.open and bool(self.confirms)
+
+    @property
     def busy(self) -> int:
         """Deliveries received and not decided yet (queued for, or in, a handler)."""
         return sum(1 for t in self.ledger.unsettled() if not t.parked)

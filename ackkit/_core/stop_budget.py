@@ -10,6 +10,13 @@ floor so the acks of finished work still get a chance, and the connection close
 gets `CLOSE_GRACE` before it is dropped: `stop()` returns within
 `shutdown_timeout + MAX_OVERRUN` seconds. An original whose copy was not
 confirmed in time is not acked: the broker redelivers it.
+
+One wait may run past the confirms' share: copies already sent when it ends.
+Closing the channel then would leave a copy the broker did route next to its
+original requeued by the close (the message twice), so the stop waits up to
+`COPY_GRACE` more for their confirms (`may_close`); a broker that answers
+nothing meanwhile costs those seconds, never a second copy of a message it did
+answer for.
 """
 
 from __future__ import annotations
@@ -25,10 +32,24 @@ RELAY_WAIT = 5.0
 """Most seconds a stop waits for the outbox relay to end the batch it is sending."""
 CLOSE_GRACE = 2.0
 """Seconds the connection close may wait for the broker's close-ok before it is dropped."""
+COPY_GRACE = 3.0
+"""Most seconds past the confirms' wait a stop still waits for copies already sent."""
 CANCEL_FLOOR = 0.2
 CONFIRM_FLOOR = 0.5
-MAX_OVERRUN = CANCEL_FLOOR + CONFIRM_FLOOR + CLOSE_GRACE
+MAX_OVERRUN = CANCEL_FLOOR + CONFIRM_FLOOR + COPY_GRACE + CLOSE_GRACE
 """Most seconds a stop may take beyond `shutdown_timeout`."""
+
+
+def may_close(quiescent: bool, in_flight: bool, now: float, deadline: float) -> bool:
+    """May a stop close the connection at `now`, its confirms' wait ending at `deadline`?
+    Once nothing is awaited (`quiescent`); at the deadline unless copies are still in
+    flight (sent, their confirm or their original's ack not yet through); at the latest
+    `COPY_GRACE` seconds after it."""
+    if quiescent:
+        return True
+    if now <= deadline:
+        return False
+    return not in_flight or now > deadline + COPY_GRACE
 
 
 class StopBudget:

@@ -22,7 +22,7 @@ from .._core.events import Observer
 from .._core.exchanges import plan
 from .._core.outcome import EXIT_SIGNALS
 from .._core.shutdown import LAST_COPIES
-from .._core.stop_budget import CONFIRM_WAIT, StopBudget
+from .._core.stop_budget import CONFIRM_WAIT, StopBudget, may_close
 from .._declaring import declaration
 from .._delivery import Delivery
 from .._io import ConnectFailed, FatalConnectError
@@ -294,8 +294,9 @@ class Runtime(Engine):
     def _settle(self, settled: threading.Event, deadline: float, close: float) -> None:
         """I/O thread, last step: deliveries still queued (workers gone) go back to the
         core, pending acks out, until every core is quiescent (copies confirmed) or the
-        deadline (its last `LAST_COPIES` seconds for the copies in flight alone); then
-        the connection closes."""
+        deadline (its last `LAST_COPIES` seconds for the copies in flight alone, and
+        `COPY_GRACE` more for those still in flight then: `may_close`); then the
+        connection closes."""
         for c in self.consumers:
             left: list[Delivery] = []
             while True:
@@ -316,7 +317,8 @@ class Runtime(Engine):
             c.decide(c.core.drain)
         conn = self.connection
         quiet = all(c.core.quiescent for c in self.consumers)
-        if not quiet and time.monotonic() < deadline and conn.is_open:
+        in_flight = any(c.core.copies_in_flight for c in self.consumers)
+        if not may_close(quiet, in_flight, time.monotonic(), deadline) and conn.is_open:
             conn.ioloop.call_later(0.02, lambda: self._settle(settled, deadline, close))
             return
         if conn.is_open:
