@@ -45,6 +45,8 @@ from ._store import Entry, Store
 
 log = logging.getLogger("ackkit.console")
 
+CHECKED = 100
+"""Target queues a dry run asks the broker about (a passive declare each)."""
 SLOT_MAX = 50_000
 """Prefetch of one holding channel (basic.qos takes at most 65,535)."""
 T = TypeVar("T")
@@ -110,6 +112,45 @@ class Counts:
 QUIET = 10.0
 """Seconds without a delivery after which indexing is over even if the broker's count
 at connect was not reached (others consumed some, some expired)."""
+
+
+@dataclass
+class DryRun:
+    """What a replay would do, found without changing anything."""
+
+    requested: int = 0
+    targets: dict[str, int] = field(default_factory=dict)
+    """Target queue -> dead letters whose copy would go there."""
+    missing: list[str] = field(default_factory=list)
+    """Targets the broker has no queue of: those copies would come back, their dead
+    letters would stay."""
+    no_target: int = 0
+    """Without a source queue (and no queue named): would stay in the DLQ."""
+    not_held: int = 0
+    """Replayed, deleted or being settled by another action meanwhile."""
+    unchecked: list[str] = field(default_factory=list)
+    """Targets past the first CHECKED: not asked whether they exist."""
+
+    @property
+    def would_replay(self) -> int:
+        """Copies that would be published and confirmed (their queue exists)."""
+        return sum(c for t, c in self.targets.items() if t not in self.missing)
+
+    def summary(self) -> str:
+        out = f"dry run: {self.would_replay} of {self.requested} would be replayed"
+        gone = " (no such queue: they would stay in the DLQ)"
+        where = ", ".join(
+            f"{c} to {t}{gone if t in self.missing else ''}" for t, c in self.targets.items()
+        )
+        if where:
+            out += f" ({where})"
+        for c, what in (
+            (self.no_target, "without a source queue, would stay in the DLQ"),
+            (self.not_held, "no longer held (settled or being settled)"),
+        ):
+            if c:
+                out += f"; {c} {what}"
+        return out + "; nothing was changed"
 
 
 @dataclass
@@ -241,6 +282,41 @@ class Holder:
         entries = self.store.claim(wanted)
         res = ActionResult("replay", len(wanted), taken=len(wanted) - len(entries))
         return self.submit(partial(self._settle, entries, res, to, who))
+
+    def dry_run(self, ids: Iterable[int], to: str | None = None) -> Future[DryRun]:
+        """What `replay(ids, to)` would do: where each copy would go, how many, and
+        whether those queues exist (a passive declare each). Claims, publishes and acks
+        nothing."""
+        if to is not None:
+            C.queue_name("to", to, declared=False)
+        wanted = list(ids)
+        plan = DryRun(len(wanted))
+        for i in wanted:
+            e = self.store.entry(i)
+            if e is None or e.claimed:
+                plan.not_held += 1
+            elif (target := replay_target(e.dl, to)) is None:
+                plan.no_target += 1
+            else:
+                plan.targets[target] = plan.targets.get(target, 0) + 1
+        plan.targets = dict(sorted(plan.targets.items(), key=lambda kv: (-kv[1], kv[0])))
+        return self.submit(partial(self._check_targets, plan))
+
+    def _check_targets(self, plan: DryRun) -> DryRun:
+        ch = None
+        plan.unchecked = list(plan.targets)[CHECKED:]
+        try:
+            for t in list(plan.targets)[:CHECKED]:
+                if ch is None or not ch.is_open:
+                    ch = self._conn.channel()
+                try:
+                    ch.queue_declare(t, passive=True)
+                except pika.exceptions.ChannelClosedByBroker:
+                    plan.missing.append(t)
+        finally:
+            if ch is not None and ch.is_open:
+                ch.close()
+        return plan
 
     def delete(self, ids: Iterable[int], who: str = "?") -> Future[Any]:
         wanted = list(ids)

@@ -103,6 +103,16 @@ def failure_time(dl: DeadLetter, received: float) -> float:
     return received
 
 
+SORTS = ("count", "last", "name")
+"""How the failure groups can be sorted: largest first, last seen first, by name."""
+
+
+def _matches(key: GroupKey, needle: str) -> bool:
+    return any(
+        needle in part.casefold() for part in (key.dlq, key.listener, key.error_type, key.message)
+    )
+
+
 class Store:
     """Entries by id, grouped; claims; per-DLQ counts per second; replay history; audit."""
 
@@ -259,8 +269,15 @@ class Store:
             g.first, g.last, g.stale = min(times), max(times), False
         return g
 
-    def groups(self, dlq: str | None = None) -> list[GroupView]:
-        """Failure groups (of one DLQ or all), largest first."""
+    def groups(
+        self, dlq: str | None = None, *, sort: str = "count", search: str = ""
+    ) -> list[GroupView]:
+        """Failure groups (of one DLQ or all) whose DLQ, listener, error type or message
+        contain `search` (case-insensitive), sorted by `sort` (SORTS): largest first,
+        last seen newest first, or by name (error type, message, listener)."""
+        if sort not in SORTS:
+            raise ValueError(f"sort must be one of {', '.join(SORTS)}")
+        needle = search.strip().casefold()
         with self.lock:
             out = [
                 GroupView(
@@ -273,9 +290,14 @@ class Store:
                     gid in self._replayed_groups,
                 )
                 for gid, g in self._groups.items()
-                if dlq is None or g.key.dlq == dlq
+                if (dlq is None or g.key.dlq == dlq) and (not needle or _matches(g.key, needle))
             ]
-        out.sort(key=lambda v: (-v.count, -v.last, v.id))
+        if sort == "last":
+            out.sort(key=lambda v: (-v.last, -v.count, v.id))
+        elif sort == "name":
+            out.sort(key=lambda v: (v.key.error_type, v.key.message, v.key.listener, v.id))
+        else:
+            out.sort(key=lambda v: (-v.count, -v.last, v.id))
         return out
 
     def group(self, gid: str, offset: int = 0, limit: int = 200) -> tuple[GroupView, list[Entry]]:

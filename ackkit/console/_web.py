@@ -22,11 +22,14 @@ from .._url import mask_url
 from . import _render as R
 from ._holder import Counts
 from ._security import COOKIE, SECURITY_HEADERS, Access
+from ._store import SORTS
 
 Next = Callable[[Request], Awaitable[Response]]
 audit_log = logging.getLogger("ackkit.console.audit")
 PAGE = 200
 """Dead letters listed per page of a group."""
+GROUPS_PAGE = 500
+"""Failure groups listed per page of the group list."""
 ACTIONS = ("replay", "delete")
 
 
@@ -49,7 +52,7 @@ class HttpError(Exception):
 
 def create_app(holder: Any, access: Access | None = None, *, title: str = "") -> Starlette:
     """The console's ASGI app over a holder (`Holder`, or any object with its `store`,
-    `replay`, `delete`, `ready_counts` and `url`)."""
+    `replay`, `delete`, `dry_run`, `ready_counts` and `url`)."""
     access = access or Access()
     env = _env()
     store = holder.store
@@ -83,8 +86,31 @@ def create_app(holder: Any, access: Access | None = None, *, title: str = "") ->
         return page(request, "overview.html", cards=cards, groups=top, errors=store.errors[-5:])
 
     async def groups(request: Request) -> Response:
-        dlq = request.query_params.get("dlq") or None
-        return page(request, "groups.html", groups=store.groups(dlq), dlq=dlq)
+        q = request.query_params
+        dlq = q.get("dlq") or None
+        sort = q.get("sort") or "count"
+        if sort not in SORTS:
+            raise HttpError(400, f"sort must be one of {', '.join(SORTS)}")
+        search = (q.get("q") or "")[:200]
+        found = store.groups(dlq, sort=sort, search=search)
+        n = _int(q.get("page", "0"))
+        return page(
+            request,
+            "groups.html",
+            groups=found[n * GROUPS_PAGE : (n + 1) * GROUPS_PAGE],
+            found=len(found),
+            dlq=dlq,
+            sort=sort,
+            search=search,
+            page_no=n,
+            pages=-(-len(found) // GROUPS_PAGE),
+            link=lambda **kw: (
+                "/groups?"
+                + urllib.parse.urlencode(
+                    {k: v for k, v in {"dlq": dlq, "q": search, "sort": sort, **kw}.items() if v}
+                )
+            ),
+        )
 
     async def group(request: Request) -> Response:
         gid = request.path_params["gid"]
@@ -115,7 +141,26 @@ def create_app(holder: Any, access: Access | None = None, *, title: str = "") ->
     async def confirm(request: Request) -> Response:
         form = await _post(request)
         action, ids, what, to = _scope(store, form)
-        return page(request, "confirm.html", action=action, ids=ids, what=what, to=to, form=form)
+        return page(
+            request,
+            "confirm.html",
+            action=action,
+            ids=ids,
+            what=what,
+            to=to,
+            form=form,
+            dry_run_query=_dry_run_query(form, ids, to),
+        )
+
+    async def dry_run(request: Request) -> Response:
+        """What a replay would do (where to, how many, whether those queues exist),
+        changing nothing: a GET, also on a read-only console."""
+        q = request.query_params
+        form: dict[str, Any] = {k: q.get(k) for k in ("scope", "group", "to", "upto")}
+        form["action"], form["ids"] = "replay", q.getlist("ids")
+        _action, ids, what, to = _scope(store, form)
+        plan = await asyncio.wrap_future(holder.dry_run(ids, to or None))
+        return page(request, "dry_run.html", plan=plan, what=what, to=to, form=form, ids=ids)
 
     async def act(request: Request) -> Response:
         form = await _post(request)
@@ -178,6 +223,7 @@ def create_app(holder: Any, access: Access | None = None, *, title: str = "") ->
         Route("/groups", groups),
         Route("/group/{gid}", group),
         Route("/letter/{lid}", letter),
+        Route("/dry-run", dry_run),
         Route("/confirm", confirm, methods=["POST"]),
         Route("/act", act, methods=["POST"]),
         Route("/export", export),
@@ -237,6 +283,18 @@ def _int(text: Any) -> int:
     if n < 0:
         raise HttpError(400, "a negative number")
     return n
+
+
+def _dry_run_query(form: dict[str, Any], ids: list[int], to: str) -> str:
+    """The dry run of what a confirmation page is about to do, as a query string."""
+    q: list[tuple[str, Any]] = [("scope", form.get("scope"))]
+    if form.get("scope") == "group":
+        q += [("group", form.get("group")), ("upto", max(ids, default=0))]
+    else:
+        q += [("ids", i) for i in ids]
+    if to:
+        q.append(("to", to))
+    return urllib.parse.urlencode(q)
 
 
 def _scope(store: Any, form: dict[str, Any]) -> tuple[str, list[int], str, str]:
