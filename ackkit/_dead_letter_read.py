@@ -1,5 +1,5 @@
 """Reading dead-letter headers of any shape (moved out of `_dead_letters.py`): the
-total `_Reader`, and which queue the broker's x-death records say a copy died in.
+total `_Reader`; the broker's x-death records are read by the core (`_core/deaths.py`).
 
 No I/O; never raises on header values.
 """
@@ -11,10 +11,10 @@ import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
+from ._core import deaths
+
 TEXT_MAX = 2_000
 """Characters of one header value a DeadLetter keeps (the rest is cut, with a note)."""
-_NAME_MAX = 255
-"""Bytes in an AMQP queue, exchange or routing-key name (a short string)."""
 _DIGITS_MAX = 18
 
 
@@ -83,30 +83,10 @@ class _Reader:
 
     def name(self, key: str, value: Any) -> str | None:
         """A queue / exchange / routing-key name: text the broker could route by, or None."""
-        if value is None:
-            return None
-        if isinstance(value, bytes):
-            try:
-                value = value.decode("utf-8")
-            except UnicodeDecodeError:
-                self.note(key, f"not a name (invalid UTF-8): {_short_repr(value)}")
-                return None
-        if not isinstance(value, str):
-            self.note(key, f"not a name ({type(value).__name__}): {_short_repr(value)}")
-            return None
-        try:
-            size = len(value.encode("utf-8"))
-        except UnicodeEncodeError:
-            self.note(key, f"not a name (unencodable text): {_short_repr(value)}")
-            return None
-        if size > _NAME_MAX:
-            self.note(key, f"not a name ({size} bytes, at most {_NAME_MAX})")
-            return None
-        if any(ord(c) < 32 or ord(c) == 127 for c in value):
-            # ackkit refuses such queue names itself; shown escaped, never routed to
-            self.note(key, f"not a name (control characters): {_short_repr(value)}")
-            return None
-        return value
+        name, why = deaths.queue_name(value)
+        if why is not None:
+            self.note(key, f"not a name ({why}): {_short_repr(value)}")
+        return name
 
     def int(self, key: str, value: Any) -> int | None:
         """A non-negative count (an int, or its decimal digits as text)."""
@@ -132,41 +112,14 @@ def _int(value: Any) -> int | None:
     return _Reader().int("", value)
 
 
-def _last_death(r: _Reader, deaths: Any) -> Mapping[str, Any] | None:
-    """The most recent x-death entry (the broker keeps it first), or None."""
-    if deaths is None:
-        return None
-    if not isinstance(deaths, (list, tuple)):
-        r.note("x-death", f"expected a list of tables, got {_short_repr(deaths)}")
-        return None
-    for i, d in enumerate(deaths):
-        if isinstance(d, Mapping):
-            if i:
-                r.note("x-death", f"{i} leading entr{'y' if i == 1 else 'ies'} not a table")
-            return d
-    r.note("x-death", f"no table among its {len(deaths)} entries")
-    return None
+def _last_death(r: _Reader, value: Any) -> Mapping[Any, Any] | None:
+    """The most recent x-death record (`deaths.last_death`), what was odd about it noted."""
+    death, note = deaths.last_death(value)
+    if note is not None:
+        r.note("x-death", note)
+    return death
 
 
 def _or_death_queue(queue: str | None, h: Mapping[str, Any]) -> str | None:
     """`queue`, unless it names no queue and the broker's records name one."""
-    return queue or _death_queue(h) or queue
-
-
-def _death_queue(h: Mapping[str, Any]) -> str | None:
-    """The most recent queue the broker's records name validly, whatever garbage is
-    next to it: each x-death table's `queue` (most recent first), then
-    x-last-death-queue and x-first-death-queue. None when none is a usable name."""
-    quiet = _Reader()  # what could not be read is noted where it is read first
-    deaths = h.get("x-death")
-    if isinstance(deaths, (list, tuple)):
-        for d in deaths:
-            if isinstance(d, Mapping):
-                q = quiet.name("", d.get("queue"))
-                if q:
-                    return q
-    for key in ("x-last-death-queue", "x-first-death-queue"):
-        q = quiet.name("", h.get(key))
-        if q:
-            return q
-    return None
+    return queue or deaths.death_queue(h) or queue

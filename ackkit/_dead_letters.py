@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._core import deaths
 from ._core import headers as H
 from ._dead_letter_read import TEXT_MAX as TEXT_MAX  # re-exported: the tests read it here
 from ._dead_letter_read import (
-    _death_queue,
     _int,
     _last_death,
     _or_death_queue,
@@ -170,7 +170,7 @@ def _describe(
             **common,
             notes=tuple(r.notes),
         )
-    queue = _death_queue(h)
+    queue = deaths.death_queue(h)
     if queue is not None:  # no x-death table, but the broker's x-*-death-queue
         return DeadLetter(
             reason="dead-lettered by the broker",

@@ -26,6 +26,7 @@ import pika
 import pika.exceptions
 
 from ._core import checks as C
+from ._core import wire
 from ._dead_letters import (
     DeadLetter,
     ReplayFilter,
@@ -102,7 +103,7 @@ class DeadLetterQueue:
                 if method is None:
                     break
                 dl = describe(
-                    props.headers,
+                    readable_headers(props),
                     message_id=props.message_id,
                     body_size=len(body),
                     redelivered=method.redelivered,
@@ -204,7 +205,7 @@ class DeadLetterQueue:
         nothing one message carries stops the replay of the others.
         """
         dl = describe(
-            getattr(props, "headers", None),
+            readable_headers(props),
             message_id=getattr(props, "message_id", None),
             body_size=len(body),
             redelivered=method.redelivered,
@@ -232,6 +233,18 @@ class DeadLetterQueue:
         # Confirmed: only now the dead-letter copy may go.
         ch.basic_ack(method.delivery_tag)
         return "replayed", dl, target, ""
+
+
+def readable_headers(props: Any) -> Any:
+    """The headers to describe a dead letter by: pika's, or when pika could not read the
+    table (a timestamp past year 9999 or a name that is not UTF-8 somewhere in x-death),
+    every entry that can be read of its bytes, so a valid origin queue next to the
+    garbage is still found. Only read: the replayed copy never carries them."""
+    headers = getattr(props, "headers", None)
+    raw = getattr(props, "ackkit_raw_headers", None)
+    if headers is None and raw is not None:
+        return wire.lenient_table(raw)
+    return headers
 
 
 def _limit(limit: object) -> None:

@@ -48,6 +48,8 @@ class Salvage:
     body_size: int
     fields: dict[str, Any] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    raw_headers: bytes | None = None
+    """The headers table's bytes (with its size) when `decode_table` could not read it."""
 
     @property
     def reason(self) -> str:
@@ -110,8 +112,10 @@ def salvage_header(payload: bytes, decode_table: TableDecoder) -> Salvage:
                     out.fields[name] = dict(decode_table(raw))
                 except RecursionError:
                     out.problems.append("headers: a field table nested too deep to read")
+                    out.raw_headers = raw
                 except Exception as exc:
                     out.problems.append(f"headers: {describe(exc)}")
+                    out.raw_headers = raw
     except (struct.error, IndexError):
         out.problems.append("properties truncated")
     return out

@@ -273,3 +273,92 @@ def decode_properties(data: bytes) -> dict[str, Any]:
             except UnicodeDecodeError:
                 out[name] = raw
     return out
+
+
+# -- reading what can be read --------------------------------------------------
+
+_LENIENT_DEPTH = 32
+"""Tables and arrays nested deeper than this are not looked into (read as None)."""
+
+_LATEST_TIMESTAMP = 253402300799  # 9999-12-31T23:59:59Z
+_INTS = {"b": ">b", "B": ">B", "s": ">h", "u": ">H", "U": ">h", "I": ">i", "i": ">I"}
+_INTS.update({"l": ">q", "L": ">Q"})
+
+
+def lenient_table(data: bytes) -> dict[str, Any]:
+    """A field table (with its 4-octet size) read as far as it can be read, as Python
+    values: what a client library refused whole (a timestamp past year 9999, a header
+    name that is not UTF-8, a table nested too deep) still gives every entry that can
+    be read. Names that are not UTF-8 keep their bytes as surrogate escapes, text that
+    is not UTF-8 stays bytes, a timestamp is its seconds, a decimal a `Decimal`; an
+    entry past one that cannot be read (an unknown type) is left out. Never raises."""
+    try:
+        data = bytes(data)
+        return _lenient_table(data, 0, len(data), 0)
+    except Exception:  # a size field past the end, ...: nothing readable
+        return {}
+
+
+_UNREADABLE = (EncodeError, struct.error, IndexError, ValueError, OverflowError)
+
+
+def _lenient_table(data: bytes, at: int, limit: int, depth: int) -> dict[str, Any]:
+    (n,) = struct.unpack_from(">I", data, at)
+    at += 4
+    end = min(at + n, limit)
+    out: dict[str, Any] = {}
+    while at < end:
+        klen = data[at]
+        key = data[at + 1 : at + 1 + klen].decode("utf-8", "surrogateescape")
+        at += 1 + klen
+        try:
+            out[key], at = _lenient_value(data, at, end, depth)
+        except _UNREADABLE:
+            break
+    return out
+
+
+def _lenient_value(data: bytes, at: int, limit: int, depth: int) -> tuple[Any, int]:
+    """The value whose type octet is at `at` (nothing read past `limit`), and its end."""
+    kind = chr(data[at])
+    vend = _field_end(data, at)
+    if vend > limit:
+        raise EncodeError("field runs past its table")
+    body = data[at + 1 : vend]
+    if kind in _INTS:
+        return struct.unpack(_INTS[kind], body)[0], vend
+    if kind == "t":
+        return body != b"\x00", vend
+    if kind in "fd":
+        return struct.unpack(">f" if kind == "f" else ">d", body)[0], vend
+    if kind == "T":
+        (ts,) = struct.unpack(">Q", body)
+        if ts <= _LATEST_TIMESTAMP:
+            return _dt.datetime.fromtimestamp(ts, _dt.UTC), vend
+        return ts, vend  # past year 9999: a datetime cannot hold it
+    if kind == "D":
+        scale, raw = struct.unpack(">Bi", body)
+        return decimal.Decimal(raw).scaleb(-scale), vend
+    if kind == "V":
+        return None, vend
+    if kind in "Sx":
+        raw = body[4:]
+        if kind == "x":
+            return raw, vend
+        try:
+            return raw.decode("utf-8"), vend
+        except UnicodeDecodeError:
+            return raw, vend
+    if depth >= _LENIENT_DEPTH:
+        return None, vend
+    if kind == "F":
+        return _lenient_table(data, at + 1, vend, depth + 1), vend
+    items: list[Any] = []  # "A"
+    pos = at + 5
+    while pos < vend:
+        try:
+            v, pos = _lenient_value(data, pos, vend, depth + 1)
+        except _UNREADABLE:
+            break
+        items.append(v)
+    return items, vend

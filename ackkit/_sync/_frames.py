@@ -31,11 +31,13 @@ from .._wire import FRAME_HEADER, LATEST_TIMESTAMP, Salvage, describe, salvage_h
 
 class UnreadableProperties(pika.spec.BasicProperties):  # type: ignore[misc]
     """Properties salvaged from a content header pika could not read; `ackkit_unreadable`
-    says why."""
+    says why, `ackkit_raw_headers` holds the headers table's bytes when pika could not
+    read it (the DLQ tools read what they can of it: `wire.lenient_table`)."""
 
-    def __init__(self, reason: str, **fields: Any) -> None:
+    def __init__(self, reason: str, raw_headers: bytes | None = None, **fields: Any) -> None:
         super().__init__(**fields)
         self.ackkit_unreadable = reason
+        self.ackkit_raw_headers = raw_headers
 
 
 def _decode_table(raw: bytes) -> Mapping[str, Any]:
@@ -81,7 +83,7 @@ def salvaged_properties(payload: bytes, error: BaseException | None) -> tuple[in
     """(body size, UnreadableProperties) for a content-header frame payload."""
     s: Salvage = salvage_header(payload, _decode_table)
     reason = s.reason or (describe(error) if error is not None else "unreadable properties")
-    return s.body_size, UnreadableProperties(reason, **s.fields)
+    return s.body_size, UnreadableProperties(reason, s.raw_headers, **s.fields)
 
 
 class SafeSelectConnection(pika.SelectConnection):  # type: ignore[misc]

@@ -10,6 +10,7 @@ import pytest
 from _retry_support import channel, drain
 
 from ackkit._dlq import DeadLetterQueue
+from tests.adversarial.rawamqp import Field
 
 pytestmark = pytest.mark.integration
 
@@ -33,3 +34,39 @@ def test_garbage_next_to_a_valid_origin_does_not_stop_the_replay(
         report = d.replay()
     assert (report.replayed, report.no_target, report.remaining) == (len(cases), 0, 0), report
     assert sorted(p.message_id for p, _ in drain(rabbitmq.url, q)) == ["m0", "m1", "m2", "m3"]
+
+
+HALF_GARBAGE = {
+    # what pika cannot read whole: the table was left out, and the origin with it
+    "a timestamp past year 9999": lambda q: [{"queue": q, "time": Field("T", 2**40)}],
+    "a name that is not UTF-8": lambda q: [{b"\xff\xfe": 1, "queue": q}],
+    "a junk entry first": lambda q: [{b"\xff": 1}, {"queue": q, "reason": "rejected"}],
+    # what pika reads, in a shape other than the broker's
+    "a table, not a list": lambda q: {"queue": q, "count": "x"},
+    "tables in a nested list": lambda q: [[{"queue": q}], 5],
+}
+
+
+def test_ackkit_dlq_replay_puts_half_garbage_letters_back_on_their_queue(
+    rabbitmq: Any, queue_factory: Any
+) -> None:
+    from typer.testing import CliRunner
+
+    from ackkit.cli import build_cli
+    from tests.adversarial.rawamqp import RawClient
+
+    q = queue_factory(declare=True)
+    dlq = queue_factory(declare=True)
+    with RawClient(rabbitmq.url) as c:
+        for i, make in enumerate(HALF_GARBAGE.values()):
+            c.publish("", dlq, b"x", {"message_id": f"m{i}", "headers": {"x-death": make(q)}})
+    rabbitmq.wait_for(dlq, ready=len(HALF_GARBAGE))
+    res = CliRunner().invoke(
+        build_cli(), ["dlq", "replay", dlq, "--url", rabbitmq.url], prog_name="ackkit"
+    )
+    assert res.exit_code == 0, res.output
+    assert rabbitmq.counts(q).ready == len(HALF_GARBAGE), res.output
+    assert rabbitmq.counts(dlq).ready == 0, res.output
+    assert sorted(p.message_id for p, _ in drain(rabbitmq.url, q)) == [
+        f"m{i}" for i in range(len(HALF_GARBAGE))
+    ]
