@@ -1,15 +1,22 @@
-"""The console's pages and actions (Starlette, Jinja2 with autoescape, no JavaScript)."""
+"""The console's pages and actions (Starlette, Jinja2 with autoescape, no JavaScript).
+
+Every page is made on a worker thread (Starlette runs a plain `def` endpoint in its
+thread pool; the async ones hand their rendering over with `run_in_threadpool`): the
+event loop only reads requests and writes responses, so a page that takes long (a huge
+dead letter, thousands of groups) holds up no other request. What the pages read, they
+read through the store's lock or from values that do not change once held."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import jinja2
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
@@ -31,6 +38,8 @@ PAGE = 200
 GROUPS_PAGE = 500
 """Failure groups listed per page of the group list."""
 ACTIONS = ("replay", "delete")
+DRY_RUN_WAIT = 120.0
+"""Seconds a dry run waits for the holder's thread (the passive declares)."""
 
 
 def _env() -> jinja2.Environment:
@@ -76,7 +85,7 @@ def create_app(holder: Any, access: Access | None = None, *, title: str = "") ->
         )
         return HTMLResponse(html, status)
 
-    async def overview(request: Request) -> Response:
+    def overview(request: Request) -> Response:
         dlqs = store.overview()
         cards = []
         for d in dlqs:
@@ -85,7 +94,7 @@ def create_app(holder: Any, access: Access | None = None, *, title: str = "") ->
         top = store.groups()[:10]
         return page(request, "overview.html", cards=cards, groups=top, errors=store.errors[-5:])
 
-    async def groups(request: Request) -> Response:
+    def groups(request: Request) -> Response:
         q = request.query_params
         dlq = q.get("dlq") or None
         sort = q.get("sort") or "count"
@@ -112,7 +121,7 @@ def create_app(holder: Any, access: Access | None = None, *, title: str = "") ->
             ),
         )
 
-    async def group(request: Request) -> Response:
+    def group(request: Request) -> Response:
         gid = request.path_params["gid"]
         n = _int(request.query_params.get("page", "0"))
         try:
@@ -123,7 +132,7 @@ def create_app(holder: Any, access: Access | None = None, *, title: str = "") ->
             request, "group.html", g=view, members=members, page_no=n, pages=-(-view.count // PAGE)
         )
 
-    async def letter(request: Request) -> Response:
+    def letter(request: Request) -> Response:
         e = store.entry(_int(request.path_params["lid"]))
         if e is None:
             raise HttpError(404, "no such dead letter (it may have been replayed or deleted)")
@@ -140,8 +149,9 @@ def create_app(holder: Any, access: Access | None = None, *, title: str = "") ->
 
     async def confirm(request: Request) -> Response:
         form = await _post(request)
-        action, ids, what, to = _scope(store, form)
-        return page(
+        action, ids, what, to = await run_in_threadpool(_scope, store, form)
+        return await run_in_threadpool(
+            page,
             request,
             "confirm.html",
             action=action,
@@ -152,28 +162,33 @@ def create_app(holder: Any, access: Access | None = None, *, title: str = "") ->
             dry_run_query=_dry_run_query(form, ids, to),
         )
 
-    async def dry_run(request: Request) -> Response:
+    def dry_run(request: Request) -> Response:
         """What a replay would do (where to, how many, whether those queues exist),
         changing nothing: a GET, also on a read-only console."""
         q = request.query_params
         form: dict[str, Any] = {k: q.get(k) for k in ("scope", "group", "to", "upto")}
         form["action"], form["ids"] = "replay", q.getlist("ids")
         _action, ids, what, to = _scope(store, form)
-        plan = await asyncio.wrap_future(holder.dry_run(ids, to or None))
+        plan = holder.dry_run(ids, to or None).result(timeout=DRY_RUN_WAIT)
         return page(request, "dry_run.html", plan=plan, what=what, to=to, form=form, ids=ids)
 
     async def act(request: Request) -> Response:
         form = await _post(request)
-        action, ids, what, to = _scope(store, form)
+        action, ids, what, to = await run_in_threadpool(_scope, store, form)
         who = f"{request.state.who}@{request.client.host if request.client else '?'}"
-        fut = holder.replay(ids, to or None, who) if action == "replay" else holder.delete(ids, who)
-        res = await asyncio.wrap_future(fut)
+
+        def start() -> Any:  # claims every dead letter of the action: off the loop too
+            if action == "replay":
+                return holder.replay(ids, to or None, who)
+            return holder.delete(ids, who)
+
+        res = await asyncio.wrap_future(await run_in_threadpool(start))
         target = f" to {to}" if to else (" to source queues" if action == "replay" else "")
         line = store.log(who, action, f"{what}{target}", res.summary())
         audit_log.info("who=%s action=%s what=%r result=%r", who, action, line.what, line.result)
-        return page(request, "result.html", res=res, what=what, line=line)
+        return await run_in_threadpool(page, request, "result.html", res=res, what=what, line=line)
 
-    async def export(request: Request) -> Response:
+    def export(request: Request) -> Response:
         q = request.query_params
         if q.get("group"):
             ids = store.group_ids(q["group"])
@@ -184,13 +199,11 @@ def create_app(holder: Any, access: Access | None = None, *, title: str = "") ->
         else:
             raise HttpError(400, "export needs ?group=ID or ?dlq=NAME")
 
-        async def lines() -> AsyncIterator[bytes]:
-            for n, i in enumerate(ids):
+        def lines() -> Iterator[bytes]:  # Starlette takes each line on a worker thread
+            for i in ids:
                 e = store.entry(i)
                 if e is not None:
                     yield (R.export_line(e) + "\n").encode()
-                if n % 500 == 499:
-                    await asyncio.sleep(0)
 
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
         return StreamingResponse(
@@ -199,7 +212,7 @@ def create_app(holder: Any, access: Access | None = None, *, title: str = "") ->
             headers={"content-disposition": f'attachment; filename="{safe}.jsonl"'},
         )
 
-    async def audit(request: Request) -> Response:
+    def audit(request: Request) -> Response:
         return page(request, "audit.html", lines=list(reversed(store.audit[-500:])))
 
     async def _post(request: Request) -> dict[str, Any]:
@@ -230,7 +243,7 @@ def create_app(holder: Any, access: Access | None = None, *, title: str = "") ->
         Route("/audit", audit),
     ]
 
-    async def failed(request: Request, exc: Exception) -> Response:
+    def failed(request: Request, exc: Exception) -> Response:
         if isinstance(exc, HttpError):
             return page(request, "error.html", exc.status, message=exc.message)
         return page(request, "error.html", 400, message=str(exc))  # a bad queue name, ...
