@@ -112,30 +112,159 @@ def table(columns: Sequence[Column], rows: Iterable[Sequence[object]], width: in
     return "\n".join(lines) + "\n"
 
 
-DEAD_LETTER_COLUMNS = (
-    Column("message_id", 12),
-    Column("attempts", 3, numeric=True),
-    Column("error type", 10),
-    Column("reason", 20),
-    Column("queue", 5),
-    Column("dead-lettered", 8),
-    Column("notes", 5),
+DEAD_LETTER_FIELDS = (
+    "message_id",
+    "attempts",
+    "error_type",
+    "reason",
+    "original_queue",
+    "dead_lettered_at",
+    "notes",
+    "error_message",
 )
-"""`ackkit dlq inspect`'s table: message id, attempts, error type, reason, original
-queue, when (MM-DD HH:MM:SS, UTC), notes."""
+"""`ackkit dlq inspect`'s TSV columns, in order (error_message came last, so the fields
+scripts cut by position kept their place)."""
+
+_ID, _ATTEMPTS, _TYPE, _REASON, _QUEUE, _AT, _NOTES, _MESSAGE = range(len(DEAD_LETTER_FIELDS))
+
+READABLE_ID = 13
+"""Characters of a message id the table keeps at least, when it has to cut one."""
+READABLE_TEXT = 40
+"""Characters of a reason or an error that read, when not every one can be whole."""
+LEFT_OUT = ("attempts", "dead-lettered", "queue", "notes")
+"""The table's columns it leaves out, in this order, so the reason and error read whole."""
 
 
-def dead_letter_table(rows: Sequence[Sequence[object]]) -> tuple[list[Column], list[list[object]]]:
-    """The columns and cells of `dlq inspect`'s table, made to read at 80 columns: the
-    time without year and fraction, and a message-id or notes column that is empty in
-    every row left out (TSV and JSON keep every field whole)."""
-    cells = [[*r[:5], _short_time(r[5]), *r[6:]] for r in rows]
-    keep = [
-        i
-        for i, c in enumerate(DEAD_LETTER_COLUMNS)
-        if c.name not in ("message_id", "notes") or any(r[i] is not None for r in cells)
+@dataclass(frozen=True)
+class DeadLetterTable:
+    """`dlq inspect`'s table: what it shows and what it left out to fit."""
+
+    columns: list[Column]
+    cells: list[list[object]]
+    queue: str | None = None
+    """The origin queue of every row, when it is one (named once above the table)."""
+    left_out: tuple[str, ...] = ()
+    """Columns left out so that the reason and the error read whole."""
+
+    def render(self, width: int) -> str:
+        """The table, then what was left out (each line at most `width` cells)."""
+        text = table(self.columns, self.cells, width)
+        if self.left_out:
+            note = f"(left out to fit: {', '.join(self.left_out)}; --format json has all)"
+            text += note[: max(width, 1)] + "\n"
+        return text
+
+
+_Col = tuple[str, Column, int | None]
+"""A column of `dlq inspect`'s table: its name, how it is shown, its field (None: error)."""
+_DEAD_LETTER_COLUMNS: tuple[_Col, ...] = (
+    ("message_id", Column("message_id", 8), _ID),
+    ("attempts", Column("attempts", 3, numeric=True), _ATTEMPTS),
+    ("reason", Column("reason", 12), _REASON),
+    ("error", Column("error", 12), None),
+    ("queue", Column("queue", 5), _QUEUE),
+    ("dead-lettered", Column("dead-lettered", 8), _AT),
+    ("notes", Column("notes", 5), _NOTES),
+)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    columns: list[_Col]
+    short_types: bool
+    cut_ids: bool
+    left_out: tuple[str, ...]
+
+
+def dead_letter_table(rows: Sequence[Sequence[object]], width: int) -> DeadLetterTable:
+    """`dlq inspect`'s table for `rows` (values in DEAD_LETTER_FIELDS order), made to read
+    at `width` cells (80 is the usual terminal): one line per dead letter with its reason
+    and its error (`Type: message`, the type qualified as in ackkit-error-type) whole.
+
+    A column empty in every row is left out, and the origin queue when every row shares
+    it (named above the table instead); the time reads MM-DD HH:MM:SS. Then, until the
+    reason and error read whole: the error type goes down to its last part, a message id
+    to its first READABLE_ID characters, and the columns of LEFT_OUT go, one at a time.
+    When nothing lets every reason and error read whole, the first layout that shows
+    READABLE_TEXT characters of each, else the narrowest, is cut with ellipses. TSV and
+    JSON keep every field whole."""
+    rows = [list(r) + [None] * (len(DEAD_LETTER_FIELDS) - len(r)) for r in rows]
+    queues = {r[_QUEUE] for r in rows}
+    shared = next(iter(queues)) if len(queues) == 1 and rows else None
+    present = [
+        c
+        for c in _DEAD_LETTER_COLUMNS
+        if c[0] == "reason" or any(_value(r, c[2], False) is not None for r in rows)
     ]
-    return [DEAD_LETTER_COLUMNS[i] for i in keep], [[r[i] for i in keep] for r in cells]
+    if shared is not None:
+        present = [c for c in present if c[0] != "queue"]
+    optional = [n for n in LEFT_OUT if any(c[0] == n for c in present)]
+    layouts = [
+        _Layout([c for c in present if c[0] not in optional[:k]], short, cut, tuple(optional[:k]))
+        for k in range(len(optional) + 1)
+        for short in (False, True)
+        for cut in (False, True)
+    ]
+    cells = {id(lo): _cells(rows, lo) for lo in layouts}
+    chosen = (
+        next((lo for lo in layouts if _reads(lo, cells[id(lo)], width, None)), None)
+        or next((lo for lo in layouts if _reads(lo, cells[id(lo)], width, READABLE_TEXT)), None)
+        or layouts[-1]
+    )
+    return DeadLetterTable(
+        [c for _n, c, _i in chosen.columns],
+        cells[id(chosen)],
+        str(shared) if shared is not None else None,
+        chosen.left_out,
+    )
+
+
+def _value(r: Sequence[object], index: int | None, short: bool) -> object:
+    """A cell's value: the field at `index`, the time shortened, or the error."""
+    if index is not None:
+        return _short_time(r[index]) if index == _AT else r[index]
+    kind, msg = r[_TYPE], r[_MESSAGE]
+    if kind is not None and short:
+        kind = str(kind).rsplit(".", 1)[-1]
+    parts = [str(p) for p in (kind, msg) if p is not None and p != ""]
+    return ": ".join(parts) or None
+
+
+def _cells(rows: Sequence[Sequence[object]], lo: _Layout) -> list[list[object]]:
+    out = [[_value(r, i, lo.short_types) for _n, _c, i in lo.columns] for r in rows]
+    if lo.cut_ids and lo.columns and lo.columns[0][0] == "message_id":
+        for r in out:
+            if r[0] is not None:
+                r[0] = _cut(_cell(r[0]), READABLE_ID)
+    return out
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "\u2026"
+
+
+def _cell(v: object) -> str:
+    return _one_line("-" if v is None else str(v))
+
+
+def _reads(lo: _Layout, values: Sequence[Sequence[object]], width: int, least: int | None) -> bool:
+    """Whether, at `width`, every reason and error cell is whole (`least` None) or shows
+    at least `least` characters, and a message id READABLE_ID characters."""
+    from rich.cells import cell_len
+
+    cells = [[_cell(v) for v in r] for r in values]
+    natural = [
+        max([cell_len(c.name)] + [cell_len(r[i]) for r in cells])
+        for i, (_n, c, _x) in enumerate(lo.columns)
+    ]
+    available = max(len(lo.columns), width - GAP * (len(lo.columns) - 1))
+    widths = fit_widths(natural, [c.min_width for _n, c, _i in lo.columns], available)
+    for (name, _c, _i), w, n in zip(lo.columns, widths, natural, strict=True):
+        if name in ("reason", "error") and w < (n if least is None else min(n, least)):
+            return False
+        if name == "message_id" and w < min(n, READABLE_ID):
+            return False
+    return True
 
 
 def _short_time(value: object) -> object:

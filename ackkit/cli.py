@@ -80,7 +80,15 @@ def build_cli() -> typer.Typer:
     from rich.markup import escape
 
     from . import __version__
-    from ._cli_output import Column, dead_letter_table, json_text, resolve, table, tsv
+    from ._cli_output import (
+        DEAD_LETTER_FIELDS,
+        Column,
+        dead_letter_table,
+        json_text,
+        resolve,
+        table,
+        tsv,
+    )
     from ._dead_letters import ReplayFilter
     from ._dlq import DeadLetterQueue, safe_error
     from ._queues import SOURCES, QueueSourceError, list_queues
@@ -154,15 +162,17 @@ def build_cli() -> typer.Typer:
             data = {"queue": queue, "count": count, "messages": [d.to_dict() for d in letters]}
             emit(json_text(data) + "\n", url)
             return
-        keys = ("message_id", "attempts", "error_type", "reason", "original_queue")
-        rows = [[d.to_dict().get(k) for k in keys] for d in letters]
-        for row, d in zip(rows, letters, strict=True):
-            row += [d.dead_lettered_at, "; ".join(d.notes) or None]
+        rows = []
+        for d in letters:
+            fields = d.to_dict()
+            fields["notes"] = "; ".join(d.notes) or None
+            rows.append([fields.get(k) for k in DEAD_LETTER_FIELDS])
         if fmt is OutputFormat.TSV:
-            emit(tsv([*keys, "dead_lettered_at", "notes"], rows), url)
+            emit(tsv(DEAD_LETTER_FIELDS, rows), url)
             return
-        cols, cells = dead_letter_table(rows)
-        emit(f"{queue}: {count} message(s)\n" + table(cols, cells, width()), url)
+        shown = dead_letter_table(rows, width())
+        origin = f", all from {shown.queue}" if shown.queue and letters else ""
+        emit(f"{queue}: {count} message(s){origin}\n" + shown.render(width()), url)
         if len(letters) < count:
             emit(f"({count - len(letters)} more; --limit 0 shows all)\n", url)
 

@@ -101,5 +101,5 @@ def test_dlq_inspect_reads_at_80_columns_and_is_tsv_when_piped(
     assert len(body) == 3
     for ln in body:
         f = ln.split("\t")
-        assert len(f) == 7 and f[2] == "ackkit.BadPayload" and f[3] == long_reason
+        assert len(f) == 8 and f[2] == "ackkit.BadPayload" and f[3] == long_reason
     assert rabbitmq.counts(dlq).total == 3  # inspect removes nothing
