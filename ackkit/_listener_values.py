@@ -25,7 +25,8 @@ BindOption = Bind | str | Exchange | tuple[str | Exchange, str] | Sequence[Any] 
 
 @dataclass(frozen=True, init=False)
 class Queue:
-    """The queue a listener consumes, and how ackkit prepares it.
+    """The queue a listener consumes (or one `app.declare(...)` declares for no
+    listener), and how ackkit prepares it.
 
     `name`: the queue. `declare`: declare it (durable) before consuming, with the
     dead-letter and retry queues ackkit adds; False only checks that it exists.

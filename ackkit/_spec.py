@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import ssl
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ._core import checks as C
 from ._core.events import Observer
-from ._core.exchanges import plan
+from ._core.exchanges import Bind, Exchange, Plan, plan
 from ._core.flow import FlowState
 from ._core.policy import (
     DLQ_DEFAULT,
@@ -97,6 +97,7 @@ class AppBase(SettingsView):
             tls=tls,
         )
         self.specs: list[ListenerSpec] = []
+        self._declared: tuple[Exchange | Queue, ...] = ()  # app.declare(...)
         self._observers: list[Observer] = []
         self._instruments: list[Instrument] = []
         # listener name -> (spec, core) of the latest runtime; kept after it stops
@@ -265,8 +266,8 @@ class AppBase(SettingsView):
             self._check_handler(binding)
             if inbox is not None:
                 self._check_inbox_handler(binding)
-            # Two listeners declaring one exchange two ways: TopologyConflict, here.
-            plan([*((s.queue, s.binds) for s in self.specs), (queue, bound)])
+            # One exchange declared two ways: TopologyConflict, here.
+            self._plan(extra=[(queue, bound)])
             self.specs.append(
                 ListenerSpec(
                     policy,
@@ -285,6 +286,46 @@ class AppBase(SettingsView):
             return fn
 
         return register
+
+    def declare(self, *items: Exchange | Queue) -> None:
+        """Declare exchanges, and queues no listener consumes with their bindings (an
+        outbox's target, an audit queue), each time the app connects: at start and after
+        every reconnect, before the listeners consume. From the next start.
+
+        ```
+        app.declare(
+            Exchange("orders", ExchangeType.TOPIC),
+            Queue("orders.audit", bind=("orders", "order.#")),
+        )
+        ```
+
+        A `Queue` with `declare=False` is only checked; one without arguments that exists
+        already is left as it is. An exchange declared two ways by the app (here or in a
+        listener's `bind=`), a queue declared two ways here, or a listener's queue named
+        here raise TopologyConflict at once; a refusal by the broker (an exchange or
+        queue that exists with other options) at start."""
+        for item in items:
+            if not isinstance(item, Exchange | Queue):
+                raise TypeError(
+                    f"declare() takes Exchange and Queue values (ackkit.topology.Exchange, "
+                    f"ackkit.Queue), got {item!r}"
+                )
+        self._plan(declared=self._declared + items)  # TopologyConflict, here
+        self._declared += items
+
+    def _plan(
+        self,
+        extra: Sequence[tuple[str, Sequence[Bind]]] = (),
+        declared: Sequence[Exchange | Queue] | None = None,
+    ) -> Plan:
+        """What a runtime declares besides the listeners' queues: the listeners' exchanges
+        and bindings (and `extra` ones), and what `declare()` named (or `declared`)."""
+        items = self._declared if declared is None else declared
+        return plan(
+            [*((s.queue, s.binds) for s in self.specs), *extra],
+            [e for e in items if isinstance(e, Exchange)],
+            [(q.name, q.declare, q.arguments, q.bind) for q in items if isinstance(q, Queue)],
+        )
 
     def asyncapi(self, *, title: str = "ackkit app", version: str = "1.0.0") -> dict[str, Any]:
         """An AsyncAPI 3.0 document (a JSON-ready dict) of the registered listeners: their

@@ -88,6 +88,7 @@ class AsyncApp(AppBase):
             observer=self._observer(),
             observers=tuple(self._observers),
             instruments=self._run_instruments(),
+            topology=self._plan(),
         )
         self._runtime = rt
         try:

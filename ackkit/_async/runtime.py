@@ -31,7 +31,7 @@ from .._core.brokers import traits_of
 from .._core.consume import check_channels, spare_channels
 from .._core.errors import TopologyConflict
 from .._core.events import Observer
-from .._core.exchanges import plan
+from .._core.exchanges import Plan, plan
 from .._core.outcome import EXIT_SIGNALS
 from .._core.shutdown import LAST_COPIES
 from .._core.stop_budget import CONFIRM_WAIT, StopBudget, may_close
@@ -62,9 +62,11 @@ class AsyncRuntime:
         observer: Observer | None = None,
         observers: Sequence[Observer] = (),
         instruments: Sequence[Instrument] = (),
+        topology: Plan | None = None,
     ) -> None:
         self.settings = settings
-        self.exchanges = plan((s.queue, s.binds) for s in specs)
+        # Exchanges, bindings and the queues no listener consumes: the app's `_plan()`.
+        self.exchanges = plan((s.queue, s.binds) for s in specs) if topology is None else topology
         self.loop = asyncio.get_running_loop()
         # `observer` (ackkit's log lines) is called in place; the app's registered
         # `observers` on a thread of their own, off the listeners' locks (`_observers`).

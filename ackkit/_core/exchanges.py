@@ -4,9 +4,10 @@
 exchange. An exchange named by a string is used as it is when it exists, and
 declared as a durable topic exchange when it does not; an `Exchange(...)` value
 is declared with exactly its options (the broker refuses a mismatch, and the
-runtime raises TopologyConflict). One app's listeners must agree on every
-exchange they name: `plan()` checks that at registration, and is what a runtime
-declares once per connection, before consuming.
+runtime raises TopologyConflict). `app.declare(...)` adds exchanges and queues no
+listener consumes (an outbox's target, an audit queue). One app must agree with
+itself on every exchange it names: `plan()` checks that at registration, and is
+what a runtime declares once per connection, before consuming.
 """
 
 from __future__ import annotations
@@ -152,29 +153,51 @@ class BindingDecl:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """What a runtime declares besides the queues: exchanges first, then the bindings."""
+    """What a runtime declares besides the listeners' queues: exchanges first, then the
+    bindings; `queues`: those no listener consumes (checked or declared, see
+    `preparation`)."""
 
     exchanges: tuple[ExchangeDecl, ...] = ()
     bindings: tuple[BindingDecl, ...] = ()
+    queues: tuple[MustExist | DeclareQueue, ...] = ()
 
 
-def plan(listeners: Iterable[tuple[str, Sequence[Bind]]]) -> Plan:
-    """The exchanges and bindings of an app's listeners ((queue, binds) each), every
-    exchange once; TopologyConflict when two listeners declare one exchange differently."""
+StandaloneQueue = tuple[str, bool, Mapping[str, Any], Sequence[Bind]]
+"""A queue no listener consumes: (name, declare, arguments, binds)."""
+
+
+def plan(
+    listeners: Iterable[tuple[str, Sequence[Bind]]],
+    exchanges: Iterable[Exchange] = (),
+    queues: Iterable[StandaloneQueue] = (),
+) -> Plan:
+    """The exchanges and bindings of an app's listeners ((queue, binds) each) and of what
+    it declares besides (`exchanges`, and `queues` no listener consumes), every exchange
+    once; TopologyConflict when the app declares one exchange (or one queue of
+    `queues`) two ways, or names a listener's queue in `queues`."""
     explicit: dict[str, Exchange] = {}
     named: dict[str, None] = {}
     bindings: list[BindingDecl] = []
-    for queue, bs in listeners:
+
+    def add(e: Exchange) -> None:
+        seen = explicit.setdefault(e.name, e)
+        if seen != e:
+            raise TopologyConflict(
+                f"exchange {e.name!r} is declared two ways by this app: {_describe(seen)} and "
+                f"{_describe(e)}; declare it once, the same way (or name it by its string "
+                "elsewhere)"
+            )
+
+    for e in exchanges:
+        add(e)
+    consumed = list(listeners)
+    standalone = list(queues)
+    _check_standalone(standalone, {q for q, _ in consumed})
+    for queue, bs in [*consumed, *((q[0], q[3]) for q in standalone)]:
         for b in bs:
             name = b.exchange_name
             if isinstance(b.exchange, Exchange):
-                seen = explicit.setdefault(name, b.exchange)
-                if seen != b.exchange:
-                    raise TopologyConflict(
-                        f"exchange {name!r} is declared two ways by this app's listeners: "
-                        f"{_describe(seen)} and {_describe(b.exchange)}; declare it once, the "
-                        "same way (or name it by its string in the other listeners)"
-                    )
+                add(b.exchange)
             else:
                 named[name] = None
             decl = BindingDecl(queue, name, b.routing_key, dict(b.arguments))
@@ -182,7 +205,35 @@ def plan(listeners: Iterable[tuple[str, Sequence[Bind]]]) -> Plan:
                 bindings.append(decl)
     decls = [ExchangeDecl(e) for e in explicit.values()]
     decls += [ExchangeDecl(Exchange(n), check_first=True) for n in named if n not in explicit]
-    return Plan(tuple(decls), tuple(bindings))
+    declared: list[MustExist | DeclareQueue] = []
+    for name, declare, arguments, _ in standalone:
+        step: MustExist | DeclareQueue = (
+            DeclareQueue(name, dict(arguments), "declared queue", unless_exists=not arguments)
+            if declare
+            else MustExist(name)
+        )
+        if step not in declared:
+            declared.append(step)
+    return Plan(tuple(decls), tuple(bindings), tuple(declared))
+
+
+def _check_standalone(queues: Sequence[StandaloneQueue], consumed: set[str]) -> None:
+    """A queue `app.declare` names is neither a listener's queue nor named twice with
+    other options: TopologyConflict (the broker would refuse the second declare)."""
+    seen: dict[str, tuple[bool, Mapping[str, Any]]] = {}
+    for name, declare, arguments, _ in queues:
+        if name in consumed:
+            raise TopologyConflict(
+                f"queue {name!r} is a listener's queue and is named in app.declare(...) too; "
+                "give its arguments and bindings in the listener's Queue(...) only"
+            )
+        first = seen.setdefault(name, (declare, arguments))
+        if first != (declare, arguments):
+            raise TopologyConflict(
+                f"queue {name!r} is declared two ways by this app: declare={first[0]}, "
+                f"arguments={dict(first[1])!r} and declare={declare}, arguments="
+                f"{dict(arguments)!r}; declare it once (bindings may differ)"
+            )
 
 
 def _describe(e: Exchange) -> str:
@@ -234,12 +285,15 @@ def preparation(
     exchanges: Plan = Plan(),
 ) -> list[Step]:
     """The steps, in the order a runtime carries them out, each on a throwaway channel (a
-    refusal costs that channel only): the `existing` queues checked before anything is
-    declared, then the exchanges, the listeners' queues (`user`: name, arguments), ackkit's
-    `own` queues (QueueSpec: name, arguments, purpose), then the bindings."""
+    refusal costs that channel only): the `existing` queues (and the plan's queues to
+    check) checked before anything is declared, then the exchanges, the listeners' queues
+    (`user`: name, arguments), the plan's queues no listener consumes, ackkit's `own`
+    queues (QueueSpec: name, arguments, purpose), then the bindings."""
     steps: list[Step] = [MustExist(name) for name in existing]
+    steps += [q for q in exchanges.queues if isinstance(q, MustExist)]
     steps += exchanges.exchanges
     steps += [DeclareQueue(n, a, "listener queue", unless_exists=not a) for n, a in user]
+    steps += [q for q in exchanges.queues if isinstance(q, DeclareQueue)]
     steps += [DeclareQueue(q.name, q.arguments, q.purpose) for q in own]
     steps += exchanges.bindings
     return steps

@@ -32,10 +32,11 @@ class QueueSpec:
 
 
 def missing_queue(name: str) -> str:
-    """Why start() fails when a listener's declare=False queue does not exist."""
+    """Why start() fails when a declare=False queue (a listener's, or one `app.declare`
+    names) does not exist."""
     return (
-        f"queue {name!r} does not exist, and its listener has declare=False: declare the "
-        "queue first, or let ackkit declare it (declare=True)"
+        f"queue {name!r} does not exist, and its Queue has declare=False (checked only): "
+        "declare the queue first, or let ackkit declare it (declare=True)"
     )
 
 

@@ -58,6 +58,7 @@ class App(AppBase):
             observer=self._observer(),
             observers=tuple(self._observers),
             instruments=self._run_instruments(),
+            topology=self._plan(),
         )
         self._runtime = rt
         try:

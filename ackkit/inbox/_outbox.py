@@ -20,9 +20,12 @@ import asyncio
 import base64
 import json
 import logging
+import time
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from .._core.outbox import Holds, missing_exchange
 from .._publish import Outgoing, outgoing
 from ._sql import RELAY_LOCK, RELAY_UNLOCK, pending, sent
 from ._sql import enqueue as enqueue_sql
@@ -91,6 +94,34 @@ async def aenqueue(
     return str(msg.properties.get("message_id", ""))
 
 
+_HOLDS: weakref.WeakKeyDictionary[Any, Holds] = weakref.WeakKeyDictionary()
+"""A relay's held exchanges between its rounds, by its database connection."""
+
+
+def _held(holds: Holds, exchange: str, rid: int, exc: Exception) -> bool:
+    """`exc` says `exchange` does not exist: its rows wait (logged), True; else False."""
+    if missing_exchange(exc) != exchange:
+        return False
+    delay = holds.missing(exchange, time.monotonic())
+    log.error(
+        "outbox relay: exchange %r does not exist: its messages (row %d on) stay in the "
+        "outbox, tried again in %.0f s; the other rows go on. Declare the exchange "
+        "(app.declare(Exchange(%r, ...)))",
+        exchange,
+        rid,
+        delay,
+        exchange,
+    )
+    return True
+
+
+def _pending(table: str, skipped: set[str]) -> tuple[str, tuple[Any, ...]]:
+    """The next batch's query and parameters, without the rows to `skipped` exchanges."""
+    if skipped:
+        return pending(table, skip=True), (sorted(skipped), BATCH)
+    return pending(table), (BATCH,)
+
+
 def relay_once(
     conn: Any,
     table: str,
@@ -100,21 +131,35 @@ def relay_once(
     """Send what the outbox holds, oldest first, in batches; delete each batch once the
     broker confirmed it (`stop()` true: no further batch). Another relay holding the
     lock: nothing (0). A publish that fails stops the round (the rest waits, in order,
-    for the next one) and raises."""
+    for the next one) and raises; but a row whose exchange does not exist waits with
+    the later rows to that exchange (ERROR), tried again after a backoff, and the other
+    rows go on (`ackkit._core.outbox`)."""
     if not conn.execute(RELAY_LOCK, (table,)).fetchone()[0]:
         return 0
+    holds = _HOLDS.setdefault(conn, Holds())
+    skipped: set[str] = set()
     total = 0
     try:
         while True:
             if total and stop is not None and stop():
                 return total
-            rows = conn.execute(pending(table), (BATCH,)).fetchall()
+            skipped.update(holds.waiting(time.monotonic()))
+            rows = conn.execute(*_pending(table, skipped)).fetchall()
             if not rows:
                 return total
             done: list[int] = []
             try:
                 for rid, exchange, rk, body, props in rows:
-                    publish(from_row(exchange, rk, body, props))
+                    if exchange in skipped:
+                        continue
+                    try:
+                        publish(from_row(exchange, rk, body, props))
+                    except Exception as exc:
+                        if not _held(holds, exchange, rid, exc):
+                            raise
+                        skipped.add(exchange)
+                        continue
+                    holds.sent(exchange)
                     done.append(rid)
             finally:
                 if done:
@@ -137,19 +182,31 @@ async def arelay_once(
     row = await cur.fetchone()
     if not row[0]:
         return 0
+    holds = _HOLDS.setdefault(conn, Holds())
+    skipped: set[str] = set()
     total = 0
     try:
         while True:
             if total and stop is not None and stop():
                 return total
-            cur = await conn.execute(pending(table), (BATCH,))
+            skipped.update(holds.waiting(time.monotonic()))
+            cur = await conn.execute(*_pending(table, skipped))
             rows = await cur.fetchall()
             if not rows:
                 return total
             done: list[int] = []
             try:
                 for rid, exchange, rk, body, props in rows:
-                    await publish(from_row(exchange, rk, body, props))
+                    if exchange in skipped:
+                        continue
+                    try:
+                        await publish(from_row(exchange, rk, body, props))
+                    except Exception as exc:
+                        if not _held(holds, exchange, rid, exc):
+                            raise
+                        skipped.add(exchange)
+                        continue
+                    holds.sent(exchange)
                     done.append(rid)
             finally:
                 if done:

@@ -63,8 +63,14 @@ def enqueue(outbox: str) -> str:
     return f"INSERT INTO {outbox} (exchange, routing_key, body, properties) VALUES (%s, %s, %s, %s)"
 
 
-def pending(outbox: str) -> str:
-    return f"SELECT id, exchange, routing_key, body, properties FROM {outbox} ORDER BY id LIMIT %s"
+def pending(outbox: str, skip: bool = False) -> str:
+    """The oldest %s rows; `skip`: first %s, the exchanges whose rows are left out (held:
+    they do not exist)."""
+    where = "WHERE NOT exchange = ANY(%s) " if skip else ""
+    return (
+        f"SELECT id, exchange, routing_key, body, properties FROM {outbox} "
+        f"{where}ORDER BY id LIMIT %s"
+    )
 
 
 def sent(outbox: str) -> str:

@@ -102,3 +102,77 @@ def test_bad_exchange_options_fail_at_once() -> None:
         Bind("ex", "k", {"a": object()})
     assert Exchange("x", "fanout").type is ExchangeType.FANOUT  # type: ignore[arg-type]
     assert Exchange("amq.topic").passive and Exchange("x", declare=False).passive
+
+
+def test_app_declare_adds_exchanges_and_queues_no_listener_consumes_to_the_plan() -> None:
+    from ackkit._core.exchanges import BindingDecl, DeclareQueue, ExchangeDecl, MustExist
+
+    app = App("amqp://guest:guest@127.0.0.1:5672/%2f")
+
+    @app.listener(Queue("t.work", bind=("t.events", "work.#")))
+    def work(body: bytes) -> None: ...
+
+    audit = Exchange("t.audit", ExchangeType.FANOUT)
+    app.declare(
+        audit,
+        Queue("t.outbox-target", bind=("t.events", "order.*")),
+        Queue("t.audit.log", arguments={"x-max-length": 10}, bind=audit),
+        Queue("t.legacy", declare=False),
+    )
+    p = app._plan()
+    assert p.exchanges == (ExchangeDecl(audit), ExchangeDecl(Exchange("t.events"), True))
+    assert p.bindings == (
+        BindingDecl("t.work", "t.events", "work.#", {}),
+        BindingDecl("t.outbox-target", "t.events", "order.*", {}),
+        BindingDecl("t.audit.log", "t.audit", "", {}),
+    )
+    assert p.queues == (
+        DeclareQueue("t.outbox-target", {}, "declared queue", unless_exists=True),
+        DeclareQueue("t.audit.log", {"x-max-length": 10}, "declared queue"),
+        MustExist("t.legacy"),
+    )
+
+
+def test_app_declare_refuses_an_exchange_declared_two_ways_and_other_values_at_once() -> None:
+    app = App("amqp://guest:guest@127.0.0.1:5672/%2f")
+
+    @app.listener(Queue("t.a", bind=Bind(Exchange("t.e", ExchangeType.TOPIC), "x")))
+    def a(body: bytes) -> None: ...
+
+    with pytest.raises(TopologyConflict, match="declared two ways"):
+        app.declare(Exchange("t.e", ExchangeType.FANOUT))
+    with pytest.raises(TypeError, match="declare\\(\\) takes Exchange and Queue"):
+        app.declare("t.e")  # type: ignore[arg-type]
+    app.declare(Exchange("t.e", ExchangeType.TOPIC))  # the same way: fine
+    with pytest.raises(TopologyConflict, match="declared two ways"):
+
+        @app.listener(Queue("t.b", bind=Bind(Exchange("t.e", ExchangeType.DIRECT))))
+        def b(body: bytes) -> None: ...
+
+    assert app._plan().exchanges[0].exchange == Exchange("t.e", ExchangeType.TOPIC)
+
+
+def test_app_declare_refuses_a_queue_declared_two_ways_or_a_listeners_queue() -> None:
+    app = App("amqp://guest:guest@127.0.0.1:5672/%2f")
+
+    @app.listener("t.work")
+    def work(body: bytes) -> None: ...
+
+    with pytest.raises(TopologyConflict, match=r"'t.work' is a listener's queue"):
+        app.declare(Queue("t.work", bind=("t.events", "k")))
+    app.declare(Queue("t.audit", bind=("t.events", "a")))
+    app.declare(Queue("t.audit", bind=("t.events", "b")))  # one more binding: fine
+    with pytest.raises(TopologyConflict, match=r"'t.audit' is declared two ways"):
+        app.declare(Queue("t.audit", arguments={"x-max-length": 5}))
+    with pytest.raises(TopologyConflict, match=r"'t.audit' is a listener's queue"):
+
+        @app.listener("t.audit")
+        def audit(body: bytes) -> None: ...
+
+    with pytest.raises(ValueError, match="reserved"):
+        Queue("amq.audit")  # a bad name: at the line that builds it
+    assert [q.name for q in app._plan().queues] == ["t.audit"]
+    assert {(b.queue, b.routing_key) for b in app._plan().bindings} >= {
+        ("t.audit", "a"),
+        ("t.audit", "b"),
+    }

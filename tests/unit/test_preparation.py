@@ -40,3 +40,14 @@ def test_a_queue_with_other_arguments_is_named_with_what_it_is() -> None:
     text = str(queue_conflict(step, "PRECONDITION_FAILED - inequivalent arg"))
     assert text.startswith("dead-letter queue 'orders.dlq' already exists")
     assert "inequivalent arg" in text and "x-queue-type" in text
+
+
+def test_queues_no_listener_consumes_are_checked_first_and_declared_after_the_listeners() -> None:
+    check = MustExist("legacy.target")
+    audit = DeclareQueue("audit", {}, "declared queue", unless_exists=True)
+    steps = preparation([], [("orders", {})], [], Plan((), (), (check, audit)))
+    assert steps == [
+        check,
+        DeclareQueue("orders", {}, "listener queue", unless_exists=True),
+        audit,
+    ]
