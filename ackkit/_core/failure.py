@@ -32,7 +32,7 @@ from enum import Enum
 
 from .errors import BadPayload, DeadLetterMessage, RejectMessage, RequeueMessage, RetryLater
 from .policy import AckMode, ListenerPolicy, RetryStrategy
-from .tb import describe
+from .tb import describe, qualname
 from .topology import round_delay_ms
 
 MAX_RETRY_DELAY = 24 * 3600.0
@@ -121,8 +121,8 @@ def decide(
     dead = Fate.DEAD_LETTER if policy.dead_letter_queue is not None else Fate.REJECT
     if policy.mode is AckMode.NONE:
         if policy.dead_letter_queue is None:
-            return Failure(Fate.LOST, f"lost (no-ack, no DLQ): {describe(exc)}")
-        return Failure(Fate.DEAD_LETTER, f"handler failed: {describe(exc)}")
+            return Failure(Fate.LOST, f"lost (no-ack, no DLQ): {describe(exc, qualified=True)}")
+        return Failure(Fate.DEAD_LETTER, f"handler failed: {describe(exc, qualified=True)}")
     if isinstance(exc, RequeueMessage):
         return Failure(Fate.REQUEUE, exc.reason)
     if isinstance(exc, (RejectMessage, DeadLetterMessage)):
@@ -131,7 +131,7 @@ def decide(
         return Failure(dead, f"bad payload: {exc}")
     retry = policy.retry
     if not (isinstance(exc, RetryLater) or retry.should_retry(exc)):
-        return Failure(dead, f"non-retryable {type(exc).__name__}")
+        return Failure(dead, f"non-retryable {qualname(exc)}")
     if attempt >= retry.max_attempts:
         return Failure(dead, exhausted(attempt, retry.max_attempts))
     asked = asked_delay(exc)

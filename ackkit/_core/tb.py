@@ -96,6 +96,8 @@ def bounded(s: str, n: int) -> str:
     return s if len(s) <= n else s[: n - 3] + "..."
 
 
-def describe(exc: BaseException) -> str:
-    """`Type: message` in at most about 200 characters, for events and reasons."""
-    return f"{type(exc).__name__}: {bounded(text_of(exc), 200)}"
+def describe(exc: BaseException, *, qualified: bool = False) -> str:
+    """`Type: message` in at most about 200 characters, for events and reasons; a
+    dead letter's reason names the type `qualified`, as its ackkit-error-type does."""
+    kind = qualname(exc) if qualified else type(exc).__name__
+    return f"{kind}: {bounded(text_of(exc), 200)}"

@@ -50,7 +50,8 @@ def test_a_handlers_own_cancelled_error_is_dead_lettered_once(
         loop_thread.run(app.stop())
     (dead,) = broker.take_all(f"{q}.dlq")
     assert json.loads(dead.body) == {"id": 0}
-    assert dead.headers["ackkit-reason"] == "non-retryable CancelledError"
+    assert dead.headers["ackkit-reason"] == "non-retryable asyncio.exceptions.CancelledError"
+    assert dead.headers["ackkit-error-type"] == "asyncio.exceptions.CancelledError"
     assert runs == {0: 1, 1: 1}
 
 

@@ -146,7 +146,8 @@ def test_a_cancelled_error_from_the_handler_is_dead_lettered_without_retry(
         assert app.is_running
     (dead,) = broker.take_all(f"{q}.dlq")
     assert json.loads(dead.body) == {"id": 0}
-    assert dead.headers["ackkit-reason"] == "non-retryable CancelledError"
+    assert dead.headers["ackkit-reason"] == "non-retryable asyncio.exceptions.CancelledError"
+    assert dead.headers["ackkit-error-type"] == "asyncio.exceptions.CancelledError"
     assert runs.by_id == {0: 1, 1: 1, 7: 1}
 
 

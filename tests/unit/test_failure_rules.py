@@ -10,6 +10,7 @@ matching channel actions.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -113,6 +114,14 @@ TABLE: list[tuple[str, BaseException, dict[str, Any], int, Failure]] = [
         Failure(RJ, "attempts exhausted (3 of 3)"),
     ),
     ("fatal", KeyError("k"), {"fatal": (KeyError,)}, 1, Failure(DL, "non-retryable KeyError")),
+    # the reason names the type as ackkit-error-type does: qualified, builtins without
+    (
+        "fatal, qualified",
+        json.JSONDecodeError("j", "", 0),
+        {"fatal": (ValueError,)},
+        1,
+        Failure(DL, "non-retryable json.decoder.JSONDecodeError"),
+    ),
     (
         "not in retry_on",
         TypeError("t"),
@@ -183,7 +192,7 @@ TABLE: list[tuple[str, BaseException, dict[str, Any], int, Failure]] = [
         RequeueMessage("r"),
         {"mode": AckMode.NONE, "attempts": 1},
         1,
-        Failure(DL, "handler failed: RequeueMessage: r"),
+        Failure(DL, "handler failed: ackkit.RequeueMessage: r"),
     ),
     (
         "no-ack, no dlq",
