@@ -1,7 +1,7 @@
 """ackkit: RabbitMQ consumer acknowledgement, correct by construction.
 
 The root holds the app and its listeners: `App` / `AsyncApp`, the values `listener()`
-takes (`Queue`, `Consumer`, `Batch`, `Flow`, `Retry`, ...), what a handler receives
+takes (`Queue`, `Consumer`, `Batch`, `Flow`, `Publication`, `Retry`, ...), what a handler receives
 (`Delivery` / `AsyncDelivery`) and the signals it may raise or return, and pull mode's
 `connect` / `aconnect`. The rest is grouped by purpose in public submodules:
 `ackkit.errors`, `ackkit.flow`, `ackkit.topology`, `ackkit.dead_letters`,
@@ -20,7 +20,7 @@ from ._core.errors import DeadLetterMessage, RejectMessage, RequeueMessage, Retr
 from ._core.policy import AckMode, FlushPolicy, Retry, RetryStrategy, Unsettled
 from ._delivery import Delivery
 from ._handler import AckIndex
-from ._listener_values import Batch, Consumer, Flow, Queue
+from ._listener_values import Batch, Consumer, Flow, Publication, Queue
 from ._sync.app import App
 from ._sync.pull import connect
 from ._tls import TLS
@@ -126,6 +126,7 @@ __all__ = [  # noqa: RUF022 - plain sorted() order, see tests/unit/test_public_a
     "Delivery",
     "Flow",
     "FlushPolicy",
+    "Publication",
     "Queue",
     "RejectMessage",
     "RequeueMessage",

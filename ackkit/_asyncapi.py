@@ -2,11 +2,13 @@
 
 Channels: every listener's queue, the exchange bindings that feed it (one
 channel per exchange and routing key), its dead-letter queue and its retry
-delay queues. Operations: the app receives from each listener's queue and
-sends copies to its dead-letter and retry queues. Messages: the payload
-schema comes from the handler's annotation (a pydantic model's JSON schema,
-any other type pydantic validates, bytes, text or any JSON). AMQP channel and
-operation bindings follow the AsyncAPI AMQP bindings 0.3.0.
+delay queues, and where its handler publishes (`publishes=`). Operations: the
+app receives from each listener's queue, sends copies to its dead-letter and
+retry queues, and sends what each listener declares it publishes. Messages:
+the payload schema comes from the handler's annotation, or a `Publication`'s
+`payload` (a pydantic model's JSON schema, any other type pydantic validates,
+bytes, text or any JSON). AMQP channel and operation bindings follow the
+AsyncAPI AMQP bindings 0.3.0.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pydantic import BaseModel, TypeAdapter
 from ._core import headers as H
 from ._core.exchanges import Exchange
 from ._core.policy import RetryStrategy
+from ._listener_values import Publication
 from ._spec import AppBase, ListenerSpec
 from ._url import mask_url
 
@@ -37,8 +40,22 @@ def _key(text: str) -> str:
 
 def payload_schema(spec: ListenerSpec) -> tuple[dict[str, Any], str | None]:
     """(JSON schema of the body, content type) from the handler's first parameter."""
-    b = spec.binding
-    kind, model = b.kind, b.model
+    return _schema(spec.binding.kind, spec.binding.model)
+
+
+def publication_schema(p: Publication) -> tuple[dict[str, Any], str | None]:
+    """(JSON schema of the body, content type) of a `Publication`'s payload type."""
+    t = p.payload
+    if t is None or t is dict or t is list:
+        return _schema("json", t)
+    if t is bytes or t is str:
+        return _schema("bytes" if t is bytes else "text", t)
+    if isinstance(t, type) and issubclass(t, BaseModel):
+        return _schema("model", t)
+    return _schema("adapter", TypeAdapter(t))
+
+
+def _schema(kind: str, model: Any) -> tuple[dict[str, Any], str | None]:
     if kind == "model" and isinstance(model, type) and issubclass(model, BaseModel):
         return model.model_json_schema(ref_template="#/components/schemas/{model}"), (
             "application/json"
@@ -99,6 +116,53 @@ def _exchange_binding(e: Exchange | str, vhost: str) -> dict[str, Any]:
     else:
         ex.update(type="topic", durable=True, autoDelete=False)
     return {"amqp": {"is": "routingKey", "exchange": ex, "bindingVersion": AMQP_BINDINGS}}
+
+
+def _publication(
+    spec: ListenerSpec,
+    p: Publication,
+    vhost: str,
+    channels: dict[str, Any],
+    messages: dict[str, Any],
+    schemas: dict[str, Any],
+) -> tuple[str, dict[str, Any]]:
+    """Add `p`'s channel (shared with a listener's queue or binding of the same address)
+    and message; its send operation (key, operation)."""
+    ex, rk = p.exchange_name, p.routing_key
+    where = f"exchange {ex!r} with routing key {rk!r}" if ex else f"queue {rk!r}"
+    if ex:
+        ch_key = _key(f"{ex}.{rk or '#'}")
+        fresh = {
+            "address": rk or None,
+            "messages": {},
+            "description": f"Messages published to exchange {ex!r}"
+            + (f" with routing key {rk!r}" if rk else ""),
+            "bindings": _exchange_binding(p.exchange, vhost),
+        }
+    else:  # the default exchange: the routing key names the queue
+        ch_key = _key(rk)
+        fresh = {"address": rk, "messages": {}, "bindings": _queue_binding(rk, vhost)}
+    ch = channels.setdefault(ch_key, fresh)
+    schema, content_type = publication_schema(p)
+    msg_key = _key(f"{spec.name}.sends.{ex or 'default'}.{rk}")
+    message: dict[str, Any] = {
+        "name": msg_key,
+        "payload": _lift_defs(schema, schemas),
+        "summary": f"Published by {spec.name} to {where}.",
+    }
+    if content_type:
+        message["contentType"] = content_type
+    if isinstance(p.payload, type):
+        message["title"] = p.payload.__name__
+    messages[msg_key] = message
+    ch["messages"][msg_key] = {"$ref": f"#/components/messages/{msg_key}"}
+    op = {
+        "action": "send",
+        "channel": {"$ref": f"#/channels/{ch_key}"},
+        "messages": [{"$ref": f"#/channels/{ch_key}/messages/{msg_key}"}],
+        "summary": f"{spec.name} publishes to {where}",
+    }
+    return _key(f"send.{spec.name}.{ex or 'default'}.{rk}"), op
 
 
 DEAD_LETTER_HEADERS = {
@@ -192,6 +256,10 @@ def document(app: AppBase, *, title: str = "ackkit app", version: str = "1.0.0")
                 "channel": {"$ref": f"#/channels/{c_key}"},
                 "messages": [{"$ref": f"#/channels/{c_key}/messages/{copy_key}"}],
             }
+    for spec in app.specs:  # after every listener's own channels: they share them
+        for p in spec.publishes:
+            key, op = _publication(spec, p, vhost, channels, messages, schemas)
+            operations[key] = op
     default_port = 5671 if u.scheme == "amqps" else 5672
     out: dict[str, Any] = {
         "asyncapi": ASYNCAPI,

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from ._core.listener import ListenerCore
     from ._delivery import DeliveryBase
     from ._invocation import HandlerDone, HandlerProbe
+    from ._listener_values import Publication
     from .inbox import Inbox
 
 
@@ -36,6 +37,8 @@ class ListenerSpec:
     """basic.consume exclusive: no other consumer on the queue while this one is."""
     inbox: Inbox | None = None
     """Exactly-once database effects: the handler runs in the inbox's transaction."""
+    publishes: tuple[Publication, ...] = ()
+    """What the handler publishes, for the AsyncAPI document (`ackkit docs`)."""
 
     @property
     def single_active(self) -> bool:

@@ -1,4 +1,4 @@
-"""The grouped values `listener()` takes: `Queue`, `Consumer`, `Batch`, `Flow`.
+"""The grouped values `listener()` takes: `Queue`, `Consumer`, `Batch`, `Flow`, `Publication`.
 
 Each is a frozen value checked when it is built, so a wrong option fails at the line
 that builds it (the decorator's line, when it is written inline). No I/O."""
@@ -207,3 +207,78 @@ class Flow:
         return FlowPolicy(
             breaker=self.circuit_breaker, rate_limit=self.rate_limit, serial_key=self.serial_key
         )
+
+
+@dataclass(frozen=True, init=False)
+class Publication:
+    """A message a listener's handler publishes, declared for the AsyncAPI document
+    (`ackkit docs`): `listener(..., publishes=[Publication(...)])`.
+
+    `exchange`: the exchange's name or an `Exchange` ("" is the default exchange, which
+    routes by queue name: `routing_key` is then the queue). `routing_key`: the key it
+    publishes with. `payload`: the body's type, as a handler's annotation (a pydantic
+    model, `bytes`, `str`, `dict`, any type pydantic can describe; None: any JSON).
+    Documentation only: it declares nothing and does not check what the handler sends.
+    """
+
+    exchange: str | Exchange
+    routing_key: str = ""
+    payload: Any = None
+
+    def __init__(
+        self, exchange: str | Exchange, routing_key: str = "", payload: Any = None
+    ) -> None:
+        if not isinstance(exchange, Exchange):
+            C.text("Publication exchange", exchange, empty=True)
+        C.text("Publication routing_key", routing_key, empty=True)
+        if len(routing_key.encode()) > 255:
+            raise ValueError(
+                f"Publication routing_key longer than 255 bytes: {C.short(routing_key)}"
+            )
+        if exchange == "" and not routing_key:
+            raise ValueError(
+                "Publication: the default exchange '' needs the queue as its routing_key "
+                "(it routes by queue name)"
+            )
+        _check_payload_type(payload)
+        object.__setattr__(self, "exchange", exchange)
+        object.__setattr__(self, "routing_key", routing_key)
+        object.__setattr__(self, "payload", payload)
+
+    @property
+    def exchange_name(self) -> str:
+        """The name of the exchange published to ("" for the default exchange)."""
+        return self.exchange.name if isinstance(self.exchange, Exchange) else self.exchange
+
+
+def _check_payload_type(payload: Any) -> None:
+    """A payload type the document can describe: TypeError at once, not at `ackkit docs`."""
+    if payload is None or payload in (bytes, str, dict, list):
+        return
+    from pydantic import TypeAdapter  # the handlers' annotations use it too
+
+    try:
+        TypeAdapter(payload).json_schema()
+    except Exception as exc:
+        raise TypeError(
+            f"Publication payload {payload!r}: pydantic cannot describe it "
+            f"({exc.__class__.__name__}); give a pydantic model, bytes, str, dict or a type "
+            "pydantic validates"
+        ) from None
+
+
+def publications(option: object) -> tuple[Publication, ...]:
+    """listener(publishes=...): one `Publication` or a list of them."""
+    if option is None:
+        return ()
+    items = option if isinstance(option, list | tuple) else [option]
+    unique: list[Publication] = []
+    for item in items:
+        if not isinstance(item, Publication):
+            raise TypeError(
+                f"publishes= takes Publication values (ackkit.Publication), or a list of them; "
+                f"got {item!r}"
+            )
+        if item not in unique:
+            unique.append(item)
+    return tuple(unique)

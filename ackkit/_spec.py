@@ -28,7 +28,7 @@ from ._listener_options import translate as _translate
 from ._listener_spec import Instrument as Instrument
 from ._listener_spec import ListenerSpec as ListenerSpec
 from ._listener_spec import probe_for as probe_for
-from ._listener_values import Batch, Consumer, Flow, Queue
+from ._listener_values import Batch, Consumer, Flow, Publication, Queue, publications
 from ._logs import LifecycleLog
 from ._settings import DEFAULT_URL, Settings, SettingsView
 from ._tls import TLS
@@ -166,6 +166,7 @@ class AppBase(SettingsView):
         flow: Flow | None = None,
         inbox: Inbox | None = None,
         name: str | None = None,
+        publishes: Publication | Sequence[Publication] | None = None,
         **deprecated: Any,
     ) -> Callable[[F], F]:
         """Register a handler for `queue` (a queue name, or a `Queue` to declare it with
@@ -186,6 +187,8 @@ class AppBase(SettingsView):
           the handler runs in a PostgreSQL transaction that records the message's key,
           committed before the ack; a redelivery of a recorded key is acked unrun.
         - `name`: the listener's name in stats, metrics and logs ("queue:function").
+        - `publishes`: a `Publication` or a list of them: what the handler publishes,
+          listed in the AsyncAPI document (`ackkit docs`) as send operations.
 
         The flat options of ackkit 0.1 (`prefetch=`, `max_concurrency=`, `batch_size=`,
         `queue_arguments=`, ...) still work, with a DeprecationWarning naming the new
@@ -202,6 +205,7 @@ class AppBase(SettingsView):
         args = q.arguments
         if name is not None:
             C.text("name", name)
+        sends = publications(publishes)
         if retry is not None and not isinstance(retry, Retry):
             raise TypeError(f"retry must be a Retry or None, got {retry!r}")
         r = retry or NO_RETRY
@@ -281,6 +285,7 @@ class AppBase(SettingsView):
                     cons.consume_arguments(),
                     cons.exclusive,
                     inbox,
+                    sends,
                 )
             )
             return fn

@@ -27,6 +27,7 @@ PUBLIC = {
         "Delivery",
         "Flow",
         "FlushPolicy",
+        "Publication",
         "Queue",
         "RejectMessage",
         "RequeueMessage",
