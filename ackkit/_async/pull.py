@@ -31,7 +31,7 @@ from .._publish import Outgoing, apublishes
 from .._tls import TLS, client_tls
 from .._url import check_url, mask_url
 from . import _frames as frames
-from ._amqp import CHANNEL_GONE, ChannelNumbers, declare_queues, open_connection
+from ._amqp import CHANNEL_GONE, ChannelNumbers, open_connection
 from .delivery import AsyncDelivery
 from .publisher import AsyncPublisher, carry
 from .settling import ChannelSettler
@@ -138,11 +138,11 @@ class AsyncPullConnection:
             ch = await self._channel()
             assert self._amqp is not None
             broker = traits_of(self._amqp.server_properties)
-            core = ListenerCore(policy, shared_channel=True, broker=broker)  # one channel
+            # one channel; the DLQ is declared with the first dead letter, not here
+            core = ListenerCore(policy, shared_channel=True, broker=broker, declare_on_use=True)
             q = _Queue(self._host, core)
             q.channel = ch
             core.channel_opened()
-            await declare_queues(self._amqp, self._numbers, core.topology())
             self._queues[queue] = q
         return q
 
@@ -160,7 +160,9 @@ class AsyncPullConnection:
         dead-lettered here and the next one fetched; past `max_skip` such messages or
         about `max_seconds` in one call it returns None although the queue may hold
         more. Cancelling the await does not lose a message: the fetch finishes and
-        a delivery the caller never received is requeued.
+        a delivery the caller never received is requeued. get() declares nothing:
+        the dead-letter queue (`dead_letter`, by default `<queue>.dlq`) is declared
+        with the first dead letter sent to it.
         """
         self._check_open("get()")
         task = asyncio.ensure_future(self._get(queue, dead_letter, max_skip, max_seconds))

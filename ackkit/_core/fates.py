@@ -23,7 +23,7 @@ from .failure import Fate, decide
 from .ledger import Ledger
 from .policy import AckMode, ListenerPolicy, Unsettled
 from .republish import Confirms
-from .topology import QueueSpec
+from .topology import QueueSpec, own_queue
 from .tracked import Tracked
 
 _BATCHED = (AckMode.AUTO, AckMode.DUPS_OK, AckMode.TRANSACTED)
@@ -41,6 +41,7 @@ class Fates:
     _hot: bool
     _wallclock: Callable[[], float]
     _declared: set[str]
+    declare_on_use: bool
 
     if TYPE_CHECKING:
 
@@ -241,7 +242,7 @@ class Fates:
         if extra is not None:
             self._declared.add(extra.name)
             act = self.confirms.declaring(act, extra)
-        return [act]
+        return [self._on_use(act)]
 
     def _dead_letter(
         self,
@@ -258,7 +259,18 @@ class Fates:
             t, self.policy, reason, exc, tb, self._wallclock(), attempts
         )
         # counted and reported (Stage.DEAD_LETTERED) once the broker confirms the copy
-        return [self.confirms.issue(t, dlq, hdrs, CopyPurpose.DEAD_LETTER)]
+        return [self._on_use(self.confirms.issue(t, dlq, hdrs, CopyPurpose.DEAD_LETTER))]
+
+    def _on_use(self, act: Republish) -> Republish:
+        """`act`, declaring its queue first when this core declares its own queues on
+        first use (`declare_on_use`, pull mode) and it has not declared that one yet."""
+        if not self.declare_on_use or act.declare is not None or act.routing_key in self._declared:
+            return act
+        spec = own_queue(self.policy, act.routing_key)
+        if spec is None:
+            return act
+        self._declared.add(spec.name)
+        return self.confirms.declaring(act, spec)
 
     def _restamp(self, t: Tracked) -> Republish:
         """A redelivery from a queue that does not count deliveries goes back to its

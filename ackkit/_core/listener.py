@@ -72,8 +72,12 @@ class ListenerCore(Fates, Shutdown, LostRuns, Queues, Gating):
         hold_early_copies: bool = False,
         dedup: bool = False,
         gated: bool = False,
+        declare_on_use: bool = False,
     ) -> None:
         self.policy = policy
+        # Pull mode: the DLQ and delay queues are declared with the first copy sent to
+        # each (`Republish.declare`), not up front: a get() declares nothing unasked.
+        self.declare_on_use = declare_on_use
         # Other consumers take tags on this core's channel (pull mode: one channel, one
         # core per queue): a multiple frame never covers a tag this core did not receive.
         self.shared_channel = shared_channel

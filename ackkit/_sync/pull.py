@@ -35,7 +35,6 @@ from .._url import check_url, mask_url
 from . import _frames as frames
 from ._pika import (
     blocking_connection,
-    declare_queues,
     parameters,
 )
 from .executor import Executor
@@ -163,11 +162,11 @@ class PullConnection:
         if q is None:
             policy = ListenerPolicy.pull(queue, dead_letter)
             broker = traits_of(self._conn._impl.server_properties)
-            core = ListenerCore(policy, shared_channel=True, broker=broker)  # one channel
+            # one channel; the DLQ is declared with the first dead letter, not here
+            core = ListenerCore(policy, shared_channel=True, broker=broker, declare_on_use=True)
             q = _Queue(self, core)
             q.channel = self.channel  # opened first
             core.channel_opened()
-            declare_queues(self._conn, core.topology())
             self._queues[queue] = q
         return q
 
@@ -186,6 +185,9 @@ class PullConnection:
         `max_skip` such messages and spends at most about `max_seconds` on them;
         past either bound it returns None although the queue may hold more (call
         get() again).
+
+        get() declares nothing: the queue's dead-letter queue (`dead_letter`, by default
+        `<queue>.dlq`) is declared with the first dead letter sent to it.
         """
         deadline = time.monotonic() + max_seconds
         with self._lock:

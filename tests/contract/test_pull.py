@@ -17,6 +17,7 @@ import pytest
 
 import ackkit
 from ackkit._core import headers as H
+from ackkit.testing import QueueNotFound
 
 from .conftest import Broker
 
@@ -147,3 +148,34 @@ def test_requeue_and_ack_reach_the_broker(pull: Driver, broker: Broker, queue_fa
         assert (yield p.get(q)) is None
 
     pull(broker, script)
+
+
+def test_get_declares_no_dead_letter_queue_until_a_dead_letter_needs_it(
+    pull: Driver, broker: Broker, queue_factory: Any
+) -> None:
+    """get(q) declared q.dlq at once, unasked; now the broker has no q.dlq until the
+    first dead letter of q, which declares it and lands there."""
+    q = queue_factory()
+    dlq = f"{q}.dlq"
+
+    def missing(name: str) -> bool:
+        try:
+            broker.handle.counts(name)
+        except QueueNotFound:
+            return True
+        return False
+
+    def script(p: Any) -> Generator[Any, Any, None]:
+        yield p.declare(q)
+        broker.handle.publish(q, b"one")
+        broker.handle.publish(q, b"two")
+        d = yield p.get(q)
+        yield p.settle(d, "ack")
+        yield p.wait_for(q, ready=1, unacked=0)
+        assert missing(dlq), "get() declared the dead-letter queue"
+        d = yield p.get(q)
+        yield p.settle(d, "reject", requeue=False)
+        assert broker.counts(dlq).ready == 1  # declared with the copy, confirmed
+
+    pull(broker, script)
+    assert [m.body for m in broker.handle.dead_letters(dlq)] == [b"two"]
