@@ -4,7 +4,7 @@
 # RabbitMQ versions: 3.10 is the machine's own rabbitmq-server; 4.0 and 4.3 run
 # in a Debian root the test kit builds on first use (root + debootstrap, ~40 s,
 # cached in /var/cache/ackkit/rootfs). `make test` runs everything on 3.10 and
-# the broker-facing suites on 4.3; `make test-matrix` runs everything on each.
+# the broker-facing suites on 4.3 (but $(ONCE)); `make test-matrix` runs everything on each.
 # `make chaos RABBITMQ=4.3`, `make bench RABBITMQ=4.3` pick the broker.
 # The 4.x legs ignore AMQP_URL (they are about their version's node).
 PY      := .venv/bin/python
@@ -27,6 +27,18 @@ SPARK310 := tests/spark/test_spark_crash.py tests/spark/test_spark_cluster.py \
             tests/spark/test_spark_deploy.py tests/spark/test_spark_scale.py
 SPARK43 := tests/spark/test_spark_available.py tests/spark/test_spark_connect.py \
            tests/spark/test_spark_cluster_streams.py tests/spark/test_spark_streams_kill.py
+# The library's own surfaces, whichever broker is below them: the console (a real
+# browser), the CLI, the test kit (whose 4.x tests start a 4.3 node of their own on any
+# leg), the wheel, the examples, logs and metrics. They run on the 3.10 leg only (the 4.3
+# leg ran them again for nothing: the broker's version is not what they check);
+# make test-matrix still runs them on every version.
+ONCE := $(wildcard tests/integration/test_console*.py tests/integration/test_cli*.py \
+          tests/integration/test_testkit*.py) \
+        tests/integration/test_docker_provider.py tests/integration/test_packaging.py \
+        tests/integration/test_examples.py tests/integration/test_observability.py \
+        tests/integration/test_operability.py tests/integration/test_connect_failure_lines.py \
+        tests/integration/test_quiet_probes.py tests/inbox/test_outbox_relay_cli.py \
+        tests/inbox/test_outbox_docs_example.py tests/inbox/test_inbox_memory_db.py
 # The environment of a leg on RabbitMQ $(1): 3.10 keeps AMQP_URL as given.
 leg_env = $(if $(filter 3.10,$(1)),,env -u AMQP_URL) ACKKIT_TEST_RABBITMQ=$(1)
 RESULTS_SUFFIX := $(if $(filter 3.10,$(RABBITMQ)),,-$(RABBITMQ))
@@ -51,7 +63,7 @@ docs-serve: $(STAMP)
 
 test: $(STAMP)
 	PYTEST=$(PYTEST) BROKER_SUITES="$(BROKER_SUITES)" SPARK310="$(SPARK310)" SPARK43="$(SPARK43)" \
-	    bash .ci/test-legs
+	    ONCE="$(ONCE)" bash .ci/test-legs
 
 # contract + test-kit tests against RabbitMQ containers (skipped without Docker)
 test-docker: $(STAMP)
