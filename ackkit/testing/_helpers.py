@@ -114,6 +114,16 @@ class KitHelpers:
     def counts(self, queue: str) -> QueueCounts:
         raise NotImplementedError
 
+    def _reading_connection(self) -> Any:
+        """The connection `messages()` / `dead_letters()` read with: one that keeps each
+        message's headers as they were on the wire (pika alone reads a float as an int)."""
+        from .._sync._pika import blocking_connection
+
+        return blocking_connection(self.connection_parameters())
+
+    def connection_parameters(self, **overrides: Any) -> Any:
+        raise NotImplementedError
+
     def publish(
         self,
         routing_key: str,
@@ -200,15 +210,17 @@ class KitHelpers:
         return self._read(queue, take=take, dead=True)
 
     def _read(self, queue: str, *, take: bool, dead: bool) -> list[QueuedMessage]:
+        from .._sync._pika import read_headers
+
         out: list[QueuedMessage] = []
-        conn = self.connect()
+        conn = self._reading_connection()
         try:
             ch = conn.channel()
             while True:
                 method, props, body = ch.basic_get(queue, auto_ack=take)
                 if method is None:
                     break
-                headers = dict(props.headers or {})
+                headers = read_headers(props)
                 fields = {n: getattr(props, n, None) for n in _PROPERTY_NAMES}
                 letter = None
                 if dead:

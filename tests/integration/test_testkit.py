@@ -21,6 +21,7 @@ import pika
 import pika.exceptions
 import pytest
 
+import ackkit
 from ackkit.testing import (
     BrokerError,
     BrokerHandle,
@@ -178,6 +179,50 @@ def test_wait_for_reports_last_counts(rabbitmq: BrokerHandle, queue_factory: Que
     q = queue_factory(declare=True)
     with pytest.raises(AssertionError, match=r"ready=0, unacked=0, total=0"):
         rabbitmq.wait_for(q, ready=5, timeout=0.3)
+
+
+def test_messages_and_dead_letters_read_float_headers_as_floats(
+    rabbitmq: BrokerHandle, queue_factory: QueueFactory
+) -> None:
+    """pika reads a float or double header as an int (2.5 as 2): the kit reads the header
+    bytes itself. A producer sends doubles (at any depth); the broker dead-letters one
+    copy (a reject); both read back as the floats sent, the other values unchanged."""
+    dlq = queue_factory("dlq", declare=True)
+    q = queue_factory()
+    with channel(rabbitmq) as ch:
+        ch.queue_declare(
+            q,
+            durable=True,
+            arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dlq},
+        )
+    sent = {"one": 1.0, "ratio": 2.5, "nested": {"x": -0.25, "n": 3}, "list": [1.5, 7], "i": 4}
+    with ackkit.connect(rabbitmq.url) as conn:
+        conn.publish(q, b"a", headers=sent)
+        conn.publish(q, b"b", headers=sent)
+    with channel(rabbitmq) as ch:
+        method, _props, _body = ch.basic_get(q)
+        ch.basic_reject(method.delivery_tag, requeue=False)  # the broker dead-letters "a"
+    rabbitmq.wait_for(dlq, ready=1)
+
+    def floats(h: dict[str, Any]) -> list[tuple[str, Any, type]]:
+        return [
+            ("one", h["one"], type(h["one"])),
+            ("ratio", h["ratio"], type(h["ratio"])),
+            ("nested.x", h["nested"]["x"], type(h["nested"]["x"])),
+            ("list[0]", h["list"][0], type(h["list"][0])),
+        ]
+
+    want = [("one", 1.0, float), ("ratio", 2.5, float), ("nested.x", -0.25, float)]
+    want.append(("list[0]", 1.5, float))
+    [left] = rabbitmq.messages(q)
+    [dead] = rabbitmq.dead_letters(dlq)
+    for m in (left, dead):
+        assert floats(m.headers) == want
+        assert floats(m.properties.headers) == want
+        assert (m.headers["i"], m.headers["nested"]["n"], m.headers["list"][1]) == (4, 3, 7)
+        assert type(m.headers["i"]) is int
+    assert dead.headers["x-death"][0]["reason"] == "rejected"
+    assert dead.body == b"a" and left.body == b"b"
 
 
 def test_queue_factory_cleans_up_companions(
