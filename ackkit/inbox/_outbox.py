@@ -21,8 +21,10 @@ import base64
 import json
 import logging
 import time
+import uuid
 import weakref
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from .._core.outbox import Holds, missing_exchange
@@ -61,9 +63,19 @@ def _from_json(value: Any) -> Any:
     return value
 
 
+def with_id(msg: Outgoing) -> Outgoing:
+    """`msg` with a message_id: its own, else a new uuid4().hex (also for message_id=None).
+    An outbox message may be sent twice (a crash between the confirm and the row's
+    deletion); its id is what lets a consumer know the second one."""
+    if msg.properties.get("message_id") is not None:
+        return msg
+    return replace(msg, properties={**msg.properties, "message_id": uuid.uuid4().hex})
+
+
 def to_row(msg: Outgoing) -> tuple[str, str, bytes, str]:
-    """The outbox row of a message (exchange, routing key, body, properties as JSON)."""
-    props = dict(msg.properties)
+    """The outbox row of a message (exchange, routing key, body, properties as JSON),
+    always with a message_id (`with_id`)."""
+    props = dict(with_id(msg).properties)
     props["$mandatory"] = msg.mandatory
     return msg.exchange, msg.routing_key, msg.body, json.dumps(_jsonable(props, "properties"))
 
@@ -79,19 +91,21 @@ def enqueue(
 ) -> str:
     """Write a message to the outbox in `conn`'s current transaction (psycopg
     Connection): sent by a relay after the commit, never if it rolls back. The options
-    of `App.publish` (exchange, headers, message_id, ...). Returns its message_id."""
-    msg = outgoing(routing_key, body, **options)
+    of `App.publish` (exchange, headers, message_id, ...). Returns the message_id the
+    message is sent with: the one given, else a new uuid4().hex (message_id=None too:
+    an outbox message always has one, see `with_id`)."""
+    msg = with_id(outgoing(routing_key, body, **options))
     conn.execute(enqueue_sql(table), to_row(msg))
-    return str(msg.properties.get("message_id", ""))
+    return str(msg.properties["message_id"])
 
 
 async def aenqueue(
     conn: Any, routing_key: str, body: object, *, table: str = "ackkit_outbox", **options: Any
 ) -> str:
     """`enqueue` for a psycopg AsyncConnection."""
-    msg = outgoing(routing_key, body, **options)
+    msg = with_id(outgoing(routing_key, body, **options))
     await conn.execute(enqueue_sql(table), to_row(msg))
-    return str(msg.properties.get("message_id", ""))
+    return str(msg.properties["message_id"])
 
 
 _HOLDS: weakref.WeakKeyDictionary[Any, Holds] = weakref.WeakKeyDictionary()

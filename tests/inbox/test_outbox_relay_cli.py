@@ -5,7 +5,9 @@ SIGTERM."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,7 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ackkit.cli import build_cli
-from ackkit.inbox import SCHEMA, enqueue
+from ackkit.inbox import SCHEMA, aenqueue, enqueue
 from ackkit.testing import BrokerHandle
 
 from ._harness import eventually
@@ -69,6 +71,42 @@ def test_once_sends_each_row_once_in_order_then_nothing(
     assert second.exit_code == 0, second.output
     assert "0 sent" in second.output
     assert rabbitmq.counts(q).total == 0
+
+
+def test_enqueue_returns_the_message_id_the_message_is_sent_with(
+    rabbitmq: BrokerHandle, queue_factory: Any, postgres_dsn: str
+) -> None:
+    """enqueue / aenqueue return the id the row stores and the broker delivers: the one
+    given, a new one by default, and a new one for message_id=None (an outbox message
+    may be sent twice; its id is how a consumer knows)."""
+    q = queue_factory("ids", declare=True)
+
+    async def enqueue_async() -> str:
+        aconn = await psycopg.AsyncConnection.connect(postgres_dsn)
+        async with aconn, aconn.transaction():
+            return await aenqueue(aconn, q, {"n": 4}, message_id=None)
+
+    with psycopg.connect(postgres_dsn) as conn:
+        with conn.transaction():
+            conn.execute(SCHEMA)
+        with conn.transaction():
+            given = enqueue(conn, q, {"n": 1}, message_id="given-1")
+            default = enqueue(conn, q, {"n": 2})
+            none = enqueue(conn, q, {"n": 3}, message_id=None)
+    anone = asyncio.run(enqueue_async())
+    returned = [given, default, none, anone]
+    assert given == "given-1"
+    assert all(re.fullmatch(r"[0-9a-f]{32}", i) for i in returned[1:]), returned
+    assert len(set(returned)) == 4
+    with psycopg.connect(postgres_dsn) as c:
+        rows = c.execute("SELECT properties->>'message_id' FROM ackkit_outbox ORDER BY id")
+        assert [r[0] for r in rows.fetchall()] == returned
+
+    r = relay_once(rabbitmq.url, postgres_dsn)
+    assert r.exit_code == 0, r.output
+    got = rabbitmq.messages(q, take=True)
+    assert [m.json()["n"] for m in got] == [1, 2, 3, 4]
+    assert [m.properties.message_id for m in got] == returned
 
 
 def test_once_with_an_unroutable_row_fails_and_keeps_it(
