@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
 from pydantic import BaseModel, ValidationError
 
+from ._core import wire
 from ._core.actions import Ack, Action, Nack, Reject, Republish
 from ._core.errors import BadPayload
 from ._core.listener import Tracked
@@ -57,6 +58,7 @@ class DeliveryBase:
     __slots__ = (
         "_db",
         "_decoder",
+        "_headers",
         "_settler",
         "_tracked",
         "body",
@@ -90,6 +92,7 @@ class DeliveryBase:
         self.queue = queue
         self._db: Any = None
         self._decoder = decoder
+        self._headers: Mapping[str, Any] | None = None
 
     @property
     def db(self) -> Any:
@@ -122,9 +125,16 @@ class DeliveryBase:
 
     @property
     def headers(self) -> Mapping[str, Any]:
-        """The message's headers ({} when it has none)."""
-        h = getattr(self.properties, "headers", None)
-        return h if h is not None else {}
+        """The message's headers ({} when it has none), float and double values as
+        floats on every runtime (pika alone reads 2.5 as 2)."""
+        if self._headers is None:
+            h = getattr(self.properties, "headers", None)
+            raw = getattr(self.properties, "wire_headers", None)
+            if not h:
+                self._headers = {} if h is None else h
+            else:
+                self._headers = wire.exact_floats(h, raw) if raw else h
+        return self._headers
 
     @property
     def message_id(self) -> str | None:

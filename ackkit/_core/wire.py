@@ -285,6 +285,41 @@ _INTS = {"b": ">b", "B": ">B", "s": ">h", "u": ">H", "U": ">h", "I": ">i", "i": 
 _INTS.update({"l": ">q", "L": ">Q"})
 
 
+_FLOAT_KINDS = frozenset("dfAF")
+"""Field types that hold a float or may hold one (double, float, array, table)."""
+
+
+def exact_floats(headers: Mapping[str, Any], raw: Mapping[str, Any]) -> dict[str, Any]:
+    """`headers` as a client decoded them, with their float and double values read again
+    from `raw`, the same table as it was on the wire ({name: Field}): pika decodes
+    those as ints (2.5 as 2, at any depth). Only the entries whose wire type is a
+    float, a double, an array or a table are read again; the others stay as given.
+    Never raises: what cannot be read again stays the client's value."""
+    out = dict(headers)
+    for name, field in raw.items():
+        if not (isinstance(field, Field) and field.raw and name in out):
+            continue
+        if chr(field.raw[0]) not in _FLOAT_KINDS:
+            continue
+        try:
+            exact = lenient_table(encode_table({name: field})).get(name)
+        except Exception:  # an entry that does not encode again: the client's value
+            continue
+        out[name] = _with_floats(out[name], exact)
+    return out
+
+
+def _with_floats(value: Any, exact: Any) -> Any:
+    """`value` with the floats of `exact` (the same value read from the wire)."""
+    if isinstance(exact, float):
+        return exact
+    if isinstance(value, dict) and isinstance(exact, dict):
+        return {k: _with_floats(v, exact.get(k)) for k, v in value.items()}
+    if isinstance(value, list) and isinstance(exact, list) and len(value) == len(exact):
+        return [_with_floats(a, b) for a, b in zip(value, exact, strict=True)]
+    return value
+
+
 def lenient_table(data: bytes) -> dict[str, Any]:
     """A field table (with its 4-octet size) read as far as it can be read, as Python
     values: what a client library refused whole (a timestamp past year 9999, a header

@@ -137,27 +137,10 @@ def property_map(props: Any) -> dict[str, Any]:
 def read_headers(props: Any) -> dict[str, Any]:
     """The headers of pika properties with their float and double values as floats: pika
     reads those as ints (2.5 as 2); the wire bytes a FaithfulConnection keeps say which
-    they were and hold their value. The other values are pika's."""
+    they were and hold their value (wire.exact_floats). The other values are pika's."""
     headers = dict(getattr(props, "headers", None) or {})
     raw = getattr(props, "wire_headers", None)
-    if not raw:
-        return headers
-    try:
-        exact = wire.lenient_table(wire.encode_table(raw))
-    except wire.EncodeError:
-        return headers
-    return {k: _floats(v, exact.get(k) if isinstance(k, str) else None) for k, v in headers.items()}
-
-
-def _floats(pika_value: Any, exact: Any) -> Any:
-    """`pika_value` with the floats of `exact` (the same value read from the wire)."""
-    if isinstance(exact, float):
-        return exact
-    if isinstance(pika_value, dict) and isinstance(exact, dict):
-        return {k: _floats(v, exact.get(k)) for k, v in pika_value.items()}
-    if isinstance(pika_value, list) and isinstance(exact, list) and len(pika_value) == len(exact):
-        return [_floats(a, b) for a, b in zip(pika_value, exact, strict=True)]
-    return pika_value
+    return wire.exact_floats(headers, raw) if raw else headers
 
 
 def measure(props: Mapping[str, Any]) -> bytes:
