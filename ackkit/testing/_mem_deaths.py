@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from .._core import wire
-from ._mem_state import Message, Queue, copy_message, python_headers
+from ._mem_state import Message, Queue, broker_written, copy_message, python_headers
 from ._mem_topology import Topology
 
 REJECTING = ("reject-publish", "reject-publish-dlx")
@@ -163,7 +163,7 @@ class Deaths(Topology):
         headers["x-last-death-exchange"] = msg.exchange
         headers.pop("x-delivery-count", None)
         headers.pop("x-acquired-count", None)
-        props["headers"] = headers
+        props["headers"] = broker_written(headers)
         props.pop("expiration", None)
         copy = Message(msg.body, wire.encode_properties(props), dlx, rk or msg.routing_key)
         if msg.deaths is not None:

@@ -36,6 +36,7 @@ from ._mem_state import (
     Queue,
     Sink,
     Unacked,
+    broker_written,
     copy_message,
     expiration,
     python_headers,
@@ -215,7 +216,7 @@ class Model(Deaths):
         if self.rules.acquired_count and msg.returns:
             headers["x-acquired-count"] = msg.returns
         if headers != before:
-            props["headers"] = headers
+            props["headers"] = broker_written(headers)
             msg.props = wire.encode_properties(props)
 
     def _next_consumer(self, q: Queue) -> int | None:

@@ -1,14 +1,17 @@
 """The in-memory broker's values: queues, exchanges, channels, messages, the clock.
 
 Plain data and small pure rules (topic matching, argument equivalence, the
-headers a message carries); `_mem_topology` and `_mem_model` hold the state and
-apply RabbitMQ's rules to it.
+headers a message carries, the field types of the headers the broker writes:
+`broker_written`); `_mem_topology` and `_mem_model` hold the state and apply
+RabbitMQ's rules to it.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
+import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -281,3 +284,45 @@ def python_headers(msg: Message) -> dict[str, Any]:
     except Exception:  # a table pika cannot read: route as if it had no headers
         return {}
     return out
+
+
+BROKER_COUNTS = ("x-delivery-count", "x-acquired-count")
+"""The count headers a quorum queue writes on a delivery."""
+
+
+def broker_written(headers: Mapping[str, Any]) -> dict[str, Any]:
+    """`headers` ready to encode, with the values the broker writes itself typed as
+    RabbitMQ types them on the wire: x-delivery-count, x-acquired-count and each x-death
+    entry's count a long-long ('l'), each x-death entry's time a timestamp ('T'); its
+    text (reason, queue, exchange, routing keys, original-expiration) and the
+    x-first-death-* / x-last-death-* headers long strings ('S'), as `wire` encodes text.
+
+    So each client decodes them as it decodes RabbitMQ's: an x-death time is a datetime
+    (not an int), a count pika's `long`. Every other value is left as it is (the
+    publisher's headers are `wire.Field`s, written back byte for byte)."""
+    out = dict(headers)
+    for name in BROKER_COUNTS:
+        if name in out:
+            out[name] = _long_long(out[name])
+    deaths = out.get("x-death")
+    if isinstance(deaths, list):
+        out["x-death"] = [_typed_death(d) if isinstance(d, Mapping) else d for d in deaths]
+    return out
+
+
+def _typed_death(entry: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(entry)
+    if "count" in out:
+        out["count"] = _long_long(out["count"])
+    when = out.get("time")
+    if isinstance(when, _dt.datetime):
+        when = int(when.timestamp())
+    if isinstance(when, int) and not isinstance(when, bool) and 0 <= when < 2**64:
+        out["time"] = wire.Field(b"T" + struct.pack(">Q", when))
+    return out
+
+
+def _long_long(value: Any) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63:
+        return wire.Field(b"l" + struct.pack(">q", value))
+    return value

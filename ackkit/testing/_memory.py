@@ -14,6 +14,17 @@ aiormq's connections are replaced by stand-ins (`_mem_pika`, `_mem_aio`) over
 the broker's state (`_mem_model`). The handle answers like the kit's real-broker
 `BrokerHandle`: `counts`, `wait_for`, `connect()` (a pika-like blocking
 connection), `purge`, `delete`, plus the helpers of `_helpers`.
+
+Header types: a handler gets each header value as its runtime's client library hands
+it over from RabbitMQ, because a message is kept as the bytes of its content header
+and each stand-in decodes them with its client's own decoder: pika's for App
+(`_mem_pikaio`), pamqp's for AsyncApp (`_mem_aio`). So a byte-array ('x') is `bytes`
+on App and `bytearray` on AsyncApp; a long string ('S') is text when it is UTF-8,
+`bytes` when not, on both; a decimal a `Decimal`, a timestamp a `datetime` (UTC),
+tables and arrays a dict and a list of the same, on both. A publisher's headers are kept byte for
+byte (`wire.Field`); the headers the broker writes itself (x-death, x-delivery-count,
+x-acquired-count) are typed as RabbitMQ types them, in one place:
+`_mem_state.broker_written`. tests/contract/test_header_types.py holds both brokers to it.
 """
 
 from __future__ import annotations
