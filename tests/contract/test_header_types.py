@@ -3,7 +3,9 @@ broker as on RabbitMQ, on each runtime: what the runtime's client library hands 
 (pika for App, aio-pika's aiormq / pamqp for AsyncApp).
 
 The clients differ: a byte-array ('x') is `bytes` to pika and `bytearray` to pamqp;
-float and double are ints to pika (its `long`, an int subclass, as is a long-long 'l');
+float and double are ints to pika (its `long`, an int subclass, as is a long-long 'l'),
+which App gives back as floats (Delivery.headers, from the bytes it keeps: pika's view
+here is read the same way, `read_headers`);
 a long string ('S') that is not UTF-8 is `bytes` to both, text otherwise. So the
 in-memory broker must hand each runtime what its client decodes from what RabbitMQ
 sends, the headers RabbitMQ writes itself (x-death, x-delivery-count,
@@ -31,7 +33,7 @@ from hypothesis import strategies as st
 import ackkit
 from ackkit import AckMode, App, AsyncApp, Delivery
 from ackkit._core.wire import Field
-from ackkit._sync._pika import WireProperties
+from ackkit._sync._pika import WireProperties, blocking_connection, read_headers
 from ackkit.pull import AsyncPullConnection
 from ackkit.testing import BrokerHandle, InMemoryBroker
 
@@ -211,13 +213,13 @@ def client_sees(kind: str, handle: BrokerHandle, names: dict[str, str], lt: Loop
     a real broker: pika's for App, aio-pika's for AsyncApp."""
     out: dict[str, Any] = {}
     if kind == "sync":
-        conn = pika.BlockingConnection(pika.URLParameters(handle.url))
+        conn = blocking_connection(pika.URLParameters(handle.url))
         try:
             ch = conn.channel()
             for path in PATHS:
                 method, props, _ = ch.basic_get(names[path], auto_ack=True)
                 assert method is not None
-                out[path] = shape(dict(props.headers or {}))
+                out[path] = shape(read_headers(props))
         finally:
             conn.close()
         return out
@@ -343,7 +345,7 @@ class Readers:
 
     def __init__(self, real: BrokerHandle, memory: InMemoryBroker, lt: LoopThread) -> None:
         self.real, self.memory, self.lt = real, memory, lt
-        self.pika = pika.BlockingConnection(pika.URLParameters(real.url))
+        self.pika = blocking_connection(pika.URLParameters(real.url))
         self.pika_ch = self.pika.channel()
         self.stack = contextlib.ExitStack()
         self.sync_pull = self.stack.enter_context(ackkit.connect(memory.url))
@@ -354,7 +356,7 @@ class Readers:
     def pika_reads(self, queue: str) -> Any:
         method, props, _ = self.pika_ch.basic_get(queue, auto_ack=True)
         assert method is not None
-        return shape(dict(props.headers or {}))
+        return shape(read_headers(props))
 
     def aio_pika_reads(self, queue: str) -> Any:
         async def read() -> Any:
