@@ -5,10 +5,9 @@
     aks.register(spark)
     df = aks.read_stream(spark, url=URL, queue="orders", checkpoint=CKPT, model=Order,
                          on_invalid="dead_letter")
-    query = (df.writeStream
-             .foreachBatch(aks.ack_after_commit(aks.parquet_batches(OUT), checkpoint=CKPT))
-             .option("checkpointLocation", CKPT)
-             .start())
+    query = aks.start(df.writeStream
+                      .foreachBatch(aks.ack_after_commit(aks.parquet_batches(OUT), checkpoint=CKPT))
+                      .option("checkpointLocation", CKPT))
 
 Source options (`spark.readStream.format("rabbitmq").option(...)`): `url`, `queue`,
 `checkpoint` (required; the query's checkpointLocation), `maxMessagesPerTrigger` (20000;
@@ -117,6 +116,7 @@ from ._options import KeyFrom, OnInvalid, SourceOptions, ipc_address, wal_dir
 from ._schema import RowSchema, model_path
 from ._sink import AckAfterCommit, ack_after_commit, parquet_batches
 from ._source import RabbitMQDataSource, RabbitMQStreamReader
+from ._start import start
 from ._store import Store, check_location, masked, normalize_location
 from ._stream_source import FORMAT as STREAM_FORMAT
 from ._stream_source import RabbitMQStreamDataSource
@@ -316,4 +316,5 @@ __all__ = [
     "register",
     "shard_queues",
     "source_stats",
+    "start",
 ]

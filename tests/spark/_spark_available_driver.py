@@ -46,13 +46,12 @@ def start_available_now(
         **options,
     )
     acking = aks.ack_after_commit(writer or aks.parquet_batches(base / "out"), checkpoint=ck)
-    query = (
+    query = aks.start(
         df.select("seq", "message_id", "redelivered", *Order.model_fields)
         .writeStream.queryName(f"available-{queue}")
         .foreachBatch(acking)
         .option("checkpointLocation", os.fspath(ck))
         .trigger(availableNow=True)
-        .start()
     )
     return query, acking
 

@@ -58,12 +58,11 @@ def main() -> int:
         max_messages_per_trigger=300,
         **{kind: name},
     )
-    query = (
+    query = aks.start(
         df.select("stream", "offset", "message_id")
         .writeStream.foreachBatch(aks.parquet_batches(out))
         .option("checkpointLocation", str(ck))
         .trigger(processingTime="200 milliseconds")
-        .start()
     )
     if expect is None:
         query.awaitTermination()

@@ -87,11 +87,11 @@ def _run(
     from pyspark.errors import StreamingQueryException
 
     if available_now:
-        query = w.trigger(availableNow=True).start()
+        query = aks.start(w.trigger(availableNow=True))
         with contextlib.suppress(StreamingQueryException):  # query.exception() says
             assert query.awaitTermination(timeout), "the AvailableNow query did not end"
     else:
-        query = w.trigger(processingTime="500 milliseconds").start()
+        query = aks.start(w.trigger(processingTime="500 milliseconds"))
         try:
             with contextlib.suppress(StreamingQueryException):
                 query.processAllAvailable()

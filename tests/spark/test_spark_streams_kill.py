@@ -152,12 +152,11 @@ def test_random_kills_keep_the_output_exactly_once(
             super_stream=name,
             max_messages_per_trigger=300,
         )
-        q = (
+        q = aks.start(
             df.select("stream", "offset", "message_id")
             .writeStream.foreachBatch(aks.parquet_batches(out))
             .option("checkpointLocation", str(tmp_path / "ck"))
             .trigger(availableNow=True)
-            .start()
         )
         assert q.awaitTermination(300)
         assert q.exception() is None
