@@ -91,7 +91,6 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from pydantic import BaseModel
 
-from .._core.stream_offsets import DataLossError
 from ..shards import (
     ShardKind,
     ShardLayout,
@@ -102,6 +101,7 @@ from ..shards import (
 )
 from ._checkpoint import AckFailed, batch_offsets, query_id, recorded_queues
 from ._consumer import SourceFailed
+from ._core.stream_offsets import DataLossError
 from ._deploy import (
     DeploymentChanged,
     Owner,

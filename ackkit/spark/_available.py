@@ -20,9 +20,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .._core.admission import AvailableNowRun
-from .._core.batches import BatchPlan
 from ._consumer import SourceConsumer, SourceFailed
+from ._core.admission import AvailableNowRun
+from ._core.batches import BatchPlan
 from ._rows import Item
 
 log = logging.getLogger("ackkit.spark")

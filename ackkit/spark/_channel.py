@@ -24,7 +24,7 @@ from ._options import SourceOptions
 from ._rows import Item
 
 if TYPE_CHECKING:
-    from .._core.batches import BatchLedger
+    from ._core.batches import BatchLedger
 
 log = logging.getLogger("ackkit.spark")
 

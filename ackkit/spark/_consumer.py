@@ -29,8 +29,6 @@ import pika.exceptions
 from pydantic import BaseModel
 
 from .._core.actions import Ack, Action, Republish
-from .._core.admission import Limits, admit
-from .._core.batches import Admission, BatchLedger, BatchPlan
 from .._core.brokers import traits_of
 from .._core.errors import AckkitError, TopologyConflict
 from .._core.listener import ListenerCore
@@ -44,6 +42,8 @@ from .._sync.publisher import Publisher
 from .._url import mask_url
 from . import _rows as rows
 from ._channel import SourceChannel
+from ._core.admission import Limits, admit
+from ._core.batches import Admission, BatchLedger, BatchPlan
 from ._options import OnInvalid, SourceOptions
 from ._rows import Item
 

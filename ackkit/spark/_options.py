@@ -10,9 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from .._core.batches import OnInvalid as OnInvalid
 from .._core.policy import DLQ_DEFAULT
 from .._url import check_url
+from ._core.batches import OnInvalid as OnInvalid
 from ._store import check_location, child_location, is_local, normalize_location
 
 MAX_PREFETCH = 65535  # basic.qos prefetch-count is a short

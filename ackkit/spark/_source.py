@@ -33,9 +33,9 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 
-from .._core.batches import BatchPlan
 from ._available import RunnerConsumer
 from ._checkpoint import committed_end, query_id, recorded_queues
+from ._core.batches import BatchPlan
 from ._deploy import Owner, batch_to_offer, check_offset
 from ._faults import crash_point
 from ._ipc import IpcServer

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from .._core.stream_offsets import Range, RangeCursor
+from ._core.stream_offsets import Range, RangeCursor
 from ._stream_client import closed, discard, refused, rstream, unsubscribe
 
 log = logging.getLogger("ackkit.spark.streams")

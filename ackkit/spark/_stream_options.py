@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .._core.batches import OnInvalid
-from .._core.stream_offsets import StartFrom, StartingPosition
 from .._url import check_url
 from ..streams import stream_connection
+from ._core.batches import OnInvalid
+from ._core.stream_offsets import StartFrom, StartingPosition
 from ._options import _flag, _int
 from ._store import check_location
 

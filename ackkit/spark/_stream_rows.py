@@ -26,7 +26,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from .._core import amqp10
+from ._core import amqp10
 from ._rows import decode
 from ._schema import _micros, _timestamps, header_text, model_columns
 

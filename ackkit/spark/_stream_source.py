@@ -33,9 +33,10 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from .._core.batches import OnInvalid
 from .._core.headers import REASON
-from .._core.stream_offsets import (
+from . import _stream_broker as io
+from ._core.batches import OnInvalid
+from ._core.stream_offsets import (
     DataLossError,
     Loss,
     Range,
@@ -50,7 +51,6 @@ from .._core.stream_offsets import (
     skip_lost,
     to_json,
 )
-from . import _stream_broker as io
 from ._schema import load_model
 from ._store import Store, child_location
 from ._stream_options import StreamSourceOptions

@@ -22,9 +22,9 @@ from .conftest import Broker, eventually
 
 pytest.importorskip("pyspark")  # ackkit.spark needs it at import time (no session is started)
 
-from ackkit._core.batches import BatchPlan
 from ackkit.spark import SourceOptions
 from ackkit.spark._available import RunnerConsumer
+from ackkit.spark._core.batches import BatchPlan
 from ackkit.spark._rows import Item
 
 pytestmark = pytest.mark.contract

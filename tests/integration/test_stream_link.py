@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from ackkit._core.stream_offsets import Range
 from ackkit.spark import _stream_broker as io
+from ackkit.spark._core.stream_offsets import Range
 from ackkit.streams import stream_connection
 from tests._streams import declare_stream, delete_queues, publish, read_all
 
@@ -151,7 +151,7 @@ def test_a_read_in_progress_fails_fast_when_its_connection_is_lost(
 
 
 def test_parts_come_in_order_while_the_range_is_read(stream_broker: Any, stream: str) -> None:
-    from ackkit._core.stream_offsets import RangeCursor
+    from ackkit.spark._core.stream_offsets import RangeCursor
 
     node = stream_broker
     truth = read_all(node.url, node.stream_port, stream)
@@ -180,7 +180,7 @@ def test_parts_come_in_order_while_the_range_is_read(stream_broker: Any, stream:
 
 
 def test_a_part_reader_raises_the_read_error_after_its_parts(stream_broker: Any) -> None:
-    from ackkit._core.stream_offsets import RangeCursor
+    from ackkit.spark._core.stream_offsets import RangeCursor
 
     link = _link(stream_broker)
     missing = f"link-missing-{uuid.uuid4().hex[:8]}"

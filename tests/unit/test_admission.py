@@ -1,4 +1,4 @@
-"""The admission decisions of the Spark queue source (ackkit/_core/admission.py), no broker.
+"""The admission decisions of the Spark queue source (ackkit/spark/_core/admission.py), no broker.
 
 `admit`: how many waiting deliveries a batch takes under maxMessagesPerTrigger and
 maxBytesPerTrigger. `AvailableNowRun`: which deliveries belong to a Trigger.AvailableNow
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ackkit._core.admission import AvailableNowRun, Limits, admit
+from ackkit.spark._core.admission import AvailableNowRun, Limits, admit
 
 sizes_st = st.lists(st.integers(0, 5000), max_size=60)
 limits_st = st.builds(Limits, st.integers(1, 30), st.one_of(st.none(), st.integers(1, 20_000)))

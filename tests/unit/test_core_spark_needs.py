@@ -7,10 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ackkit._core.actions import Ack, Republish
-from ackkit._core.batches import Admission, BatchLedger, OnInvalid
 from ackkit._core.errors import BadPayload
 from ackkit._core.listener import ListenerCore, Tracked
 from ackkit._core.policy import FlushPolicy, ListenerPolicy
+from ackkit.spark._core.batches import Admission, BatchLedger, OnInvalid
 
 
 def make_core(prefetch: int = 1000) -> ListenerCore:

@@ -1,4 +1,4 @@
-"""The stream source's offset planning (ackkit._core.stream_offsets): pure decisions."""
+"""The stream source's offset planning (ackkit.spark._core.stream_offsets): pure decisions."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ackkit._core.stream_offsets import (
+from ackkit.spark._core.stream_offsets import (
     Loss,
     Range,
     RangeCursor,

@@ -9,8 +9,8 @@ rstream = pytest.importorskip("rstream")
 
 from rstream._pyamqp.message import Properties  # noqa: E402
 
-from ackkit._core.batches import OnInvalid  # noqa: E402
-from ackkit._core.stream_offsets import StartFrom  # noqa: E402
+from ackkit.spark._core.batches import OnInvalid  # noqa: E402
+from ackkit.spark._core.stream_offsets import StartFrom  # noqa: E402
 from ackkit.spark._stream_options import StreamSourceOptions  # noqa: E402
 from ackkit.spark._stream_rows import StreamRowSchema, record  # noqa: E402
 from ackkit.streams import partition_for, stream_connection  # noqa: E402

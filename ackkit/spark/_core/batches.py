@@ -28,10 +28,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from .actions import Action
-from .errors import BadPayload
-from .listener import ListenerCore, Tracked
-from .policy import FlushPolicy
+from ..._core.actions import Action
+from ..._core.errors import BadPayload
+from ..._core.listener import ListenerCore, Tracked
+from ..._core.policy import FlushPolicy
 
 
 class OnInvalid(str, Enum):

@@ -1,0 +1,8 @@
+"""The Spark sources' own sans-I/O decisions: which deliveries a batch admits
+(`admission`), what a batch holds and what it may ack once committed (`batches`), the
+stream source's offset ranges (`stream_offsets`) and its AMQP 1.0 record reader
+(`amqp10`).
+
+Like `ackkit._core` (the consumer library's core, which these build on), nothing here
+does I/O or imports a client library; only the Spark sources use it.
+"""
