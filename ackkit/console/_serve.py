@@ -91,7 +91,7 @@ def from_options(
     with what to change when they do not fit together)."""
     names = list(dlqs)
     if app_target:
-        from .._cli_run import load_app
+        from ..cli._run import load_app
 
         app = load_app(app_target)
         url = url or str(app.url)

@@ -66,7 +66,7 @@ def test_with_message_ids_the_table_fits(message_id: str) -> None:
 
 def test_what_gives_way_first() -> None:
     """The error type's module, then the message id's end, then the columns of LEFT_OUT."""
-    from ackkit._cli_output import dead_letter_table
+    from ackkit.cli._output import dead_letter_table
 
     row = ["m-1", 5, "payments.errors.CardDeclined", "attempts exhausted (5 of 5)", "q"]
     row += ["2026-11-26T06:49:03.123+00:00", None, "card 4242 declined"]

@@ -23,7 +23,8 @@ from typer.testing import CliRunner
 
 import ackkit
 from ackkit._asyncapi import document, to_yaml
-from ackkit._cli_output import (
+from ackkit.cli import build_cli
+from ackkit.cli._output import (
     Column,
     OutputFormat,
     fit_widths,
@@ -31,7 +32,6 @@ from ackkit._cli_output import (
     table,
     tsv,
 )
-from ackkit.cli import build_cli
 
 REPO = Path(__file__).resolve().parents[2]
 cells = st.one_of(
@@ -366,7 +366,7 @@ def test_run_log_level_and_bad_options(tmp_path: Path) -> None:
 def test_startup_timeout_is_set_on_apps_with_frozen_settings_or_attributes() -> None:
     import dataclasses
 
-    from ackkit._cli_run import set_startup_timeout
+    from ackkit.cli._run import set_startup_timeout
 
     @dataclasses.dataclass(frozen=True)
     class Settings:

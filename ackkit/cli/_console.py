@@ -15,7 +15,7 @@ def add_console(cli: typer.Typer, *, err: Callable[[], Any], fail: Callable[...,
     console and `fail` the error exit, as in `build_cli`."""
     import typer
 
-    from ._dlq import safe_error
+    from ..dead_letters._queue import safe_error
 
     @cli.command("console")
     def console(
@@ -41,7 +41,7 @@ def add_console(cli: typer.Typer, *, err: Callable[[], Any], fail: Callable[...,
     ) -> None:
         """A web console for dead letters: overview, failure groups, replay, delete, export."""
         try:
-            from .console._serve import from_options, serve
+            from ..console._serve import from_options, serve
 
             broker, names, access = from_options(
                 url=url,

@@ -25,10 +25,11 @@ import sys
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
-from ._cli_console import add_console
-from ._cli_outbox import add_outbox
-from ._cli_output import OutputFormat
-from ._cli_run import (
+from .._url import mask_text, mask_url
+from ._console import add_console
+from ._outbox import add_outbox
+from ._output import OutputFormat
+from ._run import (
     LOG_LEVELS,
     configure_logging,
     load_app,
@@ -37,7 +38,6 @@ from ._cli_run import (
     set_startup_timeout,
     stopped_line,
 )
-from ._url import mask_text, mask_url
 
 if TYPE_CHECKING:
     import typer
@@ -62,7 +62,7 @@ def _safe(text: str, url: str) -> str:
 def _flow_printer(console: Any) -> Any:
     """An event observer printing a line when a listener is paused, resumed, tripped,
     probing or recovered (not called for healthy messages)."""
-    from ._logs import flow_line
+    from .._logs import flow_line
 
     def show(ev: Any) -> None:
         line = flow_line(ev)
@@ -79,8 +79,11 @@ def build_cli() -> typer.Typer:
     from rich.console import Console
     from rich.markup import escape
 
-    from . import __version__
-    from ._cli_output import (
+    from .. import __version__
+    from .._queues import SOURCES, QueueSourceError, list_queues
+    from ..dead_letters._letter import ReplayFilter
+    from ..dead_letters._queue import DeadLetterQueue, safe_error
+    from ._output import (
         DEAD_LETTER_FIELDS,
         Column,
         dead_letter_table,
@@ -89,9 +92,6 @@ def build_cli() -> typer.Typer:
         table,
         tsv,
     )
-    from ._dead_letters import ReplayFilter
-    from ._dlq import DeadLetterQueue, safe_error
-    from ._queues import SOURCES, QueueSourceError, list_queues
 
     def err() -> Console:  # made per call: the width and the streams are the caller's now
         return Console(stderr=True, highlight=False, soft_wrap=True)
@@ -311,7 +311,7 @@ def build_cli() -> typer.Typer:
         shown = mask_url(str(getattr(app, "url", "")))
         if metrics_port is not None:
             try:
-                from .metrics import PrometheusMetrics
+                from ..metrics import PrometheusMetrics
 
                 PrometheusMetrics(app).serve(metrics_port, metrics_addr)
             except (ImportError, OSError) as exc:
@@ -340,7 +340,7 @@ def build_cli() -> typer.Typer:
         version: str = typer.Option("1.0.0", "--app-version", help="info.version."),
     ) -> None:
         """Write an AsyncAPI 3.0 document of the app's listeners (nothing is connected)."""
-        from ._asyncapi import document, to_yaml
+        from .._asyncapi import document, to_yaml
 
         if fmt not in ("json", "yaml"):
             raise fail("--format must be json or yaml", "", 2)
@@ -374,7 +374,3 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2) from None
     cli = build_cli()
     cli(args=argv, prog_name="ackkit")
-
-
-if __name__ == "__main__":
-    main()
