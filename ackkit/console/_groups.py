@@ -14,7 +14,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from .._dead_letters import DeadLetter
+from ..dead_letters._letter import DeadLetter
 
 MESSAGE_MAX = 200
 """Characters of a normalised message kept (a group is named by it)."""

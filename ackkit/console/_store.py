@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._dead_letters import DeadLetter
+from ..dead_letters._letter import DeadLetter
 from ._groups import GroupKey
 
 

@@ -2,7 +2,7 @@
 
 publish a message (JSON, a pydantic model, text or raw bytes with properties
 and headers), read a queue or a dead-letter queue (each dead letter read by the
-DLQ tool's total reader, `ackkit._dead_letters.describe`), and wait for queue
+DLQ tool's total reader, `ackkit.dead_letters._letter.describe`), and wait for queue
 counts or any condition, blocking or with `await`.
 """
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .._core.errors import MessageUnroutable
-from .._dead_letters import DeadLetter, describe
+from ..dead_letters._letter import DeadLetter, describe
 from ._errors import BrokerError
 from ._queries import QueueCounts
 

@@ -26,8 +26,8 @@ from typer.testing import CliRunner
 import ackkit
 from ackkit._core import headers as H
 from ackkit._core.errors import SettleNotAllowed
-from ackkit._dlq import DeadLetterQueue, inspect_dead_letters, replay_dead_letters
 from ackkit.cli import build_cli
+from ackkit.dead_letters._queue import DeadLetterQueue, inspect_dead_letters, replay_dead_letters
 from tests.contract.conftest import Broker, LoopThread, Runtime
 
 pytestmark = [pytest.mark.integration]

@@ -9,7 +9,7 @@ import pika
 import pytest
 from _retry_support import channel, drain
 
-from ackkit._dlq import DeadLetterQueue
+from ackkit.dead_letters._queue import DeadLetterQueue
 from tests.adversarial.rawamqp import Field
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,7 @@ from _retry_support import REPO, drain, header_text, peek, publish, wait_until
 
 from ackkit import App, Consumer, Delivery, Retry
 from ackkit._core import headers as H
-from ackkit._dlq import DeadLetterQueue, inspect_dead_letters, replay_dead_letters
+from ackkit.dead_letters._queue import DeadLetterQueue, inspect_dead_letters, replay_dead_letters
 
 pytestmark = pytest.mark.integration
 
@@ -164,7 +164,7 @@ def test_replay_interrupted_by_an_exception_loses_nothing(rabbitmq: Any, fresh_q
 
 KILLABLE = """
 import sys, time
-from ackkit._dlq import DeadLetterQueue
+from ackkit.dead_letters._queue import DeadLetterQueue
 url, queue, to = sys.argv[1:4]
 def slow(dl, target):
     print(dl.message_id, flush=True)

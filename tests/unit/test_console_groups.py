@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ackkit._core import headers as H
-from ackkit._dead_letters import describe
 from ackkit.console._groups import MESSAGE_MAX, group_key, normalise
 from ackkit.console._store import Store
+from ackkit.dead_letters._letter import describe
 
 words = st.text(alphabet=st.characters(categories=["L", "P", "Zs"]), max_size=12).filter(
     lambda w: not re.search(r"['\"\d]", w)

@@ -16,8 +16,8 @@ pytest.importorskip("starlette", reason="the console extra is not installed")
 from starlette.testclient import TestClient
 
 from ackkit._core import headers as H
-from ackkit._dead_letters import describe
 from ackkit.console import Access, ActionResult, Store, create_app, group_key
+from ackkit.dead_letters._letter import describe
 
 URL = "amqp://ops:s3cret-pw@127.0.0.1:5672/%2f"
 DLQ = "orders.dlq"

@@ -14,7 +14,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ackkit._core import deaths, wire
-from ackkit._dead_letters import describe, replay_target
+from ackkit.dead_letters._letter import describe, replay_target
 from tests.unit.test_dlq_headers import values
 
 names = st.text(

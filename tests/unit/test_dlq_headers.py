@@ -11,7 +11,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ackkit._core import headers as H
-from ackkit._dead_letters import TEXT_MAX, describe, replay_headers
+from ackkit.dead_letters._letter import TEXT_MAX, describe, replay_headers
 
 # Every kind of value pika decodes a field table into.
 scalars = st.one_of(

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ackkit._core import headers as H
-from ackkit._dead_letters import describe, replay_target
+from ackkit.dead_letters._letter import describe, replay_target
 from tests.unit.test_dlq_headers import values
 
 names = st.text(

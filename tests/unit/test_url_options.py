@@ -64,7 +64,7 @@ def test_other_query_parameters_are_left_to_the_client(builder: str) -> None:
 
 def test_pull_connections_and_the_dlq_tool_check_the_query_too() -> None:
     from ackkit import connect
-    from ackkit._dlq import DeadLetterQueue
+    from ackkit.dead_letters._queue import DeadLetterQueue
 
     bad = "amqp://localhost/%2f?heartbeat=abc"
     with pytest.raises(ValueError, match="heartbeat"), connect(bad):

@@ -1,4 +1,4 @@
-"""Reading dead-letter headers of any shape (moved out of `_dead_letters.py`): the
+"""Reading dead-letter headers of any shape (moved out of `_letter.py`): the
 total `_Reader`; the broker's x-death records are read by the core (`_core/deaths.py`).
 
 No I/O; never raises on header values.
@@ -11,7 +11,7 @@ import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
-from ._core import deaths
+from .._core import deaths
 
 TEXT_MAX = 2_000
 """Characters of one header value a DeadLetter keeps (the rest is cut, with a note)."""

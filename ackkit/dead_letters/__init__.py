@@ -1,8 +1,8 @@
 """Tools for dead-lettered messages: read what a dead-letter queue holds (and why each
 message is there), and replay chosen ones to their queue."""
 
-from ._dead_letters import DeadLetter, ReplayFilter, ReplayReport
-from ._dlq import DeadLetterQueue, inspect_dead_letters, replay_dead_letters
+from ._letter import DeadLetter, ReplayFilter, ReplayReport
+from ._queue import DeadLetterQueue, inspect_dead_letters, replay_dead_letters
 
 __all__ = [
     "DeadLetter",

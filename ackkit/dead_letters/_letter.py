@@ -1,6 +1,6 @@
 """What a dead letter says, read from headers of any shape; which copies a replay takes.
 
-No I/O here (the DLQ tool in `_dlq.py` does it with pika). Reading is total:
+No I/O here (the DLQ tool in `_queue.py` does it with pika). Reading is total:
 headers of any type (bytes where text belongs, invalid UTF-8, a garbage
 x-death, ackkit's own headers with the wrong type) give a DeadLetter with
 what could be read, and `notes` list what could not.
@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._core import deaths
-from ._core import headers as H
-from ._dead_letter_read import TEXT_MAX as TEXT_MAX  # re-exported: the tests read it here
-from ._dead_letter_read import (
+from .._core import deaths
+from .._core import headers as H
+from ._read import TEXT_MAX as TEXT_MAX  # re-exported: the tests read it here
+from ._read import (
     _int,
     _last_death,
     _or_death_queue,

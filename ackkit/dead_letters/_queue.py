@@ -1,7 +1,7 @@
 """Dead-letter queue tool: inspect what died and why, replay it to where it came from.
 
 What a dead letter says and which copies a replay takes is read in
-`_dead_letters.py`; this module does the I/O with pika.
+`_letter.py`; this module does the I/O with pika.
 
 Nothing is lost by construction:
 
@@ -25,9 +25,12 @@ from typing import Any
 import pika
 import pika.exceptions
 
-from ._core import checks as C
-from ._core import wire
-from ._dead_letters import (
+from .._core import checks as C
+from .._core import wire
+from .._sync import _frames as frames
+from .._sync._pika import blocking_connection, copy_properties, parameters
+from .._url import check_url, mask_text
+from ._letter import (
     DeadLetter,
     ReplayFilter,
     ReplayReport,
@@ -35,9 +38,6 @@ from ._dead_letters import (
     replay_headers,
     replay_target,
 )
-from ._sync import _frames as frames
-from ._sync._pika import blocking_connection, copy_properties, parameters
-from ._url import check_url, mask_text
 
 
 def _now() -> str:
