@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,30 @@ app = {cls}(os.environ["T_URL"], shutdown_timeout=5)
 """
 
 
+def run_until_sigterm(
+    target: str, cwd: Path, env: dict[str, str], meanwhile: Callable[[], None]
+) -> tuple[int, str, str]:
+    """`ackkit run TARGET` in `cwd`: `meanwhile()` while it runs, then SIGTERM; its exit
+    code, stdout and stderr (killed if anything failed on the way)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ackkit.cli", "run", target],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        meanwhile()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc.returncode, out, err
+
+
 @pytest.mark.parametrize("cls", ["App", "AsyncApp"])
 def test_run_logs_once_prefixed_and_ends_with_a_stopped_line(
     rabbitmq: Any, queue_factory: Any, tmp_path: Path, cls: str
@@ -39,26 +64,16 @@ def test_run_logs_once_prefixed_and_ends_with_a_stopped_line(
     asyn = "async " if cls == "AsyncApp" else ""
     (tmp_path / "svc.py").write_text(MODULE.format(cls=cls, asyn=asyn))
     env = {**os.environ, "T_URL": rabbitmq.url, "T_QUEUE": q, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ackkit.cli", "run", "svc:app"],
-        cwd=tmp_path,
-        env=env,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+
+    def meanwhile() -> None:
         rabbitmq.wait_for(q, consumers=1, timeout=30)
         for i in (1, 2, 3):
             rabbitmq.publish(q, {"id": i})
         rabbitmq.wait_for(f"{q}.dlq", ready=1, timeout=15)
         rabbitmq.wait_for(q, ready=0, unacked=0, timeout=15)
-        proc.send_signal(signal.SIGTERM)
-        _out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, err
+
+    code, _out, err = run_until_sigterm("svc:app", tmp_path, env, meanwhile)
+    assert code == 0, err
     assert "ackkit: ackkit:" not in err, err
     assert re.search(r"INFO +ackkit: 1 (async )?listener\(s\) consuming", err), err
     lines = err.strip().splitlines()
@@ -87,25 +102,14 @@ def test_run_calls_the_factory_of_the_running_guide(
         "from svc import create_app as make\n\ndef create_app(name):\n    return make()\n"
     )
     env = {**os.environ, "AMQP_URL": rabbitmq.url, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ackkit.cli", "run", "svc:create_app"],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+
+    def meanwhile() -> None:
         rabbitmq.wait_for(q, consumers=1, timeout=30)
         rabbitmq.publish_many(q, [{"id": 1}, {"id": 2}])
         rabbitmq.wait_for(q, ready=0, unacked=0, timeout=15)
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, err
+
+    code, out, err = run_until_sigterm("svc:create_app", tmp_path, env, meanwhile)
+    assert code == 0, err
     assert out.splitlines() == ["order 1", "order 2"], out
     assert err.strip().splitlines()[-1] == (
         "ackkit: stopped svc:create_app: 2 received, 2 acked, 0 retried, 0 dead-lettered, "
