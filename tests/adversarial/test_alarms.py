@@ -99,8 +99,10 @@ def test_pull_publish_timeout_holds_and_close_is_bounded(
             lt.run(aconn.close())
         closed = time.monotonic() - t
         print(f"FIG pull-timeout {runtime.kind}: raised after {took:.2f} s, close {closed:.2f} s")
-        assert 2.5 < took < 6, took
-        assert closed < 11, closed
+        # Not before the timeout; bounded (a hang would be forever), with room for a loaded
+        # machine.
+        assert 2.5 < took < 20, took
+        assert closed < 30, closed
     # The publish may or may not have been stored (PublishNotConfirmed says so): at most one.
     time.sleep(1)
     assert broker.counts(q).total <= 1
@@ -157,7 +159,9 @@ def test_no_original_is_acked_before_its_copy_is_confirmed_and_stop_is_bounded(
         "attempts exhausted (1 of 1)",
         "attempts exhausted (2 of 1: 1 more after an outcome that did not reach the broker)",
     }, reasons
-    assert took < 5 + MAX_OVERRUN + 0.5, took  # shutdown_timeout + the stop budget's overrun
+    # shutdown_timeout + the stop budget's overrun, + room for a loaded machine (a hung stop
+    # under the alarm never ends)
+    assert took < 5 + MAX_OVERRUN + 10, took
 
 
 def _text(value: Any) -> str:
@@ -223,6 +227,6 @@ def test_sigterm_under_an_alarm_stops_in_bounded_time_and_acks_nothing_uncopied(
         # shutdown_timeout + the stop budget's overrun, + the interpreter's exit (a process
         # start-up and teardown: seconds on a loaded 2-core machine; the stop itself is
         # bounded tighter in-process above). Not hung: a hung stop would take the 60 s.
-        assert took < 5 + MAX_OVERRUN + 5, (took, err[-2000:])
+        assert took < 5 + MAX_OVERRUN + 20, (took, err[-2000:])
         assert broker.counts(q).total == 10
         assert broker.counts(f"{q}.dlq").total == 0

@@ -140,7 +140,7 @@ def test_a_deleted_queue_with_declare_false_stops_the_app_with_the_reason(
     )
     assert isinstance(caught, ConsumeRefused), caught
     assert "NOT_FOUND" in str(caught) and "declare=False" in str(caught)
-    assert took < 10, took
+    assert took < 30, took  # a listener that looked alive would never stop
     assert len([r for r in caplog.records if "cannot consume" in r.getMessage()]) == 1
 
 
@@ -155,13 +155,13 @@ def test_no_read_permission_fails_start_with_the_brokers_reason(
         # may configure and write everything, may read nothing
         h.ctl("set_permissions", "-p", h.vhost, user, ".*", ".*", "^$")
         runtime.url = h.url.replace("guest:guest", f"{user}:pw")
-        app = runtime.app(startup_timeout=30)
+        app = runtime.app(startup_timeout=120)
         runtime.listen(app, q, Seen().behaviour(), dict, dead_letter=None)
         t = time.monotonic()
         with pytest.raises(ConsumeRefused, match="ACCESS_REFUSED") as err:
             start(runtime, app)
         print(f"FIG no-read {runtime.kind}: {time.monotonic() - t:.2f} s, {err.value}")
-        assert time.monotonic() - t < 5  # promptly, not after startup_timeout
+        assert time.monotonic() - t < 30  # promptly, not after startup_timeout (120 s)
         assert user in str(err.value) and q in str(err.value)
         assert not app.is_running  # type: ignore[attr-defined]
         assert broker.counts(q).consumers == 0
@@ -253,14 +253,14 @@ def test_more_listeners_than_channel_max_fail_start_naming_the_numbers(
     qs = [queue_factory(declare=True) for _ in range(3)]
     h.ctl("eval", "application:set_env(rabbit, channel_max, 3).")
     try:
-        app = runtime.app(startup_timeout=30)
+        app = runtime.app(startup_timeout=120)
         for q in qs:
             runtime.listen(app, q, Seen().behaviour(), dict, dead_letter=None)
         t = time.monotonic()
         with pytest.raises(FatalConnectError, match=r"needs 7 channels .*channel_max=3") as err:
             start(runtime, app)
         print(f"FIG channel-max {runtime.kind}: {time.monotonic() - t:.2f} s, {err.value}")
-        assert time.monotonic() - t < 5
+        assert time.monotonic() - t < 30  # promptly, not after startup_timeout (120 s)
     finally:
         h.ctl("eval", "application:set_env(rabbit, channel_max, 2047).")
     assert all(broker.counts(q).consumers == 0 for q in qs)

@@ -57,7 +57,7 @@ def test_declare_false_on_a_missing_queue_fails_start_fast_and_declares_nothing(
     async def handle(payload: Any, d: Delivery, io: IO) -> None:
         ran.add()
 
-    app = runtime.app(startup_timeout=30.0)
+    app = runtime.app(startup_timeout=120.0)
     runtime.listen(app, other, handle, Any, retry=Retry(max_attempts=3, initial_interval=0.1))
     runtime.listen(
         app,
@@ -70,7 +70,9 @@ def test_declare_false_on_a_missing_queue_fails_start_fast_and_declares_nothing(
     with pytest.raises(TopologyConflict) as info, runtime.running(app):
         pytest.fail("start() succeeded on a missing declare=False queue")
     took = time.monotonic() - t0
-    assert took < 5.0, f"start() took {took:.1f} s to refuse"
+    # At once, not after the startup timeout of retrying (120 s): the ceiling is generous
+    # for a loaded machine and still far from it.
+    assert took < 30.0, f"start() took {took:.1f} s to refuse"
     msg = str(info.value)
     assert repr(missing) in msg and "declare=False" in msg
     assert not app.is_running  # type: ignore[attr-defined]
