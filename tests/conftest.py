@@ -74,8 +74,29 @@ def pytest_report_header(config: pytest.Config) -> str:
     )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """In fuzz mode, tests that set their own max_examples get FUZZ times as many too."""
+# The contract and adversarial suites run each test on a real RabbitMQ and on the kit's
+# in-memory broker (the `transport` / `version_transport` parameters). The in-memory runs
+# do not depend on the leg's broker: with ACKKIT_TEST_IN_MEMORY=0 a leg leaves them out
+# (make test's 4.3 leg: the 3.10 leg runs them).
+IN_MEMORY = os.environ.get("ACKKIT_TEST_IN_MEMORY", "1") != "0"
+_MEMORY_TRANSPORTS = frozenset({"memory", "memory-4.3"})
+
+
+def _in_memory_transport(item: pytest.Item) -> bool:
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return any(
+        params.get(name) in _MEMORY_TRANSPORTS for name in ("transport", "version_transport")
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Leave out the in-memory transport's runs where the leg says so (above); in fuzz
+    mode, tests that set their own max_examples get FUZZ times as many too."""
+    if not IN_MEMORY:
+        gone = [item for item in items if _in_memory_transport(item)]
+        if gone:
+            config.hook.pytest_deselected(items=gone)
+            items[:] = [item for item in items if not _in_memory_transport(item)]
     if not FUZZ:
         return
     for item in items:
