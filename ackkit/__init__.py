@@ -16,14 +16,14 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from . import dead_letters, errors, flow, observability, pull, topology  # noqa: F401
+from ._app.handler import AckIndex
+from ._app.listener_values import Batch, Consumer, Flow, Publication, Queue
+from ._connection.tls import TLS
 from ._core.errors import DeadLetterMessage, RejectMessage, RequeueMessage, RetryLater
 from ._core.policy import AckMode, FlushPolicy, Retry, RetryStrategy, Unsettled
-from ._delivery import Delivery
-from ._handler import AckIndex
-from ._listener_values import Batch, Consumer, Flow, Publication, Queue
+from ._messages.delivery import Delivery
 from ._sync.app import App
 from ._sync.pull import connect
-from ._tls import TLS
 
 if TYPE_CHECKING:
     from ._async.app import AsyncApp

@@ -1,7 +1,7 @@
 """Flow control for a listener: `listener(flow=Flow(...))` with a circuit breaker, a
 rate limit or a serial key, and the states `App.flow_state()` reports."""
 
+from ._app.listener_values import Flow
 from ._core.flow import CircuitBreaker, FlowState, KeySource, RateLimit, SerialKey
-from ._listener_values import Flow
 
 __all__ = ["CircuitBreaker", "Flow", "FlowState", "KeySource", "RateLimit", "SerialKey"]

@@ -53,14 +53,14 @@ except ImportError as exc:  # pragma: no cover - exercised by the packaging test
         "ackkit.metrics needs prometheus-client: pip install 'ackkit[metrics]'", name=exc.name
     ) from exc
 
+from ._app.spec import AppBase, ListenerSpec
 from ._core.events import FRAME_BUCKETS, Stage
 from ._core.flow import FlowState
 from ._core.listener import ListenerCore
-from ._spec import AppBase, ListenerSpec
 
 if TYPE_CHECKING:
-    from ._delivery import DeliveryBase
-    from ._invocation import HandlerDone, HandlerProbe
+    from ._app.invocation import HandlerDone, HandlerProbe
+    from ._messages.delivery import DeliveryBase
 
 __all__ = ["DURATION_BUCKETS", "MetricsServer", "PrometheusMetrics"]
 

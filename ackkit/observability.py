@@ -2,7 +2,7 @@
 receives, their `Stage`s, and `mask_url` for logging a broker URL without its password.
 (Prometheus metrics: `ackkit.metrics`; OpenTelemetry: `ackkit.tracing`.)"""
 
+from ._connection.url import mask_url
 from ._core.events import Event, Stage
-from ._url import mask_url
 
 __all__ = ["Event", "Stage", "mask_url"]

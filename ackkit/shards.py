@@ -30,8 +30,8 @@ from typing import Any
 import pika
 import pika.exceptions
 
+from ._connection.url import mask_url
 from ._core.brokers import BrokerTraits, traits_of
-from ._url import mask_url
 
 _EXCHANGE_TYPES = {"modulus": "x-modulus-hash", "consistent": "x-consistent-hash"}
 

@@ -30,7 +30,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ._url import check_url
+from ._connection.url import check_url
 
 T = TypeVar("T")
 SEED = 104729

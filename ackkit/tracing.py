@@ -26,11 +26,11 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ._spec import AppBase, ListenerSpec
+from ._app.spec import AppBase, ListenerSpec
 
 if TYPE_CHECKING:
+    from ._app.invocation import HandlerProbe
     from ._core.listener import ListenerCore
-    from ._invocation import HandlerProbe
 
 __all__ = ["OpenTelemetryTracing"]
 
@@ -51,7 +51,7 @@ class OpenTelemetryTracing:
 
     def _instrument(self, spec: ListenerSpec, core: ListenerCore) -> HandlerProbe | None:
         try:
-            from ._otel import make_probe, tracer_for
+            from ._telemetry.otel import make_probe, tracer_for
         except ImportError:
             log.info("ackkit tracing is off: opentelemetry-api is not installed")
             return None

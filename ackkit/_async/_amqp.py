@@ -21,6 +21,10 @@ from aiormq.abc import AbstractChannel, AbstractConnection
 from pamqp import commands as spec
 from yarl import URL
 
+from .._connection.inmemory import broker_for
+from .._connection.io import ConnectFailed, FatalConnectError
+from .._connection.tls import client_tls, handshake_hint, tls_failure
+from .._connection.url import mask_text, mask_url
 from .._core import copies, wire
 from .._core.actions import Republish
 from .._core.errors import TopologyConflict
@@ -36,11 +40,7 @@ from .._core.exchanges import (
     queue_conflict,
 )
 from .._core.listener import QueueSpec, missing_queue
-from .._delivery import DeliveryBase
-from .._inmemory import broker_for
-from .._io import ConnectFailed, FatalConnectError
-from .._tls import client_tls, handshake_hint, tls_failure
-from .._url import mask_text, mask_url
+from .._messages.delivery import DeliveryBase
 from ._transport import SafeConnection
 
 log = logging.getLogger("ackkit")

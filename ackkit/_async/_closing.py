@@ -23,7 +23,7 @@ import logging
 import struct
 from typing import Any
 
-from .._wire import FRAME_METHOD
+from .._connection.salvage import FRAME_METHOD
 
 log = logging.getLogger("ackkit")
 

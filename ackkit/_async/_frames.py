@@ -10,7 +10,7 @@ ackkit's connections read the socket through `FrameFilter` (installed per
 connection with aiormq's `transport_factory` hook, by `SafeConnection`): it
 passes frames through unchanged, except one pamqp would fail on. Such a content
 header is replaced by one carrying only the properties that could be salvaged
-(`ackkit._wire`); such a basic.deliver / basic.get-ok by one whose names have
+(`ackkit._connection.salvage`); such a basic.deliver / basic.get-ok by one whose names have
 the undecodable bytes replaced. The reason is kept, per connection, under the
 delivery's channel and tag, where the consumer finds it (`unreadable()`) and
 passes it to `ListenerCore.receive`, which dead-letters the delivery.
@@ -36,8 +36,14 @@ from aiormq.abc import AbstractConnection
 from pamqp import commands as spec
 from pamqp.header import ContentHeader
 
-from .._logs import log_blocked
-from .._wire import FRAME_HEADER, FRAME_METHOD, describe, read_delivery_method, salvage_header
+from .._connection.salvage import (
+    FRAME_HEADER,
+    FRAME_METHOD,
+    describe,
+    read_delivery_method,
+    salvage_header,
+)
+from .._telemetry.logs import log_blocked
 
 _MAX_KEPT = 10_000  # reasons of deliveries nobody asked about (their channel closed first)
 

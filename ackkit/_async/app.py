@@ -11,9 +11,9 @@ import threading
 import typing
 from collections.abc import AsyncIterator
 
-from .._handler import Binding, annotated
-from .._publish import NOT_RUNNING, Outgoing, apublishes
-from .._spec import AppBase
+from .._app.handler import Binding, annotated
+from .._app.spec import AppBase
+from .._messages.publish import NOT_RUNNING, Outgoing, apublishes
 from . import flowing
 from .delivery import AsyncDelivery
 from .runtime import AsyncRuntime

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from .._delivery import DeliveryBase
+from .._messages.delivery import DeliveryBase
 
 
 class Batcher:

@@ -43,16 +43,16 @@ from typing import TYPE_CHECKING, Any
 import aiormq.exceptions
 from aiormq.abc import AbstractChannel, AbstractConnection, DeliveredMessage
 
+from .._app.spec import Instrument, ListenerSpec, probe_for
+from .._connection.salvage import describe
 from .._core.actions import Consume, TxSelect
 from .._core.consume import RETRY_DELAY, Consuming
 from .._core.events import Observer
 from .._core.listener import ListenerCore
 from .._core.policy import AckMode
-from .._delivery import Delivery, DeliveryBase
-from .._logs import FailureLog, log_cancel, short
-from .._publish import Outgoing
-from .._spec import Instrument, ListenerSpec, probe_for
-from .._wire import describe
+from .._messages.delivery import Delivery, DeliveryBase
+from .._messages.publish import Outgoing
+from .._telemetry.logs import FailureLog, log_cancel, short
 from . import _frames as frames
 from . import flowing, handlers, refusals
 from ._amqp import CHANNEL_GONE, ChannelNumbers

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol, cast
 
-from .._delivery import DeliveryBase
-from .._publish import Outgoing, apublishes, reply
+from .._messages.delivery import DeliveryBase
+from .._messages.publish import Outgoing, apublishes, reply
 
 
 class AsyncSettler(Protocol):

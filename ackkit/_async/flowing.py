@@ -17,7 +17,7 @@ from ._amqp import CHANNEL_GONE
 if TYPE_CHECKING:
     from aiormq.abc import AbstractChannel
 
-    from .._delivery import DeliveryBase
+    from .._messages.delivery import DeliveryBase
     from .consumer import AsyncConsumer, Unit
 
 CANCEL_TIMEOUT = 5.0

@@ -19,14 +19,14 @@ import asyncio
 import traceback
 from typing import TYPE_CHECKING, Any
 
+from .._app.invocation import Invocation
 from .._core.actions import Action
 from .._core.outcome import Outcome
-from .._invocation import Invocation
 from ..inbox._run import DatabaseDown
 from . import cancels, flowing
 
 if TYPE_CHECKING:
-    from .._delivery import DeliveryBase
+    from .._messages.delivery import DeliveryBase
     from .consumer import AsyncConsumer
 
 

@@ -13,7 +13,7 @@ from ._amqp import ChannelNumbers
 from .settling import SettlerHost
 
 if TYPE_CHECKING:
-    from .._publish import Outgoing
+    from .._messages.publish import Outgoing
     from .consumer import AsyncConsumer
 
 

@@ -20,9 +20,9 @@ from aiormq.abc import AbstractChannel, AbstractConnection
 from .._core.actions import Action, Republish
 from .._core.errors import PublishNotConfirmed
 from .._core.listener import ListenerCore
-from .._delivery import DeliveryBase
-from .._logs import short
-from .._publish import Outgoing, failure, not_confirmed
+from .._messages.delivery import DeliveryBase
+from .._messages.publish import Outgoing, failure, not_confirmed
+from .._telemetry.logs import short
 from ._amqp import CHANNEL_GONE, ChannelNumbers, WireProperties, confirmed_publish, publish_copy
 from .settling import ChannelSettler
 

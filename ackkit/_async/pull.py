@@ -20,16 +20,16 @@ import aio_pika
 from aiormq.abc import AbstractChannel, AbstractConnection
 from pamqp import commands as spec
 
+from .._connection.tls import TLS, client_tls
+from .._connection.url import check_url, mask_url
 from .._core import checks as C
 from .._core.actions import Action
 from .._core.brokers import traits_of
 from .._core.errors import PublishNotConfirmed, SettleNotAllowed
 from .._core.listener import ListenerCore
 from .._core.policy import DLQ_DEFAULT, ListenerPolicy
-from .._delivery import DeliveryBase
-from .._publish import Outgoing, apublishes
-from .._tls import TLS, client_tls
-from .._url import check_url, mask_url
+from .._messages.delivery import DeliveryBase
+from .._messages.publish import Outgoing, apublishes
 from . import _frames as frames
 from ._amqp import CHANNEL_GONE, ChannelNumbers, open_connection
 from .delivery import AsyncDelivery

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 import aiormq.exceptions
 from aiormq.abc import AbstractChannel, AbstractConnection
 
+from .._connection.url import mask_text
 from .._core.consume import ConsumeMove
 from .._core.errors import TopologyConflict
-from .._url import mask_text
 from ._amqp import CHANNEL_GONE
 
 if TYPE_CHECKING:

@@ -27,6 +27,17 @@ import aio_pika
 from aiormq.abc import AbstractConnection
 from tenacity import AsyncRetrying, retry_if_exception_type
 
+from .._app.declaring import declaration
+from .._app.settings import Settings
+from .._app.spec import Instrument, ListenerSpec
+from .._connection.io import (
+    TICK,
+    ConnectFailed,
+    FatalConnectError,
+    reconnect_logger,
+    reconnect_wait,
+)
+from .._connection.url import mask_text
 from .._core.brokers import traits_of
 from .._core.consume import check_channels, spare_channels
 from .._core.errors import TopologyConflict
@@ -35,14 +46,9 @@ from .._core.exchanges import Plan, plan
 from .._core.outcome import EXIT_SIGNALS
 from .._core.shutdown import LAST_COPIES
 from .._core.stop_budget import CONFIRM_WAIT, StopBudget, may_close
-from .._declaring import declaration
-from .._io import TICK, ConnectFailed, FatalConnectError, reconnect_logger, reconnect_wait
-from .._logs import log_stop
-from .._observers import observing
-from .._publish import EXCHANGE_CHANNELS, Outgoing, channel_for, not_confirmed
-from .._settings import Settings
-from .._spec import Instrument, ListenerSpec
-from .._url import mask_text
+from .._messages.publish import EXCHANGE_CHANNELS, Outgoing, channel_for, not_confirmed
+from .._telemetry.logs import log_stop
+from .._telemetry.observers import observing
 from . import cancels
 from ._amqp import CHANNEL_GONE, ChannelNumbers, declare_queues, open_connection
 from .consumer import CANCEL_TIMEOUT, AsyncConsumer
@@ -69,7 +75,8 @@ class AsyncRuntime:
         self.exchanges = plan((s.queue, s.binds) for s in specs) if topology is None else topology
         self.loop = asyncio.get_running_loop()
         # `observer` (ackkit's log lines) is called in place; the app's registered
-        # `observers` on a thread of their own, off the listeners' locks (`_observers`).
+        # `observers` on a thread of their own, off the listeners' locks
+        # (`ackkit._telemetry.observers`).
         observer, self.events = observing(observer, observers)
         # The app's messages, a channel per exchange (`channel_for`); the default
         # exchange's also carries a settler's copies.

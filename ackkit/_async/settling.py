@@ -39,8 +39,8 @@ from aiormq.abc import AbstractChannel
 from .._core import actions as A
 from .._core.actions import Action, Consume, Fence, Republish, Run, Start, TxCommit, TxSelect
 from .._core.listener import ListenerCore
-from .._delivery import DeliveryBase, Originals
-from .._logs import short
+from .._messages.delivery import DeliveryBase, Originals
+from .._telemetry.logs import short
 from ._amqp import CHANNEL_GONE
 
 log = logging.getLogger("ackkit")

@@ -165,7 +165,8 @@ def spare_channels(
     listeners: int, channel_max: int, per_listener: int = CHANNELS_PER_LISTENER
 ) -> int:
     """Channels the connection allows beyond those the app keeps open (`channels_needed`):
-    what the app's publishing channels per exchange may use (`_publish.channel_for`)."""
+    what the app's publishing channels per exchange may use
+    (`ackkit._messages.publish.channel_for`)."""
     return max(0, (channel_max or 65535) - channels_needed(listeners, per_listener))
 
 

@@ -6,7 +6,7 @@ deeper than the recursion limit) raises there and takes the whole connection
 down, and the broker hands the same message first again after the reconnect.
 `SafeSelectConnection` (a subclass, used only for ackkit's own connections)
 catches that for content-header frames and hands pika a header whose
-properties are what could be salvaged (`ackkit._wire`), marked with the reason:
+properties are what could be salvaged (`ackkit._connection.salvage`), marked with the reason:
 ackkit then dead-letters the delivery (`ListenerCore.receive(unreadable=...)`).
 
 pika reads a shortstr or a header name that is not UTF-8 as bytes rather than
@@ -25,8 +25,8 @@ import pika.data
 import pika.frame
 import pika.spec
 
+from .._connection.salvage import FRAME_HEADER, LATEST_TIMESTAMP, Salvage, describe, salvage_header
 from .._core import wire
-from .._wire import FRAME_HEADER, LATEST_TIMESTAMP, Salvage, describe, salvage_header
 
 
 class UnreadableProperties(pika.spec.BasicProperties):  # type: ignore[misc]

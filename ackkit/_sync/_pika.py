@@ -13,6 +13,8 @@ import pika
 import pika.exceptions
 import pika.frame
 
+from .._connection.inmemory import broker_for
+from .._connection.tls import client_tls
 from .._core import copies, wire
 from .._core.errors import TopologyConflict
 from .._core.exchanges import (
@@ -27,9 +29,7 @@ from .._core.exchanges import (
     queue_conflict,
 )
 from .._core.listener import QueueSpec, missing_queue
-from .._inmemory import broker_for
-from .._logs import log_blocked
-from .._tls import client_tls
+from .._telemetry.logs import log_blocked
 from ._frames import SafeSelectConnection
 
 NO_EXCHANGES = Plan()

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
-from .._handler import Binding
-from .._publish import NOT_RUNNING, Outgoing, publishes
-from .._spec import AppBase
+from .._app.handler import Binding
+from .._app.spec import AppBase
+from .._messages.publish import NOT_RUNNING, Outgoing, publishes
 from . import flowing
 from .consumer import Consumer
 from .runtime import Runtime

@@ -15,18 +15,18 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from .._app.invocation import Invocation
+from .._app.spec import Instrument, ListenerSpec, probe_for
+from .._connection.salvage import describe
 from .._core.actions import Republish, TxSelect
 from .._core.consume import Consuming
 from .._core.events import Observer
 from .._core.listener import ListenerCore
 from .._core.outcome import Outcome
 from .._core.policy import AckMode
-from .._delivery import Delivery, DeliveryBase
-from .._invocation import Invocation
-from .._logs import FailureLog
-from .._publish import Outgoing
-from .._spec import Instrument, ListenerSpec, probe_for
-from .._wire import describe
+from .._messages.delivery import Delivery, DeliveryBase
+from .._messages.publish import Outgoing
+from .._telemetry.logs import FailureLog
 from ..inbox._run import DatabaseDown
 from . import _frames as frames
 from . import flowing, refusals

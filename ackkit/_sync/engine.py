@@ -2,7 +2,7 @@
 
 Shared by the App's runtime and the Spark source's consumer: declare the
 topology on a short blocking connection, open a `FaithfulConnection`, run its
-I/O loop until the connection ends, reconnect with tenacity's backoff (`_io`),
+I/O loop until the connection ends, reconnect with tenacity's backoff (`ackkit._connection.io`),
 tick the listeners periodically, and let other threads hand work to the I/O
 thread (`call_soon`), the only thread that may touch pika. What happens on the
 connection (channels, consumers, the publisher) is the subclass's, through
@@ -22,10 +22,16 @@ import pika
 import pika.exceptions
 from tenacity import Retrying, retry_if_exception
 
+from .._connection.io import (
+    TICK,
+    ConnectFailed,
+    FatalConnectError,
+    reconnect_logger,
+    reconnect_wait,
+)
+from .._connection.tls import handshake_hint, tls_failure
+from .._connection.url import mask_text
 from .._core.errors import TopologyConflict
-from .._io import TICK, ConnectFailed, FatalConnectError, reconnect_logger, reconnect_wait
-from .._tls import handshake_hint, tls_failure
-from .._url import mask_text
 from ._pika import blocking_connection, select_connection
 
 log = logging.getLogger("ackkit")

@@ -39,7 +39,7 @@ from .._core.actions import (
     TxSelect,
 )
 from .._core.listener import ListenerCore
-from .._delivery import Originals
+from .._messages.delivery import Originals
 
 
 class IoThread(Protocol):

@@ -14,7 +14,7 @@ import queue as _queue
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .._delivery import Delivery
+    from .._messages.delivery import Delivery
     from .consumer import Consumer
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from .._publish import Outgoing
+    from .._messages.publish import Outgoing
     from .consumer import Consumer
 
 

@@ -25,8 +25,8 @@ from pika.spec import Basic
 
 from .._core.actions import Republish
 from .._core.errors import PublishError
-from .._logs import short
-from .._publish import Outgoing, failure
+from .._messages.publish import Outgoing, failure
+from .._telemetry.logs import short
 from . import _frames as frames
 from ._pika import WireProperties, copy_options, copy_properties
 from .executor import Executor

@@ -21,17 +21,17 @@ from typing import Any
 import pika
 import pika.exceptions
 
+from .._connection.io import FatalConnectError
+from .._connection.tls import TLS, client_tls, tls_failure
+from .._connection.url import check_url, mask_url
 from .._core import checks as C
 from .._core.actions import Action, Republish
 from .._core.brokers import traits_of
 from .._core.errors import SettleNotAllowed
 from .._core.listener import ListenerCore
 from .._core.policy import DLQ_DEFAULT, ListenerPolicy
-from .._delivery import Delivery, DeliveryBase
-from .._io import FatalConnectError
-from .._publish import Outgoing, not_confirmed, publishes
-from .._tls import TLS, client_tls, tls_failure
-from .._url import check_url, mask_url
+from .._messages.delivery import Delivery, DeliveryBase
+from .._messages.publish import Outgoing, not_confirmed, publishes
 from . import _frames as frames
 from ._pika import (
     blocking_connection,

@@ -15,7 +15,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from .._core.consume import ConsumeMove
-from .._logs import log_cancel
+from .._telemetry.logs import log_cancel
 
 if TYPE_CHECKING:
     from .consumer import Consumer

@@ -15,6 +15,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from .._app.declaring import declaration
+from .._app.settings import Settings
+from .._app.spec import Instrument, ListenerSpec
+from .._connection.io import ConnectFailed, FatalConnectError
 from .._core.brokers import traits_of
 from .._core.consume import check_channels, spare_channels
 from .._core.errors import TopologyConflict
@@ -23,14 +27,10 @@ from .._core.exchanges import Plan, plan
 from .._core.outcome import EXIT_SIGNALS
 from .._core.shutdown import LAST_COPIES
 from .._core.stop_budget import CONFIRM_WAIT, StopBudget, may_close
-from .._declaring import declaration
-from .._delivery import Delivery
-from .._io import ConnectFailed, FatalConnectError
-from .._logs import log_stop
-from .._observers import observing
-from .._publish import EXCHANGE_CHANNELS, Outgoing, channel_for, not_confirmed
-from .._settings import Settings
-from .._spec import Instrument, ListenerSpec
+from .._messages.delivery import Delivery
+from .._messages.publish import EXCHANGE_CHANNELS, Outgoing, channel_for, not_confirmed
+from .._telemetry.logs import log_stop
+from .._telemetry.observers import observing
 from . import flowing
 from ._pika import blocking_connection, declare_queues, drop, parameters
 from .consumer import Consumer
@@ -59,7 +59,8 @@ class Runtime(Engine):
         # Exchanges, bindings and the queues no listener consumes: the app's `_plan()`.
         self.exchanges = plan((s.queue, s.binds) for s in specs) if topology is None else topology
         # `observer` (ackkit's log lines) is called in place; the app's registered
-        # `observers` on a thread of their own, off the listeners' locks (`_observers`).
+        # `observers` on a thread of their own, off the listeners' locks
+        # (`ackkit._telemetry.observers`).
         observer, self.events = observing(observer, observers)
         self.consumers = [Consumer(self, s, observer, instruments) for s in specs]
         # The app's own messages, a channel per exchange (`channel_for`); each listener

@@ -25,7 +25,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
-from .._url import mask_text, mask_url
+from .._connection.url import mask_text, mask_url
 from ._console import add_console
 from ._outbox import add_outbox
 from ._output import OutputFormat
@@ -62,7 +62,7 @@ def _safe(text: str, url: str) -> str:
 def _flow_printer(console: Any) -> Any:
     """An event observer printing a line when a listener is paused, resumed, tripped,
     probing or recovered (not called for healthy messages)."""
-    from .._logs import flow_line
+    from .._telemetry.logs import flow_line
 
     def show(ev: Any) -> None:
         line = flow_line(ev)
@@ -80,7 +80,6 @@ def build_cli() -> typer.Typer:
     from rich.markup import escape
 
     from .. import __version__
-    from .._queues import SOURCES, QueueSourceError, list_queues
     from ..dead_letters._letter import ReplayFilter
     from ..dead_letters._queue import DeadLetterQueue, safe_error
     from ._output import (
@@ -92,6 +91,7 @@ def build_cli() -> typer.Typer:
         table,
         tsv,
     )
+    from ._queues import SOURCES, QueueSourceError, list_queues
 
     def err() -> Console:  # made per call: the width and the streams are the caller's now
         return Console(stderr=True, highlight=False, soft_wrap=True)
@@ -340,7 +340,7 @@ def build_cli() -> typer.Typer:
         version: str = typer.Option("1.0.0", "--app-version", help="info.version."),
     ) -> None:
         """Write an AsyncAPI 3.0 document of the app's listeners (nothing is connected)."""
-        from .._asyncapi import document, to_yaml
+        from .._app.asyncapi import document, to_yaml
 
         if fmt not in ("json", "yaml"):
             raise fail("--format must be json or yaml", "", 2)

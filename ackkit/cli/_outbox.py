@@ -18,7 +18,7 @@ def add_outbox(cli: typer.Typer, url_default: str, fail: Callable[..., Any]) -> 
     masked error exit)."""
     import typer
 
-    from .._url import mask_url
+    from .._connection.url import mask_url
     from ._run import LOG_LEVELS, configure_logging
 
     outbox = typer.Typer(help="The inbox's outbox (see ackkit.inbox).", no_args_is_help=True)
@@ -41,7 +41,7 @@ def add_outbox(cli: typer.Typer, url_default: str, fail: Callable[..., Any]) -> 
     ) -> None:
         """Send the outbox's messages (confirmed, oldest first, then deleted) until
         SIGINT/SIGTERM; --once: send what is there and exit."""
-        from .._url import check_url
+        from .._connection.url import check_url
         from ..inbox import Inbox
         from ..inbox._relay import run_relay
 

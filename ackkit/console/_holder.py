@@ -34,10 +34,10 @@ from typing import Any, TypeVar
 
 import pika.exceptions
 
+from .._connection.url import check_url, mask_text, mask_url
 from .._core import checks as C
 from .._sync import _frames as frames
 from .._sync._pika import blocking_connection, copy_properties, parameters
-from .._url import check_url, mask_text, mask_url
 from ..dead_letters._letter import describe, replay_headers, replay_target
 from ._confirms import WINDOW, ConfirmedPublisher, Copy
 from ._groups import group_key

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .._connection.url import mask_url
 from .._core import headers as H
 from .._sync._pika import PROPERTY_FIELDS
-from .._url import mask_url
 
 BODY_SHOWN = 64 * 1024
 """Bytes of a body shown on a dead letter's page (the export has all of it)."""

@@ -7,7 +7,7 @@ import socket
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._url import mask_url
+from .._connection.url import mask_url
 from ._holder import Holder
 from ._security import Access
 from ._store import Store

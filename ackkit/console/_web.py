@@ -24,8 +24,8 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from .._connection.url import mask_url
 from .._core import checks as C
-from .._url import mask_url
 from . import _render as R
 from ._holder import Counts
 from ._security import COOKIE, SECURITY_HEADERS, Access

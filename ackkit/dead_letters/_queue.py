@@ -25,11 +25,11 @@ from typing import Any
 import pika
 import pika.exceptions
 
+from .._connection.url import check_url, mask_text
 from .._core import checks as C
 from .._core import wire
 from .._sync import _frames as frames
 from .._sync._pika import blocking_connection, copy_properties, parameters
-from .._url import check_url, mask_text
 from ._letter import (
     DeadLetter,
     ReplayFilter,

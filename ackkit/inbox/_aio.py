@@ -9,11 +9,11 @@ import contextvars
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .._app.invocation import Invocation
+from .._connection.salvage import describe
 from .._core.inbox import probe_delay, retention_batches
 from .._core.outcome import Outcome, succeeded
-from .._invocation import Invocation
-from .._publish import Outgoing
-from .._wire import describe
+from .._messages.publish import Outgoing
 from ._options import Inbox
 from ._outbox import arelay_once, to_row
 from ._run import (
@@ -32,7 +32,7 @@ from ._sql import enqueue as enqueue_sql
 
 if TYPE_CHECKING:
     from .._async.consumer import AsyncConsumer
-    from .._delivery import DeliveryBase
+    from .._messages.delivery import DeliveryBase
 
 T = TypeVar("T")
 

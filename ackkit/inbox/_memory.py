@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from .._core.inbox import Fault
-from .._delivery import NO_DATABASE
+from .._messages.delivery import NO_DATABASE
 from ._options import MEMORY_SCHEME, Inbox
 
 _STORES: dict[str, MemoryInbox] = {}

@@ -8,12 +8,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .._connection.url import mask_url
 from .._core import checks as C
 from .._core.inbox import MissingKey, normalize_key
-from .._url import mask_url
 
 if TYPE_CHECKING:
-    from .._delivery import DeliveryBase
+    from .._messages.delivery import DeliveryBase
 
 DAY = 86_400.0
 DEFAULT_RETENTION = 7 * DAY

@@ -28,7 +28,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from .._core.outbox import Holds, missing_exchange
-from .._publish import Outgoing, outgoing
+from .._messages.publish import Outgoing, outgoing
 from ._sql import RELAY_LOCK, RELAY_UNLOCK, pending, sent
 from ._sql import enqueue as enqueue_sql
 

@@ -9,8 +9,8 @@ import contextlib
 import threading
 from typing import Any
 
+from .._connection.salvage import describe
 from .._core.inbox import probe_delay
-from .._wire import describe
 from ._options import Inbox
 from ._outbox import log, relay_once
 from ._sql import SCHEMA_LOCK, schema

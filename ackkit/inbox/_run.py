@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from .._connection.salvage import describe
 from .._core.actions import Action
 from .._core.errors import DeadLetterMessage
 from .._core.inbox import (
@@ -20,13 +21,12 @@ from .._core.inbox import (
     key_verdict,
     plan_batch,
 )
-from .._wire import describe
 from ._options import Inbox
 
 if TYPE_CHECKING:
+    from .._app.invocation import Invocation
     from .._core.listener import ListenerCore
-    from .._delivery import DeliveryBase
-    from .._invocation import Invocation
+    from .._messages.delivery import DeliveryBase
 
 log = logging.getLogger("ackkit.inbox")
 

@@ -9,11 +9,11 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .._app.invocation import Invocation
+from .._connection.salvage import describe
 from .._core.inbox import probe_delay, retention_batches
 from .._core.outcome import Outcome, succeeded
-from .._invocation import Invocation
-from .._publish import Outgoing
-from .._wire import describe
+from .._messages.publish import Outgoing
 from ._options import Inbox
 from ._outbox import relay_once, to_row
 from ._relay import RELAY_POLL, relay_connection
@@ -31,7 +31,7 @@ from ._run import (
 from ._sql import enqueue as enqueue_sql
 
 if TYPE_CHECKING:
-    from .._delivery import Delivery
+    from .._messages.delivery import Delivery
     from .._sync.consumer import Consumer
 
 T = TypeVar("T")

@@ -16,9 +16,9 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from .._connection.url import mask_text
 from .._core.listener import ListenerCore
-from .._logs import log_cancel
-from .._url import mask_text
+from .._telemetry.logs import log_cancel
 from ._deploy import channel_verdict
 from ._options import SourceOptions
 from ._rows import Item

@@ -28,18 +28,18 @@ import pika
 import pika.exceptions
 from pydantic import BaseModel
 
+from .._connection.io import FatalConnectError
+from .._connection.url import mask_url
 from .._core.actions import Ack, Action, Republish
 from .._core.brokers import traits_of
 from .._core.errors import AckkitError, TopologyConflict
 from .._core.listener import ListenerCore
 from .._core.policy import NO_RETRY, AckMode, ListenerPolicy
-from .._io import FatalConnectError
 from .._sync import _frames as frames
 from .._sync._pika import declare_queues, parameters
 from .._sync.engine import Engine
 from .._sync.executor import Executor
 from .._sync.publisher import Publisher
-from .._url import mask_url
 from . import _rows as rows
 from ._channel import SourceChannel
 from ._core.admission import Limits, admit

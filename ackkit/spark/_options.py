@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
+from .._connection.url import check_url
 from .._core.policy import DLQ_DEFAULT
-from .._url import check_url
 from ._core.batches import OnInvalid as OnInvalid
 from ._store import check_location, child_location, is_local, normalize_location
 

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from .._core.listener import Tracked
-from .._delivery import _validation_reason
+from .._messages.delivery import _validation_reason
 from .._sync import _frames as frames
 from ._options import KeyFrom
 from ._schema import RowMeta, header_text

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from .._url import mask_url
+from .._connection.url import mask_url
 
 # Schemes pyarrow knows under another name (Hadoop's S3 connectors).
 _ALIASES = {"s3a": "s3", "s3n": "s3"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .._url import check_url
+from .._connection.url import check_url
 from ..streams import stream_connection
 from ._core.batches import OnInvalid
 from ._core.stream_offsets import StartFrom, StartingPosition

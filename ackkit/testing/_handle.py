@@ -39,7 +39,7 @@ __all__ = ["BrokerHandle"]
 log = logging.getLogger("ackkit.testing")
 
 if TYPE_CHECKING:
-    from .._spec import AppBase
+    from .._app.spec import AppBase
 
 _H = TypeVar("_H", bound="BrokerHandle")
 _A = TypeVar("_A", bound="AppBase")

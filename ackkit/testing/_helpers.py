@@ -137,7 +137,7 @@ class KitHelpers:
         """Publish one message (with publisher confirms) and return once the broker took it.
 
         The message is built as `App.publish` builds it (the same call, the same message
-        on the wire; the defaults: `ackkit._publish`): a pydantic model or any JSON-able
+        on the wire; the defaults: `ackkit._messages.publish`): a pydantic model or any JSON-able
         value as application/json, bytes and str as they are without a content type, a
         new message_id, persistent. `properties`: the other options of `App.publish`
         and AMQP basic properties by pika's names (message_id, correlation_id,
@@ -166,7 +166,7 @@ class KitHelpers:
         **properties: Any,
     ) -> None:
         """`publish` for several messages over one connection, in order."""
-        from .._publish import outgoing
+        from .._messages.publish import outgoing
         from .._sync.publisher import carry
 
         if "delivery_mode" in properties:

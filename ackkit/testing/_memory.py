@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
-from .. import _inmemory
+from .._connection import inmemory
 from ._errors import BrokerError, QueueNotFound
 from ._handle import BrokerHandle
 from ._mem_model import Model
@@ -88,7 +88,7 @@ class InMemoryBroker(BrokerHandle):
         self._connections: list[Any] = []
         self._conn_lock = threading.Lock()
         self._timer: threading.Thread | None = None
-        _inmemory.register(name, self)
+        inmemory.register(name, self)
         if not manual_clock:
             self._timer = threading.Thread(
                 target=self._expire_loop, name=f"ackkit-memory-{name}", daemon=True
@@ -107,7 +107,7 @@ class InMemoryBroker(BrokerHandle):
         if self.closed:
             return
         super().close()
-        _inmemory.unregister(self.name)
+        inmemory.unregister(self.name)
         self.close_connections("broker closed")
         with self.model.changed:
             self.model.changed.notify_all()
@@ -163,7 +163,7 @@ class InMemoryBroker(BrokerHandle):
                 wait = None if nxt is None else max(nxt - self.clock.now(), 0.0) + 0.001
                 model.changed.wait(wait if wait is None else min(wait, 1.0))
 
-    # -- the connection factories the runtimes use (through ackkit._inmemory) -------------------
+    # -- the connection factories the runtimes use (through ackkit._connection.inmemory) ----
 
     def pika_parameters(self, name: str = "") -> Any:
         return SimpleNamespace(
@@ -188,7 +188,7 @@ class InMemoryBroker(BrokerHandle):
         from ._mem_aio import AioConnection
 
         if self.closed:
-            from .._io import ConnectFailed
+            from .._connection.io import ConnectFailed
 
             raise ConnectFailed("the in-memory broker is closed")
         return AioConnection(self, name)

@@ -9,7 +9,7 @@ import random
 import socket
 import urllib.parse
 
-from .._url import mask_url as _mask_url
+from .._connection.url import mask_url as _mask_url
 
 __all__ = [
     "free_port",

@@ -23,7 +23,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from ackkit import Consumer, Delivery, Queue
-from ackkit._io import FatalConnectError
+from ackkit._connection.io import FatalConnectError
 from ackkit.errors import ConsumeRefused
 from ackkit.flow import FlowState
 from ackkit.metrics import PrometheusMetrics

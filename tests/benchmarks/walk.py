@@ -8,7 +8,7 @@ returns normally, traced with `sys.setprofile` on every thread from the publish 
 the broker shows the message acked. It counts
 
 - ackkit functions: distinct ackkit functions called (the test kit, i.e. the broker
-  itself and `ackkit._inmemory`, left out);
+  itself and `ackkit._connection.inmemory`, left out);
 - files: the distinct ackkit files they live in;
 - core calls: calls from a runtime into `ackkit/_core` (a call whose caller is an
   ackkit file outside `_core`), in total, and which ones;
@@ -43,7 +43,7 @@ from ackkit.testing import InMemoryBroker
 
 ROOT = os.path.dirname(ackkit.__file__) + os.sep
 CORE = ROOT + "_core" + os.sep
-SKIP = (ROOT + "testing" + os.sep, ROOT + "_inmemory.py")
+SKIP = (ROOT + "testing" + os.sep, os.path.join(ROOT, "_connection", "inmemory.py"))
 # frames of the test kit's publish and wait: what runs under them is not the delivery's
 HELPERS = tuple(ROOT + "testing" + os.sep + f for f in ("_helpers.py", "_memory.py", "_handle.py"))
 TICKS = {"tick", "_tick", "_tick_forever"}

@@ -30,7 +30,7 @@ import pika
 import pytest
 
 from ackkit import App, AsyncApp, Delivery
-from ackkit._spec import AppBase
+from ackkit._app.spec import AppBase
 from ackkit.testing import BrokerHandle, InMemoryBroker
 from ackkit.testing.plugin import QueueFactory
 

@@ -13,7 +13,7 @@ from rich.cells import cell_len
 from typer.testing import CliRunner
 
 from ackkit import App, Consumer, Retry
-from ackkit._io import FatalConnectError
+from ackkit._connection.io import FatalConnectError
 from ackkit.cli import build_cli
 
 pytestmark = pytest.mark.integration

@@ -11,7 +11,7 @@ import pika.exceptions
 import pytest
 
 from ackkit import App
-from ackkit._queues import _amqp as queue_rows
+from ackkit.cli._queues import _amqp as queue_rows
 from ackkit.testing import BrokerHandle
 
 pytestmark = pytest.mark.integration

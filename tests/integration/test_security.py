@@ -22,8 +22,8 @@ from _retry_support import drain, header_text, publish, wait_until
 
 import ackkit
 from ackkit import TLS, App, AsyncApp, Consumer, Delivery
+from ackkit._connection.io import ConnectFailed, FatalConnectError
 from ackkit._core import headers as H
-from ackkit._io import ConnectFailed, FatalConnectError
 from ackkit.observability import mask_url
 from ackkit.testing import BrokerHandle, BrokerUnavailable, NodeTLS, provision_broker
 

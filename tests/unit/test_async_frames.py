@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from pamqp.header import ContentHeader
 
 from ackkit._async import _frames as aframes
-from ackkit._wire import read_delivery_method
+from ackkit._connection.salvage import read_delivery_method
 from tests.adversarial.rawamqp import encode_properties, shortstr
 
 SHORTSTRS = (

@@ -13,7 +13,7 @@ from tests.unit._fakes import core
 @pytest.mark.parametrize("kind", [bytes, str])
 def test_max_body_size_holds_for_bytes_and_str_handlers(kind: type) -> None:
     """A bytes handler used to get any body, whatever max_body_size said."""
-    from ackkit._handler import Binding, Decoder
+    from ackkit._app.handler import Binding, Decoder
     from ackkit.errors import BadPayload
 
     def as_bytes(body: bytes) -> None:

@@ -22,7 +22,7 @@ pytest.importorskip("typer")
 from typer.testing import CliRunner
 
 import ackkit
-from ackkit._asyncapi import document, to_yaml
+from ackkit._app.asyncapi import document, to_yaml
 from ackkit.cli import build_cli
 from ackkit.cli._output import (
     Column,

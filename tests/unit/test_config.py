@@ -35,12 +35,12 @@ from ackkit import (
     Retry,
     RetryStrategy,
 )
+from ackkit._app.handler import Binding, Decoder, is_coroutine_callable
+from ackkit._app.listener_options import DEPRECATED
 from ackkit._async.app import AsyncApp
 from ackkit._async.delivery import AsyncDelivery
 from ackkit._core.listener import ListenerCore
 from ackkit._core.policy import MAX_DELAY_TIERS, ListenerPolicy
-from ackkit._handler import Binding, Decoder, is_coroutine_callable
-from ackkit._listener_options import DEPRECATED
 from ackkit.errors import BadPayload
 
 FAST = 0.05  # seconds: a refusal is a check, never a connection attempt

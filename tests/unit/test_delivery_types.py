@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ackkit import App, AsyncApp, AsyncDelivery, Delivery
-from ackkit._delivery import DeliveryBase
+from ackkit._messages.delivery import DeliveryBase
 
 pytest.importorskip("mypy")
 

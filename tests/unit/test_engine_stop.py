@@ -9,7 +9,7 @@ import time
 import pytest
 from tenacity import wait_fixed
 
-from ackkit._io import ConnectFailed
+from ackkit._connection.io import ConnectFailed
 from ackkit._sync import engine as engine_mod
 from ackkit._sync.engine import Engine
 

@@ -108,7 +108,7 @@ def test_failure_log_is_throttled_and_counts_what_it_left_out(
 ) -> None:
     import logging
 
-    from ackkit._logs import FailureLog
+    from ackkit._telemetry.logs import FailureLog
 
     now = [0.0]
     flog = FailureLog(logging.getLogger("ackkit.test"), burst=3, window=1.0, clock=lambda: now[0])

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ackkit import AckMode, Batch, Consumer, Flow, Queue, RetryLater
+from ackkit._app.spec import probe_for
 from ackkit._core.actions import Nack
 from ackkit._core.breaker import STEPS, Breaker, BreakerState
 from ackkit._core.flow import FlowPolicy
@@ -25,7 +26,6 @@ from ackkit._core.limiter import TokenBucket
 from ackkit._core.listener import ListenerCore
 from ackkit._core.policy import ListenerPolicy, Retry
 from ackkit._core.tracked import Tracked
-from ackkit._spec import probe_for
 from ackkit.errors import BadPayload
 from ackkit.flow import CircuitBreaker, FlowState, RateLimit, SerialKey
 from ackkit.observability import Stage

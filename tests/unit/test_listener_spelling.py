@@ -12,8 +12,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from ackkit import App, Consumer, Delivery, FlushPolicy, Queue
-from ackkit._listener_options import DEPRECATED, new_spelling
-from ackkit._listener_spec import ListenerSpec
+from ackkit._app.listener_options import DEPRECATED, new_spelling
+from ackkit._app.listener_spec import ListenerSpec
 from ackkit.flow import CircuitBreaker, RateLimit, SerialKey
 from tests.unit.test_config import OPTION_CASES, grouped, refused
 

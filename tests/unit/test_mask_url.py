@@ -1,4 +1,4 @@
-"""Masking passwords in URLs (`ackkit._url.mask_url`, which every log line, CLI table,
+"""Masking passwords in URLs (`ackkit._connection.url.mask_url`, which every log line, CLI table,
 connection error and console page goes through): the same result as the regular
 expression it replaced, in time linear in the text's length (a hostile header of a
 megabyte used to freeze the console: the expression backtracked quadratically)."""
@@ -12,7 +12,7 @@ import sys
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from ackkit._url import mask_url
+from ackkit._connection.url import mask_url
 from ackkit.testing._util import mask_secrets
 
 _REFERENCE = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^:@/]*):(?P<pw>[^@/]*)@")
@@ -65,7 +65,7 @@ def test_hostile_megabytes_are_masked_in_linear_time() -> None:
     holding the GIL, would hang the test run itself)."""
     code = (
         "import sys\n"
-        "from ackkit._url import mask_url\n"
+        "from ackkit._connection.url import mask_url\n"
         "from ackkit.testing._util import mask_secrets\n"
         "text = eval(sys.argv[1])\n"
         "out = mask_url(text)\n"

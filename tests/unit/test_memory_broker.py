@@ -286,7 +286,7 @@ def test_a_closed_broker_refuses_connections() -> None:
     with pytest.raises(pika.exceptions.AMQPConnectionError):
         broker.connect()
     from ackkit import App
-    from ackkit._io import FatalConnectError
+    from ackkit._connection.io import FatalConnectError
 
     app = App(url, startup_timeout=2)
     app.listener("q")(lambda body: None)

@@ -11,12 +11,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ackkit import App, Consumer, DeadLetterMessage, Delivery, Retry
+from ackkit._app.spec import ListenerSpec, probe_for
 from ackkit._core.actions import Republish
 from ackkit._core.events import FRAME_BUCKETS
 from ackkit._core.listener import ListenerCore
 from ackkit._core.policy import FlushPolicy, ListenerPolicy
-from ackkit._logs import FailureLog
-from ackkit._spec import ListenerSpec, probe_for
+from ackkit._telemetry.logs import FailureLog
 from ackkit.observability import Event, Stage
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ackkit._publish import Outgoing
+from ackkit._messages.publish import Outgoing
 from ackkit.inbox._outbox import arelay_once, to_the_end
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 
-from ackkit._publish import outgoing
+from ackkit._messages.publish import outgoing
 from ackkit.inbox._outbox import from_row, to_row
 
 

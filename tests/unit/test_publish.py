@@ -1,4 +1,4 @@
-"""What a publish sends (`ackkit._publish`), checked without a broker."""
+"""What a publish sends (`ackkit._messages.publish`), checked without a broker."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pydantic import BaseModel
 import ackkit
 from ackkit._core import wire
 from ackkit._core.tb import qualname
-from ackkit._publish import failure, outgoing, reply
+from ackkit._messages.publish import failure, outgoing, reply
 
 names = st.text(st.characters(min_codepoint=32, max_codepoint=0x2FFF), max_size=40)
 header_values = st.one_of(
@@ -140,14 +140,14 @@ def test_every_public_error_is_named_by_its_public_name() -> None:
 def test_a_body_larger_than_any_broker_takes_fails_at_the_call(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr("ackkit._publish.MAX_BODY", 8)
+    monkeypatch.setattr("ackkit._messages.publish.MAX_BODY", 8)
     assert outgoing("q", b"12345678").body == b"12345678"
     with pytest.raises(ValueError, match="body of 9 bytes is larger than any RabbitMQ"):
         outgoing("q", b"123456789")
 
 
 def test_message_id_is_new_by_default_and_none_sends_none() -> None:
-    from ackkit._publish import outgoing
+    from ackkit._messages.publish import outgoing
 
     a, b = outgoing("q", b"x"), outgoing("q", b"x")
     assert (

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ackkit._core.consume import channels_needed, spare_channels
-from ackkit._publish import EXCHANGE_CHANNELS, channel_for
+from ackkit._messages.publish import EXCHANGE_CHANNELS, channel_for
 
 
 @given(st.lists(st.text(max_size=6), max_size=40), st.integers(0, EXCHANGE_CHANNELS))

@@ -11,7 +11,7 @@ import pytest
 
 import ackkit
 from ackkit import TLS, App, AsyncApp
-from ackkit._tls import client_tls, handshake_hint, tls_failure
+from ackkit._connection.tls import client_tls, handshake_hint, tls_failure
 from tests.unit._fakes import parse_source
 
 PACKAGE = Path(ackkit.__file__).parent

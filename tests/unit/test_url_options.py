@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ackkit import App, AsyncApp
-from ackkit._url import _QUERY_NUMBERS, check_url
+from ackkit._connection.url import _QUERY_NUMBERS, check_url
 
 BUILDERS: dict[str, Callable[[str], Any]] = {"App": App, "AsyncApp": AsyncApp, "url": check_url}
 

@@ -1,4 +1,5 @@
-"""ackkit._wire and the frame hooks: salvaging a content header a client library cannot read."""
+"""ackkit._connection.salvage and the frame hooks: salvaging a content header a client
+library cannot read."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ackkit._async import _frames as aframes
+from ackkit._connection.salvage import read_delivery_method, salvage_header
 from ackkit._sync import _frames as sframes
-from ackkit._wire import read_delivery_method, salvage_header
 from tests.adversarial.rawamqp import Field, encode_properties, encode_table, nested_table, shortstr
 
 

@@ -21,12 +21,12 @@ from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, TypeAdapter
 
-from ._core import headers as H
-from ._core.exchanges import Exchange
-from ._core.policy import RetryStrategy
-from ._listener_values import Publication
-from ._spec import AppBase, ListenerSpec
-from ._url import mask_url
+from .._connection.url import mask_url
+from .._core import headers as H
+from .._core.exchanges import Exchange
+from .._core.policy import RetryStrategy
+from .listener_values import Publication
+from .spec import AppBase, ListenerSpec
 
 ASYNCAPI = "3.0.0"
 AMQP_BINDINGS = "0.3.0"

@@ -12,12 +12,12 @@ from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
-from . import __version__
-from ._spec import ListenerSpec
+from .. import __version__
+from .._app.spec import ListenerSpec
 
 if TYPE_CHECKING:
-    from ._delivery import DeliveryBase
-    from ._invocation import HandlerDone, HandlerProbe
+    from .._app.invocation import HandlerDone, HandlerProbe
+    from .._messages.delivery import DeliveryBase
 
 log = logging.getLogger("ackkit")
 

@@ -11,9 +11,15 @@ from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from ._core.errors import BadPayload
-from ._core.outcome import AckIndex
-from ._delivery import TOO_DEEP, DeliveryBase, _adapter_reason, _validation_reason, decode_json
+from .._core.errors import BadPayload
+from .._core.outcome import AckIndex
+from .._messages.delivery import (
+    TOO_DEEP,
+    DeliveryBase,
+    _adapter_reason,
+    _validation_reason,
+    decode_json,
+)
 
 __all__ = ["AckIndex", "Binding", "Decoder"]
 

@@ -1,5 +1,5 @@
 """One registered listener (`ListenerSpec`) and the instrument probes a runtime wraps
-around its handler; moved out of `_spec.py`, which re-exports them."""
+around its handler; moved out of `spec.py`, which re-exports them."""
 
 from __future__ import annotations
 
@@ -7,16 +7,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ._core.exchanges import Bind
-from ._core.policy import ListenerPolicy
-from ._handler import Binding
+from .._core.exchanges import Bind
+from .._core.policy import ListenerPolicy
+from .handler import Binding
 
 if TYPE_CHECKING:
-    from ._core.listener import ListenerCore
-    from ._delivery import DeliveryBase
-    from ._invocation import HandlerDone, HandlerProbe
-    from ._listener_values import Publication
-    from .inbox import Inbox
+    from .._core.listener import ListenerCore
+    from .._messages.delivery import DeliveryBase
+    from ..inbox import Inbox
+    from .invocation import HandlerDone, HandlerProbe
+    from .listener_values import Publication
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._core import checks as C
-from ._core.exchanges import Bind, Exchange, binds
-from ._core.flow import CircuitBreaker, FlowPolicy, RateLimit, SerialKey
-from ._core.policy import DEFAULT_PREFETCH, FlushPolicy
-from ._handler import DEFAULT_MAX_BODY
+from .._core import checks as C
+from .._core.exchanges import Bind, Exchange, binds
+from .._core.flow import CircuitBreaker, FlowPolicy, RateLimit, SerialKey
+from .._core.policy import DEFAULT_PREFETCH, FlushPolicy
+from .handler import DEFAULT_MAX_BODY
 
 _DAY = 86_400.0
 _INT32 = 2**31 - 1

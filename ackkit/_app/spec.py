@@ -8,11 +8,12 @@ import ssl
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from ._core import checks as C
-from ._core.events import Observer
-from ._core.exchanges import Bind, Exchange, Plan, plan
-from ._core.flow import FlowState
-from ._core.policy import (
+from .._connection.tls import TLS
+from .._core import checks as C
+from .._core.events import Observer
+from .._core.exchanges import Bind, Exchange, Plan, plan
+from .._core.flow import FlowState
+from .._core.policy import (
     DLQ_DEFAULT,
     NO_RETRY,
     AckMode,
@@ -21,21 +22,20 @@ from ._core.policy import (
     RetryStrategy,
     Unsettled,
 )
-from ._core.topology import check_delivery_limit
-from ._handler import Binding, Decoder
-from ._listener_options import check_inbox as _check_inbox
-from ._listener_options import translate as _translate
-from ._listener_spec import Instrument as Instrument
-from ._listener_spec import ListenerSpec as ListenerSpec
-from ._listener_spec import probe_for as probe_for
-from ._listener_values import Batch, Consumer, Flow, Publication, Queue, publications
-from ._logs import LifecycleLog
-from ._settings import DEFAULT_URL, Settings, SettingsView
-from ._tls import TLS
+from .._core.topology import check_delivery_limit
+from .._telemetry.logs import LifecycleLog
+from .handler import Binding, Decoder
+from .listener_options import check_inbox as _check_inbox
+from .listener_options import translate as _translate
+from .listener_spec import Instrument as Instrument
+from .listener_spec import ListenerSpec as ListenerSpec
+from .listener_spec import probe_for as probe_for
+from .listener_values import Batch, Consumer, Flow, Publication, Queue, publications
+from .settings import DEFAULT_URL, Settings, SettingsView
 
 if TYPE_CHECKING:
-    from ._core.listener import ListenerCore
-    from .inbox import Inbox
+    from .._core.listener import ListenerCore
+    from ..inbox import Inbox
 
 log = logging.getLogger("ackkit")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -137,7 +137,7 @@ class AppBase(SettingsView):
         """ackkit's own observer for a runtime's listener cores, called in place: the log
         lines about dead letters, rejections, unsettled and stale deliveries. (The
         registered ones go to the runtime as `observers`: they run on a thread of their
-        own, see `_observers`.)"""
+        own, see `ackkit._telemetry.observers`.)"""
         return LifecycleLog({s.name: s.queue for s in self.specs})
 
     def _add_instrument(self, fn: Instrument) -> None:
@@ -335,7 +335,7 @@ class AppBase(SettingsView):
     def asyncapi(self, *, title: str = "ackkit app", version: str = "1.0.0") -> dict[str, Any]:
         """An AsyncAPI 3.0 document (a JSON-ready dict) of the registered listeners: their
         queues, exchange bindings, dead-letter and retry queues, payload schemas."""
-        from ._asyncapi import document
+        from .asyncapi import document
 
         return document(self, title=title, version=version)
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from ._core.policy import AckMode
-from ._listener_values import Batch, Consumer, Flow, Queue
+from .._core.policy import AckMode
+from .listener_values import Batch, Consumer, Flow, Queue
 
 # old option -> (group, field in the group's value)
 DEPRECATED: dict[str, tuple[str, str]] = {
@@ -91,7 +91,7 @@ def translate(
 
 def check_inbox(inbox: object, mode: AckMode, batch: Batch | None = None) -> None:
     """listener(inbox=...): an `ackkit.inbox.Inbox`, with a listener it can guard."""
-    from .inbox import Inbox
+    from ..inbox import Inbox
 
     if not isinstance(inbox, Inbox):
         raise TypeError(f"inbox must be an ackkit.inbox.Inbox or None, got {inbox!r}")

@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
 from pydantic import BaseModel, ValidationError
 
-from ._core import wire
-from ._core.actions import Ack, Action, Nack, Reject, Republish
-from ._core.errors import BadPayload
-from ._core.listener import Tracked
-from ._publish import Outgoing, publishes, reply
+from .._core import wire
+from .._core.actions import Ack, Action, Nack, Reject, Republish
+from .._core.errors import BadPayload
+from .._core.listener import Tracked
+from .publish import Outgoing, publishes, reply
 
 if TYPE_CHECKING:
-    from ._handler import Decoder
+    from .._app.handler import Decoder
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")

@@ -55,7 +55,7 @@ def mask_text(text: str, *secrets: str) -> str:
 def check_url(url: object) -> str:
     """`url` if it is an amqp:// or amqps:// URL that parses (or the memory:// URL of an
     `ackkit.testing.InMemoryBroker`), else ValueError / TypeError."""
-    from ._core import checks
+    from .._core import checks
 
     checks.text("url", url)
     assert isinstance(url, str)
@@ -93,7 +93,7 @@ _POSITIVE = {"socket_timeout", "stack_timeout", "timeout"}
 def _check_query(url: str, query: str) -> None:
     """ValueError naming the parameter when a numeric connection option in the URL's
     query is not a number in its range."""
-    from ._core import checks
+    from .._core import checks
 
     try:
         pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)

@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ._core.events import Event, Stage
-from ._core.tb import format_traceback, qualname, text_of
-from ._url import mask_text
+from .._connection.url import mask_text
+from .._core.events import Event, Stage
+from .._core.tb import format_traceback, qualname, text_of
 
 log = logging.getLogger("ackkit")
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._url import mask_url
+from .url import mask_url
 
 
 class _Context(ssl.SSLContext):

@@ -7,8 +7,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from ._core.exchanges import Plan, plan
-from ._logs import log_dropped_arguments
+from .._core.exchanges import Plan, plan
+from .._telemetry.logs import log_dropped_arguments
 
 
 def declaration(

@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from pydantic import BaseModel
 
-from ._core import checks as C
-from ._core import wire
-from ._core.errors import MessageUnroutable, PublishError, PublishNacked, PublishNotConfirmed
+from .._core import checks as C
+from .._core import wire
+from .._core.errors import MessageUnroutable, PublishError, PublishNacked, PublishNotConfirmed
 
 if TYPE_CHECKING:
-    from ._delivery import DeliveryBase
+    from .delivery import DeliveryBase
 
 PUBLISH_TIMEOUT = 30.0
 """Seconds a publish waits for the broker's confirm by default."""

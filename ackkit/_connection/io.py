@@ -13,8 +13,8 @@ from typing import Any
 from tenacity import wait_exponential, wait_random
 from tenacity.wait import wait_base
 
-from ._core.errors import AckkitError
-from ._url import mask_text
+from .._core.errors import AckkitError
+from .url import mask_text
 
 log = logging.getLogger("ackkit")
 

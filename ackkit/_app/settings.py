@@ -11,9 +11,9 @@ import dataclasses
 import ssl
 from dataclasses import dataclass
 
-from ._core import checks as C
-from ._tls import TLS, client_tls
-from ._url import check_url, mask_url
+from .._connection.tls import TLS, client_tls
+from .._connection.url import check_url, mask_url
+from .._core import checks as C
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2f"
 _DAY = 86_400.0

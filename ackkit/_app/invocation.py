@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._core.listener import ListenerCore, Tracked
-from ._core.outcome import Outcome
-from ._delivery import DeliveryBase
-from ._handler import Binding
+from .._core.listener import ListenerCore, Tracked
+from .._core.outcome import Outcome
+from .._messages.delivery import DeliveryBase
+from .handler import Binding
 
 _NONE: list[Any] = []
 """The undecodable deliveries of a single-delivery call: none (never appended to)."""

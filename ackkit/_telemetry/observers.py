@@ -16,7 +16,7 @@ import queue as _queue
 import threading
 from collections.abc import Sequence
 
-from ._core.events import Event, Observer
+from .._core.events import Event, Observer
 
 log = logging.getLogger("ackkit")
 

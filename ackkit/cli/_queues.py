@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._url import mask_text
+from .._connection.url import mask_text
 
 SOURCES = ("auto", "management", "rabbitmqctl", "amqp")
 _SBIN = ("/usr/sbin", "/usr/local/sbin", "/sbin", "/usr/lib/rabbitmq/bin", "/opt/homebrew/sbin")
@@ -261,7 +261,7 @@ def _amqp(url: str, names: Sequence[str]) -> list[QueueRow]:
     import pika
     import pika.exceptions
 
-    from ._sync._pika import blocking_connection, parameters, passive_declare
+    from .._sync._pika import blocking_connection, parameters, passive_declare
 
     rows: list[QueueRow] = []
     conn = blocking_connection(parameters(url, name="ackkit-queues"))  # memory:// too

@@ -47,7 +47,7 @@ def broker_for(url: str) -> Any | None:
     with _lock:
         broker = _brokers.get(name)
     if broker is None:
-        from ._io import FatalConnectError
+        from .io import FatalConnectError
 
         raise FatalConnectError(
             f"no in-memory broker named {name!r} is open (create one with "
