@@ -60,6 +60,11 @@ both need ackkit-testkit). The ``postgres`` fixture's server:
 The pytest fixtures (``rabbitmq``, ``amqp_url``, ``queue_factory``,
 ``fresh_queue``, ``own_rabbitmq``) live in :mod:`ackkit.testing.plugin`, which
 pytest loads automatically once ackkit is installed.
+
+What a broker provider outside this package (ackkit-testkit) builds on besides the
+names below (the environment knobs, running commands, the Docker engine, registering a
+started broker for closing at exit) is in :mod:`ackkit.testing.providers`; the test
+kit imports nothing else of this package.
 """
 
 from ._broker import provision_broker

@@ -26,13 +26,13 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ackkit.testing._docker_engine import (
+from ackkit.testing import BrokerUnavailable
+from ackkit.testing.providers import (
     LOCAL_REPOSITORY,
     image_exists,
     local_image_name,
     local_image_version,
 )
-from ackkit.testing._errors import BrokerUnavailable
 
 DEFAULT_VERSION = "4.3"
 
@@ -176,8 +176,7 @@ def ensure_local_image(client: Any, version: str = DEFAULT_VERSION) -> str:
 
 def _image_for_tests(client: Any, version: str) -> str | None:
     """The image the test kit would run here when it is not the kit's own, else None."""
-    from ackkit.testing._docker_engine import network_mode
-    from ackkit.testing._env import ENV_IMAGE
+    from ackkit.testing.providers import ENV_IMAGE, network_mode
 
     explicit = os.environ.get(ENV_IMAGE, "").strip()
     if explicit:
@@ -212,8 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     try:
         if args.for_tests:
-            from ackkit.testing._docker_engine import docker_version
-            from ackkit.testing._env import wanted_version
+            from ackkit.testing.providers import docker_version, wanted_version
 
             args.version = docker_version(wanted_version())
             other = _image_for_tests(client, args.version)

@@ -15,7 +15,8 @@ import os
 import secrets
 import shutil
 
-from ackkit.testing._options import PLUGINS, NodeTLS
+from ackkit.testing import NodeTLS
+from ackkit.testing.providers import PLUGINS
 
 from ._proc import tail
 

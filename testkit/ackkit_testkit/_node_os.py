@@ -12,9 +12,8 @@ import re
 import shutil
 import sys
 
-from ackkit.testing._env import _SBIN_DIRS, ENV_NODE_USER, ENV_SERVER
-from ackkit.testing._errors import BrokerUnavailable
-from ackkit.testing._util import pid_alive
+from ackkit.testing import BrokerUnavailable
+from ackkit.testing.providers import ENV_NODE_USER, ENV_SERVER, SBIN_DIRS, pid_alive
 
 from ._proc import iter_processes, kill_pid
 
@@ -28,7 +27,7 @@ def _find_rabbitmq_server() -> str | None:
         if not os.access(explicit, os.X_OK):
             raise BrokerUnavailable(f"{ENV_SERVER}={explicit} is not an executable file")
         return os.path.realpath(explicit)
-    path = os.pathsep.join([os.environ.get("PATH", ""), *_SBIN_DIRS])
+    path = os.pathsep.join([os.environ.get("PATH", ""), *SBIN_DIRS])
     found = shutil.which("rabbitmq-server", path=path)
     if not found:
         return None

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import threading
 
-from ackkit.testing._env import DEFAULT_VERSION, HOW_TO_GET_A_BROKER
-from ackkit.testing._errors import BrokerUnavailable
-from ackkit.testing._handle import BrokerHandle
-from ackkit.testing._options import NodeTLS
+from ackkit.testing import BrokerHandle, BrokerUnavailable, NodeTLS
+from ackkit.testing.providers import DEFAULT_VERSION, HOW_TO_GET_A_BROKER
 
 from ._node_os import _find_rabbitmq_server, _reap_dead_runs
 from ._provider_chroot import _ChrootNode

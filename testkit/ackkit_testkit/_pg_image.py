@@ -27,8 +27,8 @@ import sys
 import time
 from typing import Any
 
-from ackkit.testing._docker_engine import image_exists
-from ackkit.testing._errors import BrokerUnavailable
+from ackkit.testing import BrokerUnavailable
+from ackkit.testing.providers import image_exists
 
 from ._docker_image import build_lock, import_root
 
@@ -155,8 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         "(ACKKIT_TEST_POSTGRES_IMAGE, the engine's network)",
     )
     args = parser.parse_args(argv)
-    from ackkit.testing._docker_engine import docker_client, network_mode
-    from ackkit.testing._env import ENV_POSTGRES_IMAGE
+    from ackkit.testing.providers import ENV_POSTGRES_IMAGE, docker_client, network_mode
 
     from ._provider_pg_docker import pg_image_choice
 

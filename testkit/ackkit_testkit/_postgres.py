@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ackkit.testing._env import ENV_POSTGRES, POSTGRES_MODES
-from ackkit.testing._env import ENV_POSTGRES_DSN as ENV_DSN
-from ackkit.testing._util import free_port, mask_url
+from ackkit.testing import mask_url
+from ackkit.testing.providers import ENV_POSTGRES, POSTGRES_MODES, free_port
+from ackkit.testing.providers import ENV_POSTGRES_DSN as ENV_DSN
 
 BIN_GLOB = "/usr/lib/postgresql/*/bin"
 
@@ -148,11 +148,11 @@ def provision_postgres(mode: str | None = None) -> Any:
     not the kit's own), a cluster of the kit's own (the machine's server binaries), or a
     container (a ``DockerPostgres``). PostgresUnavailable, saying what to do, when the
     way asked for cannot be had."""
-    from ackkit.testing._docker_engine import _docker_engine
+    from ackkit.testing.providers import docker_engine
 
     dsn = os.environ.get(ENV_DSN, "").strip()
     bindir = server_bin()
-    way = choose_postgres(postgres_mode(mode), dsn=dsn, binaries=bindir, engine=_docker_engine)
+    way = choose_postgres(postgres_mode(mode), dsn=dsn, binaries=bindir, engine=docker_engine)
     if way == "dsn":
         return PostgresHandle(dsn)
     if way == "docker":

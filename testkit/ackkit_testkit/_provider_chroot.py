@@ -28,9 +28,8 @@ import subprocess
 import time
 from collections.abc import Callable
 
-from ackkit.testing._errors import BrokerUnavailable
-from ackkit.testing._options import NodeTLS
-from ackkit.testing._util import free_port
+from ackkit.testing import BrokerUnavailable, NodeTLS
+from ackkit.testing.providers import free_port
 
 from ._provider_node import _OwnNode
 from ._rootfs import _pdeathsig, ensure_root, root_version

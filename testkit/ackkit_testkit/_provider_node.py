@@ -23,13 +23,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ackkit.testing._commands import _check, _run
-from ackkit.testing._env import ENV_BOOT_TIMEOUT, ENV_NODE_DIR, _env_float
-from ackkit.testing._errors import BrokerError, BrokerUnavailable
-from ackkit.testing._handle import BrokerHandle
-from ackkit.testing._options import NodeTLS
-from ackkit.testing._registry import _register, _unregister
-from ackkit.testing._util import free_port, pid_alive
+from ackkit.testing import BrokerError, BrokerHandle, BrokerUnavailable, NodeTLS
+from ackkit.testing.providers import (
+    ENV_BOOT_TIMEOUT,
+    ENV_NODE_DIR,
+    check_command,
+    env_float,
+    free_port,
+    pid_alive,
+    register_broker,
+    run_command,
+    unregister_broker,
+)
 
 from ._node_files import _NodeFiles
 from ._node_os import _find_erl_call, _node_user, _owner_watchdog
@@ -69,7 +74,7 @@ class _OwnNode(_NodeFiles, BrokerHandle):
         self._ctl_exe = os.path.join(os.path.dirname(server), "rabbitmqctl")
         self._erl_call = _find_erl_call()
         self._user = self._node_owner()
-        self._boot_timeout = boot_timeout or _env_float(ENV_BOOT_TIMEOUT, 60.0)
+        self._boot_timeout = boot_timeout or env_float(ENV_BOOT_TIMEOUT, 60.0)
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.RLock()
         self.boot_seconds: float | None = None
@@ -79,7 +84,7 @@ class _OwnNode(_NodeFiles, BrokerHandle):
         self._base = tempfile.mkdtemp(prefix=f"ackkit-node-{os.getpid()}-", dir=parent)
         name = f"ackkit-test-{os.getpid()}-{secrets.token_hex(3)}@localhost"
         super().__init__("", own=True, amqp_port=0, node_name=name)
-        _register(self)
+        register_broker(self)
         try:
             self._prepare_dir()
             self._boot_with_port_retry()
@@ -326,13 +331,13 @@ class _OwnNode(_NodeFiles, BrokerHandle):
                 # The data is thrown away, so no clean shutdown is needed.
                 self._kill_processes(self._proc)
             finally:
-                _unregister(self)
+                unregister_broker(self)
                 shutil.rmtree(self._base, ignore_errors=True)
 
     # -- rabbitmqctl / erl_call -------------------------------------------------------
 
     def ctl(self, *args: str, timeout: float = 60.0) -> str:
-        res = _run(
+        res = run_command(
             self._ctl_argv(*args),
             what="rabbitmqctl",
             timeout=timeout,
@@ -340,14 +345,14 @@ class _OwnNode(_NodeFiles, BrokerHandle):
             cwd=self._base,
             user=self._run_as(),
         )
-        return _check(res, "rabbitmqctl", args)
+        return check_command(res, "rabbitmqctl", args)
 
     def _erl_eval(self, expr: str) -> str | None:
         cmd = self._erl_call_argv()
         if cmd is None or not self.is_running():
             return None
         try:
-            res = _run(
+            res = run_command(
                 cmd,
                 what="erl_call",
                 timeout=15,

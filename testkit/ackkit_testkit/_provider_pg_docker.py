@@ -23,17 +23,21 @@ import time
 import warnings
 from typing import Any
 
-from ackkit.testing._docker_engine import (
+from ackkit.testing import mask_url
+from ackkit.testing.providers import (
+    ENV_BOOT_TIMEOUT,
+    ENV_POSTGRES_IMAGE,
     container_name,
     disable_ryuk,
     docker_client,
     engine_is_local,
+    env_float,
+    free_port,
     image_exists,
+    mask_secrets,
     network_mode,
     reap_dead_containers,
 )
-from ackkit.testing._env import ENV_BOOT_TIMEOUT, ENV_POSTGRES_IMAGE, _env_float
-from ackkit.testing._util import free_port, mask_secrets, mask_url
 
 from ._pg_image import (
     DEFAULT_PG_VERSION,
@@ -105,7 +109,7 @@ class DockerPostgres:
         self.boot_seconds: float | None = None
         self._class = container_class or _container_class()
         self._password = secrets.token_hex(16)
-        self._boot_timeout = _env_float(ENV_BOOT_TIMEOUT, 60.0)
+        self._boot_timeout = env_float(ENV_BOOT_TIMEOUT, 60.0)
         self._port = 0
         self._host = "127.0.0.1"
         self._name = container_name()

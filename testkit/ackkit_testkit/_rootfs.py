@@ -38,7 +38,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
-from ackkit.testing._errors import BrokerUnavailable
+from ackkit.testing import BrokerUnavailable
 
 __all__ = ["ROOTFS_VERSIONS", "RootfsUnavailable", "ensure_root", "root_version"]
 

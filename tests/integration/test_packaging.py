@@ -190,6 +190,9 @@ def test_wheel_installs_and_runs_in_a_fresh_venv(
     assert "ackkit/py.typed" in names
     assert "ackkit/console/templates/base.html" in names  # the console's pages (package data)
     assert "ackkit/metrics.py" in names and "ackkit/testing/plugin.py" in names
+    # every module of the checkout ships, the private rooms (ackkit/_app, ...) included
+    sources = {p.relative_to(REPO).as_posix() for p in (REPO / "ackkit").rglob("*.py")}
+    assert sources - names == set()
     assert not any(
         n.startswith(("tests/", "examples/", "testkit/", "ackkit_testkit")) for n in names
     )

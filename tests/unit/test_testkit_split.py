@@ -120,3 +120,32 @@ def test_a_broken_testkit_is_not_taken_for_a_missing_one(monkeypatch: pytest.Mon
     monkeypatch.setattr(_kit.importlib, "import_module", broken)
     with pytest.raises(ModuleNotFoundError, match="somedep"):
         _kit.testkit()
+
+
+def test_the_testkit_imports_no_private_name_of_ackkit_testing() -> None:
+    """ackkit-testkit builds on ackkit.testing's public names and ackkit.testing.providers;
+    its private modules and names may change without it noticing otherwise."""
+    import ast
+    import pathlib
+
+    import ackkit.testing.providers as providers
+
+    root = pathlib.Path(__file__).resolve().parents[2] / "testkit" / "ackkit_testkit"
+    private = []
+    for path in sorted(root.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ackkit"):
+                parts = (node.module or "").split(".")
+                names = [a.name for a in node.names]
+                if any(p.startswith("_") for p in parts) or any(n.startswith("_") for n in names):
+                    private.append(f"{path.name}:{node.lineno}: {node.module} {names}")
+            elif isinstance(node, ast.Import):
+                private += [
+                    f"{path.name}:{node.lineno}: {a.name}"
+                    for a in node.names
+                    if a.name.startswith("ackkit.") and "._" in a.name
+                ]
+    assert private == []
+    assert providers.__all__ == sorted(providers.__all__)
+    for name in providers.__all__:
+        assert getattr(providers, name) is not None, name
