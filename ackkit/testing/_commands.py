@@ -21,6 +21,8 @@ def _run(
     user: tuple[int, int] | None = None,
     input_text: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
+    """Run `cmd` with a timeout (as `user` if given); `what` names it in the BrokerError
+    that a failure to start or a timeout raises."""
     kwargs: dict[str, Any] = {}
     if user is not None:
         kwargs.update(user=user[0], group=user[1], extra_groups=[])
@@ -45,6 +47,8 @@ def _run(
 
 
 def _check(res: subprocess.CompletedProcess[str], what: str, args: Sequence[str]) -> str:
+    """The output of `res`, or a BrokerError naming `what`, its arguments and its output
+    when it exited non-zero."""
     if res.returncode != 0:
         output = (res.stdout + "\n" + res.stderr).strip()
         raise BrokerError(

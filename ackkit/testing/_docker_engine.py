@@ -62,6 +62,7 @@ def _docker_engine(timeout: float = 3.0) -> tuple[bool, str]:
 
 
 def docker_client(timeout: int = 120) -> Any:
+    """A docker-py client for the engine of the environment (DOCKER_HOST), imported on first use."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         docker: Any = importlib.import_module("docker")
@@ -97,6 +98,7 @@ def docker_version(version: str = DEFAULT_VERSION) -> str:
 
 
 def local_image_name(version: str = DOCKER_DEFAULT_VERSION) -> str:
+    """The name of the kit's locally built RabbitMQ image of `version`."""
     return f"{LOCAL_REPOSITORY}:{version}"
 
 
@@ -107,6 +109,7 @@ def local_image_version(image: str) -> str | None:
 
 
 def image_exists(client: Any, name: str) -> bool:
+    """Whether the engine behind `client` holds the image `name`."""
     import docker.errors
 
     try:

@@ -51,6 +51,8 @@ Force one way with ACKKIT_TEST_BROKER=url|docker|own."""
 
 
 def _env_float(name: str, default: float) -> float:
+    """The number in the environment variable `name`, `default` when it is unset or blank;
+    a ValueError naming it when it is not a number."""
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default

@@ -15,6 +15,7 @@ _atexit_installed = False
 
 
 def _register(handle: BrokerHandle) -> None:
+    """Keep `handle` to be closed when the process exits, unless it is unregistered first."""
     global _atexit_installed
     with _live_lock:
         _live.append(handle)
@@ -24,6 +25,7 @@ def _register(handle: BrokerHandle) -> None:
 
 
 def _unregister(handle: BrokerHandle) -> None:
+    """Forget `handle` (it was closed by its owner); a handle never registered is ignored."""
     with _live_lock, contextlib.suppress(ValueError):
         _live.remove(handle)
 

@@ -89,6 +89,7 @@ def free_port(low: int = 20000, high: int = 30000, avoid: frozenset[int] = froze
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (False for pids <= 0)."""
     if pid <= 0:
         return False
     try:
