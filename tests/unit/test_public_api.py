@@ -89,6 +89,43 @@ PUBLIC["ackkit.streams"] = [
     "send_confirmed",
     "stream_connection",
 ]
+# What a broker provider outside ackkit (ackkit-testkit) builds on.
+PUBLIC["ackkit.testing.providers"] = [
+    "DEFAULT_VERSION",
+    "ENV_BOOT_TIMEOUT",
+    "ENV_IMAGE",
+    "ENV_NODE_DIR",
+    "ENV_NODE_USER",
+    "ENV_POSTGRES",
+    "ENV_POSTGRES_DSN",
+    "ENV_POSTGRES_IMAGE",
+    "ENV_SERVER",
+    "HOW_TO_GET_A_BROKER",
+    "LOCAL_REPOSITORY",
+    "PLUGINS",
+    "POSTGRES_MODES",
+    "SBIN_DIRS",
+    "check_command",
+    "container_name",
+    "disable_ryuk",
+    "docker_client",
+    "docker_engine",
+    "docker_version",
+    "engine_is_local",
+    "env_float",
+    "free_port",
+    "image_exists",
+    "local_image_name",
+    "local_image_version",
+    "mask_secrets",
+    "network_mode",
+    "pid_alive",
+    "reap_dead_containers",
+    "register_broker",
+    "run_command",
+    "unregister_broker",
+    "wanted_version",
+]
 
 
 @pytest.mark.parametrize("module", sorted(PUBLIC))
