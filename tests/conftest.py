@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import os
 import random
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -89,14 +90,44 @@ def _in_memory_transport(item: pytest.Item) -> bool:
     )
 
 
+# Most broker tests run on both runtimes (App and AsyncApp). On a leg whose subject is the
+# broker's version rather than the runtimes (make test's 4.3 leg), ACKKIT_TEST_RUNTIMES=
+# alternate runs each such test on one runtime, picked by the test's name and its other
+# parameters (stable from run to run, both runtimes about equally often): the runtimes are
+# compared test by test on the 3.10 leg. The contract suite (tests/contract), which is
+# about a runtime meeting a broker, keeps both.
+ALTERNATE_RUNTIMES = os.environ.get("ACKKIT_TEST_RUNTIMES", "both") == "alternate"
+_RUNTIME_VALUES = {"sync": 0, "App": 0, "async": 1, "AsyncApp": 1}
+
+
+def _runtime_left_out(item: pytest.Item) -> bool:
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if "tests/contract/" in item.nodeid or not params:
+        return False
+    if item.get_closest_marker("runtimes_paired"):
+        return False
+    runtime = [n for n, v in params.items() if isinstance(v, str) and v in _RUNTIME_VALUES]
+    if len(runtime) != 1:
+        return False
+    others = sorted((n, repr(v)) for n, v in params.items() if n != runtime[0])
+    key = f"{item.path.name}::{getattr(item, 'originalname', item.name)}::{others}"
+    return _RUNTIME_VALUES[params[runtime[0]]] != zlib.crc32(key.encode()) % 2
+
+
+def _leave_out(config: pytest.Config, items: list[pytest.Item], why: Any) -> None:
+    gone = [item for item in items if why(item)]
+    if gone:
+        config.hook.pytest_deselected(items=gone)
+        items[:] = [item for item in items if not why(item)]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Leave out the in-memory transport's runs where the leg says so (above); in fuzz
-    mode, tests that set their own max_examples get FUZZ times as many too."""
+    """Leave out the runs a leg says it does not need (above); in fuzz mode, tests that set
+    their own max_examples get FUZZ times as many too."""
     if not IN_MEMORY:
-        gone = [item for item in items if _in_memory_transport(item)]
-        if gone:
-            config.hook.pytest_deselected(items=gone)
-            items[:] = [item for item in items if not _in_memory_transport(item)]
+        _leave_out(config, items, _in_memory_transport)
+    if ALTERNATE_RUNTIMES:
+        _leave_out(config, items, _runtime_left_out)
     if not FUZZ:
         return
     for item in items:

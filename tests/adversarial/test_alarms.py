@@ -31,7 +31,7 @@ from ackkit.errors import PublishNotConfirmed
 from ackkit.pull import AsyncPullConnection, PullConnection
 from tests.contract.conftest import IO, Broker, Runtime, eventually
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.runtimes_paired]  # see PAIRS
 
 Alarm = Callable[[], AbstractContextManager[None]]
 
@@ -70,10 +70,20 @@ def alarm(request: pytest.FixtureRequest, broker: Broker) -> Iterator[Alarm]:
     broker.handle.ctl(*off)
 
 
+# Both alarms block a publishing connection the same way (connection.blocked, then no
+# confirm); what differs is the broker's side, which `alarm` checks before it yields. So
+# each test runs twice, not four times: both runtimes and both alarms, paired, and the
+# pairs alternate between the tests so that every combination runs in the module.
+PAIRS = ("runtime", "alarm")
+SYNC_MEMORY = pytest.mark.parametrize(PAIRS, [("sync", "memory"), ("async", "disk")], indirect=True)
+SYNC_DISK = pytest.mark.parametrize(PAIRS, [("sync", "disk"), ("async", "memory")], indirect=True)
+
+
 def bodies(n: int, start: int = 0) -> list[str | bytes]:
     return [json.dumps({"id": i}) for i in range(start, start + n)]
 
 
+@SYNC_MEMORY
 def test_pull_publish_timeout_holds_and_close_is_bounded(
     runtime: Runtime, broker: Broker, queue_factory: Any, alarm: Alarm
 ) -> None:
@@ -108,6 +118,7 @@ def test_pull_publish_timeout_holds_and_close_is_bounded(
     assert broker.counts(q).total <= 1
 
 
+@SYNC_DISK
 def test_no_original_is_acked_before_its_copy_is_confirmed_and_stop_is_bounded(
     runtime: Runtime,
     broker: Broker,
@@ -186,6 +197,7 @@ else:
 """
 
 
+@SYNC_MEMORY
 def test_sigterm_under_an_alarm_stops_in_bounded_time_and_acks_nothing_uncopied(
     runtime: Runtime, broker: Broker, queue_factory: Any, alarm: Alarm, tmp_path: Path
 ) -> None:
