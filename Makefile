@@ -15,19 +15,20 @@ VERSIONS := 3.10 4.0 4.3
 # Suites that talk to a broker; unit tests need no second run.
 BROKER_SUITES := tests/contract tests/integration tests/adversarial tests/inbox \
                  tests/chaos/test_chaos_quick.py tests/spark
-# The Spark modules that need a Spark of their own (SIGKILLed drivers, a standalone
-# cluster, a Spark Connect server) run once, in the legs that follow the Docker leg (see
-# .ci/test-legs): the queue source's crash, cluster, deployment-change, shard-scale and
-# slow-source-runner modules on 3.10, and the AvailableNow, Spark Connect and streams
-# kill and cluster modules on 4.3 (super streams need 3.11+). None of them is about the broker's version
-# (the AvailableNow broker side, without Spark, runs on every leg:
-# tests/contract/test_spark_available.py); make test-matrix runs every module on every
-# version. The other Spark modules run on both broker legs.
+# The Spark modules that run a query end to end run once, each in the Spark leg of one
+# broker (see .ci/test-legs), none of them about the broker's version: on 3.10 the queue
+# source's crash, cluster, deployment-change, shard-scale and slow-source-runner modules;
+# on 4.3 (the version users run; super streams need 3.11+) the queue source's and the
+# stream source's own modules, their kills, AvailableNow and Spark Connect. The AvailableNow
+# broker side, without Spark, runs on every leg (tests/contract/test_spark_available.py);
+# the Spark modules of parts and plans run on both broker legs; make test-matrix runs every
+# module on every version.
 SPARK310 := tests/spark/test_spark_crash.py tests/spark/test_spark_cluster.py \
             tests/spark/test_spark_deploy.py tests/spark/test_spark_scale.py \
             tests/spark/test_spark_slow_worker.py
 SPARK43 := tests/spark/test_spark_available.py tests/spark/test_spark_connect.py \
-           tests/spark/test_spark_cluster_streams.py tests/spark/test_spark_streams_kill.py
+           tests/spark/test_spark_cluster_streams.py tests/spark/test_spark_streams_kill.py \
+           tests/spark/test_spark_stream.py tests/spark/test_spark_streams.py
 # The library's own surfaces, whichever broker is below them: the console (a real
 # browser), the CLI, the test kit (whose 4.x tests start a 4.3 node of their own on any
 # leg), the wheel, the examples, logs and metrics. They run on the 3.10 leg only (the 4.3

@@ -90,28 +90,70 @@ def _in_memory_transport(item: pytest.Item) -> bool:
     )
 
 
-# Most broker tests run on both runtimes (App and AsyncApp). On a leg whose subject is the
-# broker's version rather than the runtimes (make test's 4.3 leg), ACKKIT_TEST_RUNTIMES=
-# alternate runs each such test on one runtime, picked by the test's name and its other
-# parameters (stable from run to run, both runtimes about equally often): the runtimes are
-# compared test by test on the 3.10 leg. The contract suite (tests/contract), which is
-# about a runtime meeting a broker, keeps both.
-ALTERNATE_RUNTIMES = os.environ.get("ACKKIT_TEST_RUNTIMES", "both") == "alternate"
+# Most broker tests run on both runtimes (App and AsyncApp). make test's two broker legs
+# share them out: with ACKKIT_TEST_RUNTIMES=pick:0 (the 3.10 leg) and pick:1 (the 4.3 leg)
+# each such test runs on one runtime per leg, the other runtime on the other leg, picked by
+# the test's name and its other parameters (stable from run to run, each runtime about
+# half the time). Together the legs still run every test on both runtimes and on both
+# brokers. A test marked `legs_share("name")` shares out its parameter `name` instead (each
+# value on one leg; the test's other parameters meet every value across the legs). Only
+# the modules under ACKKIT_TEST_PAIRED (the suites both legs run) are shared out, but for
+# those in ACKKIT_TEST_UNPAIRED (those one leg runs alone), the contract suite
+# (tests/contract, about a runtime meeting a broker: both, on each leg) and tests marked
+# runtimes_paired. Unset (a plain pytest run, make test-matrix): every run everywhere.
+_PICK = os.environ.get("ACKKIT_TEST_RUNTIMES", "both")
+PICK = int(_PICK.removeprefix("pick:")) if _PICK.startswith("pick:") else None
+_PAIRED = tuple(os.environ.get("ACKKIT_TEST_PAIRED", "tests/").split())
+_UNPAIRED = tuple(os.environ.get("ACKKIT_TEST_UNPAIRED", "").split())
+_RUNTIME_PARAMS = ("runtime", "kind", "cls")  # the names the suites give the runtime
 _RUNTIME_VALUES = {"sync": 0, "App": 0, "async": 1, "AsyncApp": 1}
 
 
-def _runtime_left_out(item: pytest.Item) -> bool:
-    params = getattr(getattr(item, "callspec", None), "params", {})
-    if "tests/contract/" in item.nodeid or not params:
-        return False
-    if item.get_closest_marker("runtimes_paired"):
-        return False
-    runtime = [n for n, v in params.items() if isinstance(v, str) and v in _RUNTIME_VALUES]
-    if len(runtime) != 1:
-        return False
-    others = sorted((n, repr(v)) for n, v in params.items() if n != runtime[0])
-    key = f"{item.path.name}::{getattr(item, 'originalname', item.name)}::{others}"
-    return _RUNTIME_VALUES[params[runtime[0]]] != zlib.crc32(key.encode()) % 2
+def _plain(value: Any) -> Any:
+    """A parameter's value as a key that is the same in every process."""
+    return value if isinstance(value, str | int | float | bool | None) else type(value).__name__
+
+
+def _shared_param(item: pytest.Item) -> str | None:
+    """The parameter the broker legs share out for `item`, if any."""
+    path = item.nodeid.split("::", 1)[0]
+    callspec = getattr(item, "callspec", None)
+    if callspec is None or path.startswith("tests/contract/") or not path.startswith(_PAIRED):
+        return None
+    if (_UNPAIRED and path.startswith(_UNPAIRED)) or item.get_closest_marker("runtimes_paired"):
+        return None
+    marker = item.get_closest_marker("legs_share")
+    if marker is not None:
+        name = str(marker.args[0])
+        return name if name in callspec.params else None
+    runtime = [n for n in _RUNTIME_PARAMS if callspec.params.get(n) in _RUNTIME_VALUES]
+    return runtime[0] if len(runtime) == 1 else None
+
+
+def _left_to_the_other_leg(items: list[pytest.Item]) -> set[str]:
+    """The node ids this leg leaves to the other: in each group of runs of one test that
+    differ only in the shared parameter, the values alternate between the legs."""
+    groups: dict[tuple[Any, ...], list[Any]] = {}
+    shared = []
+    for item in items:
+        name = _shared_param(item)
+        if name is None:
+            continue
+        params = item.callspec.params  # type: ignore[attr-defined]
+        others = tuple(sorted((n, _plain(v)) for n, v in params.items() if n != name))
+        key = (item.nodeid.split("::", 1)[0], getattr(item, "originalname", item.name), others)
+        value = _plain(params[name])
+        values = groups.setdefault(key, [])
+        if value not in values:
+            values.append(value)
+        index = _RUNTIME_VALUES[value] if name in _RUNTIME_PARAMS else None
+        shared.append((item, key, value, index))
+    gone = set()
+    for item, key, value, index in shared:
+        i = groups[key].index(value) if index is None else index
+        if (zlib.crc32(repr(key).encode()) + i + (PICK or 0)) % 2:
+            gone.add(item.nodeid)
+    return gone
 
 
 def _leave_out(config: pytest.Config, items: list[pytest.Item], why: Any) -> None:
@@ -126,8 +168,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     their own max_examples get FUZZ times as many too."""
     if not IN_MEMORY:
         _leave_out(config, items, _in_memory_transport)
-    if ALTERNATE_RUNTIMES:
-        _leave_out(config, items, _runtime_left_out)
+    if PICK is not None:
+        other_leg = _left_to_the_other_leg(items)
+        _leave_out(config, items, lambda item: item.nodeid in other_leg)
     if not FUZZ:
         return
     for item in items:

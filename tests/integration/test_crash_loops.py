@@ -18,7 +18,9 @@ from _retry_support import Worker, channel, drain, header_text, publish, read_lo
 
 from ackkit._core import headers as H
 
-pytestmark = pytest.mark.integration
+# make test's broker legs share out the queue type: each leg runs every writer with one
+# of them, the other leg with the other (tests/conftest.py), so each leg has both types.
+pytestmark = [pytest.mark.integration, pytest.mark.legs_share("queue_type")]
 
 
 @pytest.mark.parametrize("writes", ["prompt", "slow", "async"])

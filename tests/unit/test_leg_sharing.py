@@ -1,0 +1,70 @@
+"""make test's broker legs share out the runs parametrized by runtime (tests/conftest.py):
+together they still run every one, each once, and each leg keeps both runtimes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MODULES = [
+    "tests/integration/test_refused_copies.py",  # parametrized by runtime
+    "tests/integration/test_crash_loops.py",  # shares out its queue type instead
+    "tests/integration/test_stop_returns_once.py",  # App / AsyncApp, with another parameter
+    "tests/adversarial/test_alarms.py",  # runtimes already paired with the alarms: kept
+    "tests/contract/test_pull.py",  # the contract suite: kept whole on each leg
+]
+
+
+def collect(**env: str) -> set[str]:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            *MODULES,
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "ACKKIT_TEST_RABBITMQ": "3.10", **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return {line.strip() for line in out.splitlines() if "::" in line}
+
+
+def test_the_two_legs_together_run_every_run_once_and_each_leg_both_runtimes() -> None:
+    every = collect()
+    shared = {"ACKKIT_TEST_PAIRED": "tests/", "ACKKIT_TEST_UNPAIRED": ""}
+    first = collect(ACKKIT_TEST_RUNTIMES="pick:0", **shared)
+    second = collect(ACKKIT_TEST_RUNTIMES="pick:1", **shared)
+    assert first | second == every
+    # not parametrized, the alarms' pairs and the contract suite: on both legs
+    whole = {i for i in every if "[" not in i or "test_alarms" in i or "tests/contract/" in i}
+    assert whole and first & second == whole  # the rest runs on exactly one leg
+    for leg in (first, second):
+        runs = leg - whole
+        assert any("[sync" in i for i in runs) and any("[async" in i for i in runs)
+        loops = [i for i in runs if "kills_its_consumer" in i]
+        assert len(loops) == 3 and {"prompt", "slow", "async"} == {
+            i.rsplit("-", 1)[1].rstrip("]") for i in loops
+        }  # every writer, each with one queue type
+    # stable from run to run (a leg that changed its mind would drop some runs)
+    assert collect(ACKKIT_TEST_RUNTIMES="pick:0", **shared) == first
+
+
+def test_a_module_one_leg_runs_alone_is_not_shared_out() -> None:
+    every = collect()
+    alone = collect(
+        ACKKIT_TEST_RUNTIMES="pick:0",
+        ACKKIT_TEST_PAIRED="tests/",
+        ACKKIT_TEST_UNPAIRED="tests/integration/test_refused_copies.py",
+    )
+    refused = {i for i in every if "test_refused_copies" in i}
+    assert refused <= alone
