@@ -4,7 +4,8 @@
 # RabbitMQ versions: 3.10 is the machine's own rabbitmq-server; 4.0 and 4.3 run
 # in a Debian root the test kit builds on first use (root + debootstrap, ~40 s,
 # cached in /var/cache/ackkit/rootfs). `make test` runs everything on 3.10 and
-# the broker-facing suites on 4.3 (but $(ONCE)); `make test-matrix` runs everything on each.
+# the broker-facing suites on 4.3 (but $(ONCE)), sharing out the runtimes between the two
+# (.ci/test-legs); `make test-matrix` runs everything on each.
 # `make chaos RABBITMQ=4.3`, `make bench RABBITMQ=4.3` pick the broker.
 # The 4.x legs ignore AMQP_URL (they are about their version's node).
 PY      := .venv/bin/python
@@ -31,9 +32,9 @@ SPARK43 := tests/spark/test_spark_available.py tests/spark/test_spark_connect.py
            tests/spark/test_spark_stream.py tests/spark/test_spark_streams.py
 # The library's own surfaces, whichever broker is below them: the console (a real
 # browser), the CLI, the test kit (whose 4.x tests start a 4.3 node of their own on any
-# leg), the wheel, the examples, logs and metrics. They run on the 3.10 leg only (the 4.3
-# leg ran them again for nothing: the broker's version is not what they check);
-# make test-matrix still runs them on every version.
+# leg), the wheel, the examples, logs and metrics. They run once, in a leg of their own on
+# 3.10 (the broker's version is not what they check); make test-matrix still runs them on
+# every version.
 ONCE := $(wildcard tests/integration/test_console*.py tests/integration/test_cli*.py \
           tests/integration/test_testkit*.py) \
         tests/integration/test_docker_provider.py tests/integration/test_packaging.py \

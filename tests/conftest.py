@@ -96,17 +96,20 @@ def _in_memory_transport(item: pytest.Item) -> bool:
 # the test's name and its other parameters (stable from run to run, each runtime about
 # half the time). Together the legs still run every test on both runtimes and on both
 # brokers. A test marked `legs_share("name")` shares out its parameter `name` instead (each
-# value on one leg; the test's other parameters meet every value across the legs). Only
-# the modules under ACKKIT_TEST_PAIRED (the suites both legs run) are shared out, but for
-# those in ACKKIT_TEST_UNPAIRED (those one leg runs alone), the contract suite
-# (tests/contract, about a runtime meeting a broker: both, on each leg) and tests marked
-# runtimes_paired. Unset (a plain pytest run, make test-matrix): every run everywhere.
+# value on one leg; the test's other parameters meet every value across the legs), one
+# marked `legs_share()` its runs in their order (for runs that already pair the runtime
+# with another parameter, as the alarm tests do). Only the modules under ACKKIT_TEST_PAIRED
+# (the suites both legs run) are shared out, but for those in ACKKIT_TEST_UNPAIRED (those
+# one leg runs alone) and the contract suite (tests/contract, about a runtime meeting a
+# broker: both, on each leg). Unset (a plain pytest run, make test-matrix): every run
+# everywhere.
 _PICK = os.environ.get("ACKKIT_TEST_RUNTIMES", "both")
 PICK = int(_PICK.removeprefix("pick:")) if _PICK.startswith("pick:") else None
 _PAIRED = tuple(os.environ.get("ACKKIT_TEST_PAIRED", "tests/").split())
 _UNPAIRED = tuple(os.environ.get("ACKKIT_TEST_UNPAIRED", "").split())
 _RUNTIME_PARAMS = ("runtime", "kind", "cls")  # the names the suites give the runtime
 _RUNTIME_VALUES = {"sync": 0, "App": 0, "async": 1, "AsyncApp": 1}
+_EVERY_RUN = "*"  # legs_share() without a name: the test's runs, in their order
 
 
 def _plain(value: Any) -> Any:
@@ -120,10 +123,12 @@ def _shared_param(item: pytest.Item) -> str | None:
     callspec = getattr(item, "callspec", None)
     if callspec is None or path.startswith("tests/contract/") or not path.startswith(_PAIRED):
         return None
-    if (_UNPAIRED and path.startswith(_UNPAIRED)) or item.get_closest_marker("runtimes_paired"):
+    if _UNPAIRED and path.startswith(_UNPAIRED):
         return None
     marker = item.get_closest_marker("legs_share")
     if marker is not None:
+        if not marker.args:
+            return _EVERY_RUN
         name = str(marker.args[0])
         return name if name in callspec.params else None
     runtime = [n for n in _RUNTIME_PARAMS if callspec.params.get(n) in _RUNTIME_VALUES]
@@ -140,9 +145,13 @@ def _left_to_the_other_leg(items: list[pytest.Item]) -> set[str]:
         if name is None:
             continue
         params = item.callspec.params  # type: ignore[attr-defined]
-        others = tuple(sorted((n, _plain(v)) for n, v in params.items() if n != name))
+        if name == _EVERY_RUN:  # the test's runs alternate, whatever their parameters
+            others: tuple[Any, ...] = ()
+            value: Any = tuple(sorted((n, _plain(v)) for n, v in params.items()))
+        else:
+            others = tuple(sorted((n, _plain(v)) for n, v in params.items() if n != name))
+            value = _plain(params[name])
         key = (item.nodeid.split("::", 1)[0], getattr(item, "originalname", item.name), others)
-        value = _plain(params[name])
         values = groups.setdefault(key, [])
         if value not in values:
             values.append(value)

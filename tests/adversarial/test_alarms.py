@@ -31,7 +31,9 @@ from ackkit.errors import PublishNotConfirmed
 from ackkit.pull import AsyncPullConnection, PullConnection
 from tests.contract.conftest import IO, Broker, Runtime, eventually
 
-pytestmark = [pytest.mark.integration, pytest.mark.runtimes_paired]  # see PAIRS
+# make test's two broker legs share out each test's two runs (tests/conftest.py): each leg
+# runs one of them; together, every runtime with every alarm.
+pytestmark = [pytest.mark.integration, pytest.mark.legs_share()]
 
 Alarm = Callable[[], AbstractContextManager[None]]
 

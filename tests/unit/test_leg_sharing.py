@@ -13,7 +13,7 @@ MODULES = [
     "tests/integration/test_refused_copies.py",  # parametrized by runtime
     "tests/integration/test_crash_loops.py",  # shares out its queue type instead
     "tests/integration/test_stop_returns_once.py",  # App / AsyncApp, with another parameter
-    "tests/adversarial/test_alarms.py",  # runtimes already paired with the alarms: kept
+    "tests/adversarial/test_alarms.py",  # runtimes paired with alarms: the runs shared out
     "tests/contract/test_pull.py",  # the contract suite: kept whole on each leg
 ]
 
@@ -45,8 +45,8 @@ def test_the_two_legs_together_run_every_run_once_and_each_leg_both_runtimes() -
     first = collect(ACKKIT_TEST_RUNTIMES="pick:0", **shared)
     second = collect(ACKKIT_TEST_RUNTIMES="pick:1", **shared)
     assert first | second == every
-    # not parametrized, the alarms' pairs and the contract suite: on both legs
-    whole = {i for i in every if "[" not in i or "test_alarms" in i or "tests/contract/" in i}
+    # not parametrized, and the contract suite: on both legs
+    whole = {i for i in every if "[" not in i or "tests/contract/" in i}
     assert whole and first & second == whole  # the rest runs on exactly one leg
     for leg in (first, second):
         runs = leg - whole
@@ -55,6 +55,8 @@ def test_the_two_legs_together_run_every_run_once_and_each_leg_both_runtimes() -
         assert len(loops) == 3 and {"prompt", "slow", "async"} == {
             i.rsplit("-", 1)[1].rstrip("]") for i in loops
         }  # every writer, each with one queue type
+        alarms = [i.split("::")[1].split("[")[0] for i in runs if "test_alarms" in i]
+        assert len(alarms) == len(set(alarms)) == 3  # one run of each alarm test
     # stable from run to run (a leg that changed its mind would drop some runs)
     assert collect(ACKKIT_TEST_RUNTIMES="pick:0", **shared) == first
 
