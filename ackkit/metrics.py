@@ -183,10 +183,11 @@ class _ListenerCollector(Collector):
                 buckets.append((str(float(bound)), total))  # "5.0", as prometheus_client writes it
             buckets.append(("+Inf", total + sizes[-1]))
             frames.add_metric(labels, buckets, c.acked_by_frames)
-            in_flight.add_metric(labels, core.outstanding)
-            pending.add_metric(labels, core.pending_acks)
-            republishing.add_metric(labels, core.republishing)
-            now = core.flow.state
+            now_held = core.gauges()
+            in_flight.add_metric(labels, now_held.outstanding)
+            pending.add_metric(labels, now_held.pending_acks)
+            republishing.add_metric(labels, now_held.republishing)
+            now = core.gating.flow.state
             for st in FlowState:
                 flow_state.add_metric([*labels, st.value], 1.0 if st is now else 0.0)
         return fams

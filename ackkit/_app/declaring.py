@@ -17,11 +17,11 @@ def declaration(
     """(ackkit's own queues, the listeners' queues with their arguments, the queues only
     checked, the exchanges and bindings) for `consumers` (each with `.core` and `.spec`).
     The app's whole exchange plan when these are all its listeners, else theirs only."""
-    own = [q for c in consumers for q in c.core.topology()]
+    own = [q for c in consumers for q in c.core.queues.topology()]
     user = []
     for c in consumers:
         if c.spec.declare:
-            args, dropped = c.core.queue_arguments(c.spec.queue_arguments)
+            args, dropped = c.core.queues.queue_arguments(c.spec.queue_arguments)
             log_dropped_arguments(log, c.spec.queue, dropped)
             user.append((c.spec.queue, args))
     existing = [c.spec.queue for c in consumers if not c.spec.declare]

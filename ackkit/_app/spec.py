@@ -355,7 +355,7 @@ class AppBase(SettingsView):
         probing (half-open), standby (another consumer holds its queue exclusively) or
         refused (the broker refuses its copies: waiting before it consumes again), as the
         latest run left it."""
-        return {name: core.flow.state for name, (_, core) in self._cores.items()}
+        return {name: core.gating.flow.state for name, (_, core) in self._cores.items()}
 
     def __iter__(self) -> Iterator[ListenerSpec]:
         return iter(self.specs)

@@ -118,7 +118,11 @@ class AsyncConsumer(ChannelSettler):
         self.consuming = False  # a basic.consume is on its way
         # what a refused or cancelled consumer comes to (the core's `Consuming`)
         self.consume_state = Consuming(
-            self.core.flow, spec.name, spec.queue, declare=spec.declare, exclusive=spec.exclusive
+            self.core.gating.flow,
+            spec.name,
+            spec.queue,
+            declare=spec.declare,
+            exclusive=spec.exclusive,
         )
         self.refused_on: AbstractChannel | None = None  # the channel whose consume was refused
         self._reasons: frames.Reasons | None = None  # of the channel's connection
@@ -156,7 +160,7 @@ class AsyncConsumer(ChannelSettler):
             if any(type(a) is TxSelect for a in acts):
                 await ch.tx_select()
             await ch.basic_qos(prefetch_count=self.spec.policy.prefetch)
-            if self.core.consuming:  # not while paused or tripped
+            if self.core.gating.consuming:  # not while paused or tripped
                 await self.consume(ch)
         finally:
             self._opening = False
@@ -180,7 +184,7 @@ class AsyncConsumer(ChannelSettler):
             self.consuming = False
         self.consumer_tag = ok.consumer_tag
         refusals.consume_ok(self)
-        if not self.core.consuming:  # paused while the broker answered: no cancel went
+        if not self.core.gating.consuming:  # paused while the broker answered: no cancel went
             await self.execute(self.core.generation, [Consume(False)])  # out (no tag yet)
 
     def _on_channel_closed(self, ch: AbstractChannel, fut: asyncio.Future[Any]) -> None:
@@ -318,7 +322,7 @@ class AsyncConsumer(ChannelSettler):
         self.rt.spawn(self._start_held(d))
 
     async def _start_held(self, d: DeliveryBase) -> None:
-        acts = self.core.admit(d._tracked)  # through the flow gate
+        acts = self.core.gating.admit(d._tracked)  # through the flow gate
         if acts is None:
             await self._admit(d)
         elif acts:
@@ -387,7 +391,7 @@ class AsyncConsumer(ChannelSettler):
 
     async def stop(self) -> None:
         """The app stops: the core starts nothing from now on; its held acks go out."""
-        acts = self.core.stop()
+        acts = self.core.shutdown.stop()
         if acts:
             await self.execute(self.core.generation, acts)
 
@@ -398,6 +402,6 @@ class AsyncConsumer(ChannelSettler):
     async def give_back(self) -> None:
         """Shutdown, no time left for more copies: the unstarted deliveries still waiting
         for one go back to the queue as they are."""
-        acts = self.core.give_back()
+        acts = self.core.shutdown.give_back()
         if acts:
             await self.execute(self.core.generation, acts)

@@ -29,7 +29,7 @@ async def switch(c: AsyncConsumer, on: bool) -> None:
     ch = c.channel
     if ch is None or ch.is_closed or c.rt.stopping:
         return
-    if c.core.consuming:  # what the core says now (see the App's `flowing.switch`)
+    if c.core.gating.consuming:  # what the core says now (see the App's `flowing.switch`)
         if c.consumer_tag is None and not c.consuming:
             c.rt.spawn(_consume(c, ch))  # its answer is awaited outside the settle lock
         return
@@ -43,7 +43,13 @@ async def switch(c: AsyncConsumer, on: bool) -> None:
 
 async def _consume(c: AsyncConsumer, ch: AbstractChannel) -> None:
     idle = c.consumer_tag is None and not c.consuming
-    if ch is c.channel and not ch.is_closed and idle and c.core.consuming and not c.rt.stopping:
+    if (
+        ch is c.channel
+        and not ch.is_closed
+        and idle
+        and c.core.gating.consuming
+        and not c.rt.stopping
+    ):
         await c.consume(ch)
 
 
@@ -54,7 +60,7 @@ async def _return_backlog(c: AsyncConsumer) -> None:
     if not units:
         return
     ds = [d for u in units for d in (u if isinstance(u, list) else [u])]
-    keep, acts = c.core.withdraw([d._tracked for d in ds])
+    keep, acts = c.core.gating.withdraw([d._tracked for d in ds])
     if not acts:
         return
     stay = {id(t) for t in keep}
@@ -68,7 +74,7 @@ async def _return_backlog(c: AsyncConsumer) -> None:
 
 async def set_paused(c: AsyncConsumer, paused: bool) -> None:
     """Pause or resume the listener by hand."""
-    acts = c.core.set_paused(paused)
+    acts = c.core.gating.set_paused(paused)
     if acts:
         await c.execute(c.core.generation, acts)
 
@@ -76,6 +82,6 @@ async def set_paused(c: AsyncConsumer, paused: bool) -> None:
 def waiting(c: AsyncConsumer) -> list[DeliveryBase]:
     """Shutdown: the deliveries the gate holds, and the restamp copies the core holds
     (returned with the unstarted)."""
-    ts = c.core.take_held()
+    ts = c.core.shutdown.take_held()
     held = (c.originals.get(t.generation, t.tag) for t in ts)
     return [d for d in held if d is not None]

@@ -89,7 +89,7 @@ async def attempt(c: AsyncConsumer, inv: Invocation) -> Outcome:
         else:
             result = await c.rt.loop.run_in_executor(c.pool, _call, b.fn, inv.args)
     except asyncio.CancelledError as e:
-        if c.core.interrupted(cancels.interruption(asyncio.current_task(), c.rt.stopping)):
+        if c.core.shutdown.interrupted(cancels.interruption(asyncio.current_task(), c.rt.stopping)):
             # shutdown or a lost channel: released by handle()
             if done is not None:
                 done(e)
@@ -134,7 +134,7 @@ async def release(c: AsyncConsumer, ds: list[DeliveryBase], *, started: bool = F
     core = c.core
     acts: list[Action] = []
     for d in ds:
-        acts.extend(core.release(d._tracked, started=started))
+        acts.extend(core.shutdown.release(d._tracked, started=started))
     if acts:
         await c.execute(core.generation, acts)
 

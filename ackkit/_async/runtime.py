@@ -207,7 +207,7 @@ class AsyncRuntime:
                 self.exchange_channels = min(EXCHANGE_CHANNELS, spare)
                 for c in self.consumers:
                     c.core.use_broker(broker)  # before anything of this connection is decided
-                    c.core.check_broker()  # TopologyConflict: fatal, from start()
+                    c.core.queues.check_broker()  # TopologyConflict: fatal, from start()
                 await self.declare_for(amqp, self.consumers)
                 for c in self.consumers:
                     await c.open(amqp, self.numbers)
@@ -330,8 +330,8 @@ class AsyncRuntime:
             # listener's copies go out on its own publisher, not on the app's.
             publishers = (*self.publishers.values(), *(c.copies for c in self.consumers))
             busy = any(p.pending for p in publishers)
-            quiet = all(c.core.quiescent for c in self.consumers) and not busy
-            in_flight = busy or any(c.core.copies_in_flight for c in self.consumers)
+            quiet = all(c.core.shutdown.quiescent for c in self.consumers) and not busy
+            in_flight = busy or any(c.core.shutdown.copies_in_flight for c in self.consumers)
             if may_close(quiet, in_flight, time.monotonic(), deadline):
                 return
             await asyncio.sleep(0.02)

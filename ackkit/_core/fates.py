@@ -1,53 +1,63 @@
 """How a delivery ends: the core's settling moves, shared by every decision.
 
-`Fates` is a part of `ListenerCore` (a mixin): a handler's end (`finish`,
+`Fates` is a part of `ListenerCore`: a handler's end (`finish`,
 `finish_batch`), a handler's own settle (`settle`), ack now or with the next
 multiple-ack, requeue, reject, the default for a handler that left its
 delivery unsettled, what a failure becomes (`failure.decide` carried out:
 requeue, retry in process, a retry copy in a delay queue, a dead letter), and
 the copies a delivery can leave behind (dead letter, restamp). Each returns
 the actions a runtime carries out, and counts and reports what it did.
+
+It is handed what it uses: the policy, the ledger (tags and acks), the
+confirms (copies awaiting the broker), the report (counters, observer), the
+queues (which of its own queues a copy declares first), the requeues this
+listener made (`lost.Requeues`, told of every explicit requeue) and the
+wall clock the copies' headers are stamped with.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 from . import copies
 from .actions import Action, CopyPurpose, Nack, Reinvoke, Reject, Republish, SettleKind
 from .errors import AlreadySettled, RetryLater, SettleNotAllowed
-from .events import HOT_STAGES, Counters, Event, Observer, Stage
+from .events import Stage
 from .failure import Fate, decide
 from .ledger import Ledger
+from .lost import Requeues
 from .policy import AckMode, ListenerPolicy, Unsettled
+from .report import Report
 from .republish import Confirms
-from .topology import QueueSpec, own_queue
+from .topology import Queues
 from .tracked import Tracked
 
 _BATCHED = (AckMode.AUTO, AckMode.DUPS_OK, AckMode.TRANSACTED)
 
 
 class Fates:
-    """The settling moves of a `ListenerCore` (its state, declared here for the mixin)."""
+    """The settling moves of one listener."""
 
-    policy: ListenerPolicy
-    mode: AckMode
-    ledger: Ledger
-    confirms: Confirms
-    counters: Counters
-    observer: Observer | None
-    _hot: bool
-    _wallclock: Callable[[], float]
-    _declared: set[str]
-    declare_on_use: bool
-
-    if TYPE_CHECKING:
-
-        def extra_delay_queue(self, delay: float) -> QueueSpec | None: ...
-
-        def owe_requeue(self, t: Tracked) -> None: ...
+    def __init__(
+        self,
+        policy: ListenerPolicy,
+        ledger: Ledger,
+        confirms: Confirms,
+        report: Report,
+        queues: Queues,
+        requeues: Requeues,
+        wallclock: Callable[[], float],
+    ) -> None:
+        self.policy = policy
+        self.mode = policy.mode
+        self._ledger = ledger
+        self._confirms = confirms
+        self._report = report
+        self._emit = report.emit
+        self._queues = queues
+        self._requeues = requeues
+        self._wallclock = wallclock
 
     def finish(
         self, t: Tracked, exc: BaseException | None = None, traceback: str | None = None
@@ -62,7 +72,7 @@ class Fates:
             return [] if exc is None else self._failure(t, exc, traceback)
         if t.settled:
             return []
-        if not self.ledger.current(t):
+        if not self._ledger.current(t):
             t.settled = True
             self._emit(Stage.DROPPED_STALE, t, "channel closed")
             return []
@@ -72,21 +82,21 @@ class Fates:
             return self._unsettled(t)
         if self.mode is AckMode.TRANSACTED:
             # The transaction rolls back: its pending acks become requeues.
-            return self.ledger.requeue_pending() + self._failure(t, exc, traceback)
+            return self._ledger.requeue_pending() + self._failure(t, exc, traceback)
         return self._failure(t, exc, traceback)
 
     def finish_all(self, ts: Sequence[Tracked]) -> list[Action]:
         """`finish(t)` for each of `ts` in order, each handled with success (a batch
         consumer's written batch): the same decisions, with less work per delivery when
         acks go out in batches and no observer wants each one."""
-        if self.mode not in _BATCHED or self._hot:
+        if self.mode not in _BATCHED or self._report.hot:
             out: list[Action] = []
             for t in ts:
                 out.extend(self.finish(t))
             return out
-        led = self.ledger
+        led = self._ledger
         acts, n = led.ack_each(ts, stale=self.finish)
-        self.counters.counts[Stage.ACKED] += n
+        self._report.counters.counts[Stage.ACKED] += n
         return acts
 
     def finish_batch(
@@ -127,7 +137,7 @@ class Fates:
             raise AlreadySettled(f"delivery tag {t.tag} was already settled")
         if multiple and self.mode is AckMode.INDIVIDUAL:
             raise SettleNotAllowed("AckMode.INDIVIDUAL settles one delivery at a time")
-        ledger = self.ledger
+        ledger = self._ledger
         if not ledger.current(t):
             # Its channel is gone and the broker has requeued it: never send its tag.
             t.settled = True
@@ -158,37 +168,30 @@ class Fates:
                     ledger.window.mark_gone(x.tag)
                     acts.append(Nack(x.tag) if how is SettleKind.NACK else Reject(x.tag, True))
             for x in targets:
-                self.owe_requeue(x)
+                self._requeues.owe(x)
                 self._emit(Stage.REQUEUED, x, f"{how} requeue by handler")
             return acts
         for x in targets:
             x.settled = False  # _dead_letter settles it
-            acts.extend(self._dead_letter(x, f"{how} without requeue by handler", None, None))
+            acts.extend(self.dead_letter(x, f"{how} without requeue by handler", None, None))
         return acts
 
-    def _emit(self, stage: Stage, t: Tracked, reason: str, count: bool = True) -> None:
-        if count:
-            self.counters.counts[stage] += 1
-        if self.observer and (self._hot or stage not in HOT_STAGES):
-            ev = Event(stage, self.policy.name, t.tag, t.attempt, reason, t.message_id)
-            self.observer(ev)
-
     def _ack(self, t: Tracked) -> list[Action]:
-        self.counters.counts[Stage.ACKED] += 1
-        if self._hot:
+        self._report.counters.counts[Stage.ACKED] += 1
+        if self._report.hot:
             self._emit(Stage.ACKED, t, "", count=False)
-        return self.ledger.ack(t)
+        return self._ledger.ack(t)
 
     def _ack_upto(self, tag: int) -> list[Action]:
-        for x in self.ledger.ack_upto(tag):
+        for x in self._ledger.ack_upto(tag):
             self._emit(Stage.ACKED, x, "")
-        return self.ledger.flush_by_count()
+        return self._ledger.flush_by_count()
 
     def _unsettled(self, t: Tracked) -> list[Action]:
         if self.mode is AckMode.CLIENT:
             # May be settled later by a multiple ack; only a full window is a problem.
             acts: list[Action] = []
-            for x in self.ledger.park(t):
+            for x in self._ledger.park(t):
                 acts.extend(self._apply_unsettled(x, "window full of unsettled deliveries"))
             return acts
         return self._apply_unsettled(t, "handler returned without settling")
@@ -200,16 +203,16 @@ class Fates:
             return self._ack(t)
         if how is Unsettled.REQUEUE:
             return self._requeue(t, why)
-        return self._dead_letter(t, why, None, None)
+        return self.dead_letter(t, why, None, None)
 
     def _requeue(self, t: Tracked, why: str) -> list[Action]:
-        self.owe_requeue(t)
-        self.ledger.gone(t)
+        self._requeues.owe(t)
+        self._ledger.gone(t)
         self._emit(Stage.REQUEUED, t, why)
         return [Reject(t.tag, requeue=True)]
 
     def _reject(self, t: Tracked, why: str) -> list[Action]:
-        self.ledger.gone(t)
+        self._ledger.gone(t)
         self._emit(Stage.REJECTED, t, why)
         return [Reject(t.tag, requeue=False)]
 
@@ -222,13 +225,13 @@ class Fates:
         if fate is Fate.REJECT:
             return self._reject(t, f.reason)
         if fate is Fate.DEAD_LETTER:
-            return self._dead_letter(t, f.reason, exc, tb)
+            return self.dead_letter(t, f.reason, exc, tb)
         if fate is Fate.LOST:
             self._emit(Stage.REJECTED, t, f.reason)
             return []
         self._emit(Stage.RETRYING, t, f.reason)
         if fate is Fate.RETRY_QUORUM:
-            self.ledger.gone(t)
+            self._ledger.gone(t)
             return [Reject(t.tag, requeue=True)]  # counts: the queue delays it
         if fate is Fate.RETRY_IN_PROCESS:
             if t.first_failure is None:
@@ -236,15 +239,13 @@ class Fates:
             t.attempt += 1
             t.again = Reinvoke(t.tag, f.delay, t.attempt)  # `outcome.handled` reruns it
             return []
-        extra = self.extra_delay_queue(f.delay_ms / 1000) if f.asked else None
         hdrs = copies.retry_headers(t, exc, self._wallclock())
-        act = self.confirms.issue(t, self.policy.delay_queue(f.delay_ms), hdrs, CopyPurpose.RETRY)
-        if extra is not None:
-            self._declared.add(extra.name)
-            act = self.confirms.declaring(act, extra)
-        return [self._on_use(act)]
+        act = self._confirms.issue(t, self.policy.delay_queue(f.delay_ms), hdrs, CopyPurpose.RETRY)
+        if f.asked:
+            act = self._queues.asked_delay(act, f.delay_ms / 1000)
+        return [self._queues.on_use(act)]
 
-    def _dead_letter(
+    def dead_letter(
         self,
         t: Tracked,
         reason: str,
@@ -259,20 +260,9 @@ class Fates:
             t, self.policy, reason, exc, tb, self._wallclock(), attempts
         )
         # counted and reported (Stage.DEAD_LETTERED) once the broker confirms the copy
-        return [self._on_use(self.confirms.issue(t, dlq, hdrs, CopyPurpose.DEAD_LETTER))]
+        return [self._queues.on_use(self._confirms.issue(t, dlq, hdrs, CopyPurpose.DEAD_LETTER))]
 
-    def _on_use(self, act: Republish) -> Republish:
-        """`act`, declaring its queue first when this core declares its own queues on
-        first use (`declare_on_use`, pull mode) and it has not declared that one yet."""
-        if not self.declare_on_use or act.declare is not None or act.routing_key in self._declared:
-            return act
-        spec = own_queue(self.policy, act.routing_key)
-        if spec is None:
-            return act
-        self._declared.add(spec.name)
-        return self.confirms.declaring(act, spec)
-
-    def _restamp(self, t: Tracked) -> Republish:
+    def restamp(self, t: Tracked) -> Republish:
         """A redelivery from a queue that does not count deliveries goes back to its
         queue as a copy carrying its attempt number (then the original is acked).
 
@@ -284,12 +274,12 @@ class Fates:
         """
         self._emit(Stage.REQUEUED, t, f"redelivered: attempt {t.attempt} stamped on a copy")
         hdrs = copies.restamp_headers(t, uuid.uuid4().hex)
-        return self.confirms.issue(t, self.policy.queue, hdrs, CopyPurpose.RESTAMP)
+        return self._confirms.issue(t, self.policy.queue, hdrs, CopyPurpose.RESTAMP)
 
-    def _unreadable(self, t: Tracked, why: str) -> list[Action]:
+    def unreadable(self, t: Tracked, why: str) -> list[Action]:
         reason = f"unreadable message: {why}"
         if self.policy.dead_letter_queue is None and self.mode is AckMode.NONE:
             self._emit(Stage.REJECTED, t, f"lost (no-ack, no DLQ): {reason}")
             t.settled = True
             return []
-        return self._dead_letter(t, reason, None, None)
+        return self.dead_letter(t, reason, None, None)

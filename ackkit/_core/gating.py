@@ -1,7 +1,9 @@
 """The flow gate's answers in the core's own protocol: actions, like every other answer.
 
 `gate.Flow` decides pause, circuit breaker, rate limit and per-key serial mode;
-this part of `ListenerCore` turns its `FlowStep`s into what a runtime already
+this part of `ListenerCore` (`ListenerCore.gating`, handed the gate, the
+ledger, the report and whether its runtime carries out `Consume` and `Run`)
+turns its `FlowStep`s into what a runtime already
 carries out: a `Consume` (hold a consumer or not) first, then the `Nack` of
 each delivery given back unstarted, then a `Run` for each delivery the gate let
 through. A runtime never reads the gate's state: it asks
@@ -10,9 +12,10 @@ through. A runtime never reads the gate's state: it asks
   returns it (a `Consume` and its `Nack`); `admit` asks the same for a delivery
   the core held and now starts (`Start`);
 - `begin` (a worker is about to run these; `shutdown.Shutdown.begin`, which asks
-  `_gate_start` here when flow control is on): which run, after how long a wait for
+  `start` here when flow control is on): which run, after how long a wait for
   the rate limit, and what becomes of the others;
-- `handled`, `tick`, `set_paused`, `withdraw`: the actions the gate adds.
+- `handled`, `tick`, `set_paused`, `withdraw`: the actions the gate adds (`done`,
+  `tick` here for the first two).
 
 Only a runtime that holds a consumer of its own and carries out `Consume` and
 `Run` builds its core with `gated=True` (the App's and AsyncApp's consumers);
@@ -22,35 +25,33 @@ pull and Spark cores never hold or return a delivery.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from .actions import Action, Consume, Nack, Run
-from .events import HOT_STAGES, Counters, Event, Observer, Stage
+from .events import Stage
 from .gate import Admission, Flow, FlowStep
 from .ledger import Ledger
 from .outcome import Go
-from .policy import AckMode, ListenerPolicy
+from .policy import AckMode
+from .report import Report
 from .tracked import Tracked
 
 
 class Gating:
-    """The flow gate's part of a `ListenerCore` (its state, declared for the mixin)."""
+    """The flow gate's part of a `ListenerCore`."""
 
-    flow: Flow
-    ledger: Ledger
-    gated: bool
-
-    mode: AckMode
-    policy: ListenerPolicy
-    counters: Counters
-    observer: Observer | None
-    _hot: bool
-
-    if TYPE_CHECKING:
-
-        def start(self, t: Tracked) -> list[Action] | None: ...
-
-        def _emit(self, stage: Stage, t: Tracked, reason: str, count: bool = True) -> None: ...
+    def __init__(
+        self, flow: Flow, ledger: Ledger, report: Report, mode: AckMode, *, gated: bool
+    ) -> None:
+        self.flow = flow
+        """The gate itself: its `state` (and `paused`) for the runtime to read."""
+        self.mode = mode
+        self._ledger = ledger
+        self._emit = report.emit
+        # The runtime holds a consumer of its own and carries out `Consume` and `Run`
+        # (the App's and AsyncApp's consumers): `receive`, `begin` and `tick` ask the
+        # gate. False (pull, Spark, a core on its own): deliveries are never held or
+        # returned by it; `handled` still tells it how a call ended.
+        self.gated = gated
 
     @property
     def consuming(self) -> bool:
@@ -75,14 +76,14 @@ class Gating:
     def hold_back(self, t: Tracked, why: str) -> list[Action]:
         """Return a delivery unstarted because the listener stopped consuming (paused, a
         tripped breaker): requeued, and its redelivery is not counted as an attempt."""
-        if t.settled or not self.ledger.current(t) or self.mode is AckMode.NONE:
+        if t.settled or not self._ledger.current(t) or self.mode is AckMode.NONE:
             return []
-        self.ledger.gone(t)
+        self._ledger.gone(t)
         self.flow.owe(t.message_id)
         self._emit(Stage.RETURNED, t, why)
         return [Nack(t.tag, requeue=True)]
 
-    def _gate_start(self, go: list[Tracked], acts: list[Action], waited: bool) -> Go:
+    def start(self, go: list[Tracked], acts: list[Action], waited: bool) -> Go:
         """`begin`'s part with flow control on: the rate limit's wait, then the deliveries
         the gate no longer lets start go back (their keys freed)."""
         flow = self.flow
@@ -123,32 +124,35 @@ class Gating:
             step.returned.extend(more.returned)
         return self._actions(step)
 
-    def _flow_event(self, stage: Stage, reason: str) -> None:
-        """The gate's listener-level events (paused, tripped, throttled): counted, told."""
-        self.counters.counts[stage] += 1
-        if self.observer and (self._hot or stage not in HOT_STAGES):
-            self.observer(Event(stage, self.policy.name, 0, 0, reason))
-
-    def _flow_tick(self) -> list[Action]:
+    def tick(self) -> list[Action]:
         """The gate's periodic part (a breaker's wait, a refusal's pause and wait)."""
         if not self.gated or not self.flow.ticking:
             return []
         return self._actions(self.flow.tick())
 
-    def _flow_done(
+    def done(
         self, ts: Sequence[Tracked], exc: BaseException | None, keep: Sequence[Tracked]
     ) -> list[Action]:
         """A handler call for `ts` ended (`keep`: they run again): the gate's actions."""
         flow = self.flow
         return self._actions(flow.done(ts, flow.failed(exc), keep)) if flow.active else []
 
-    def _gate_leave(self, t: Tracked) -> list[Action]:
+    def leave(self, t: Tracked) -> list[Action]:
         """`t` will never run (its channel closed before its handler began, or it was
         settled meanwhile): the key it holds in the gate goes to the next delivery, or
         a redelivery on the new channel would wait behind it for ever."""
         if not self.gated or t not in self.flow.holding:
             return []
         return self._actions(self.flow.done([t], None), consumer=False)
+
+    def take_held(self) -> list[Tracked]:
+        """Shutdown: the deliveries the gate holds (they go back unstarted)."""
+        return self.flow.drain() if self.flow.active else []
+
+    def channel_closed(self) -> None:
+        """The channel is gone: the gate forgets what it held of it."""
+        if self.gated:
+            self.flow.channel_gone()
 
     def _give_back(self, back: list[Tracked], *, consumer: bool = True) -> list[Action]:
         """`back` may not start: they go back unstarted, their keys freed."""
@@ -175,8 +179,8 @@ class Gating:
         for _ in range(len(flow.holding) + len(ready) + 1):  # each round frees a key
             if not ready:
                 break
-            stale = [t for t in ready if not self.ledger.current(t)]
-            acts.extend(Run(t.tag) for t in ready if self.ledger.current(t))
+            stale = [t for t in ready if not self._ledger.current(t)]
+            acts.extend(Run(t.tag) for t in ready if self._ledger.current(t))
             if not stale:
                 break
             more = flow.done(stale, None)

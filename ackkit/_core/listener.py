@@ -1,28 +1,37 @@
 """ListenerCore: every settlement decision for one listener, without I/O.
 
-The core is the one entry point a runtime talks to; it holds the listener's
-state and turns events into actions, with its parts in their own modules:
+The core is the one entry point a runtime talks to. It is composed, as h11's
+`Connection` holds its `ConnectionState`: it holds its parts as objects, each
+built here and handed what it uses (the policy, the clocks, and the parts it
+works with), none reaching into another's state:
 
-- `arrival.arrival`: what a delivery's arrival comes to (run it, or not);
+- `report.Report`: the counters, and the events the observer wants;
+- `ledger.Ledger`: channel generations, the tag window and when acks go out;
+- `republish.Confirms`: copies awaiting the broker's confirm, and what that settles
+  (what each copy carries is `copies`');
+- `gate.Flow`: pause, circuit breaker, rate limit and serial mode, decided;
+- `topology.Queues`: the queues the listener needs (dead-letter queue, delay tiers),
+  and which of them a copy declares first;
 - `fates.Fates`: how a delivery ends (finish, settle, ack, requeue, retry,
   dead-letter), `failure.decide` being the rule for a failure;
-- `shutdown.Shutdown`: whether a handler may start, and stopping;
-- `ledger.Ledger`: channel generations, the tag window and when acks go out;
-- `copies`: what each retry, dead-letter and restamp copy carries (headers, properties);
-- `topology.Queues`: the queues the listener needs (dead-letter queue, delay tiers);
-- `republish.Confirms`: copies awaiting the broker's confirm, and what that settles;
-- `gating.Gating`: the flow gate's answers (pause, breaker, rate limit, serial mode)
-  as actions (`Consume`, `Run`) in `receive`, `begin`, `handled` and `tick`.
+- `lost.Requeues` and `lost.LostRuns`: the explicit requeues of this process, and
+  what bounds a crash loop when attempts do not;
+- `gating.Gating`: the flow gate's answers as actions (`Consume`, `Run`);
+- `shutdown.Shutdown`: whether a handler may start, and stopping.
 
-What stays here is the state and the lifecycle that ties them together.
+What stays here is the lifecycle that ties them together: a delivery's arrival
+(`receive`, `arrival.arrival` being the rule), a handler's end (`handled`), the
+channel's life and the clock's ticks. A runtime reaches four parts by name, each
+a surface of its own: `queues` (declaring), `gating` (the flow gate), `shutdown`
+(the stop sequence) and `lost` (an inbox's duplicates).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from . import headers as H
@@ -37,18 +46,39 @@ from .flow import NO_FLOW
 from .gate import Flow
 from .gating import Gating
 from .ledger import Ledger
-from .lost import LostRuns
+from .lost import LostRuns, Requeues
 from .outcome import Go, Outcome
 from .policy import AckMode, ListenerPolicy
+from .report import Report
 from .republish import MAX_LOST_COPIES, Confirms
 from .shutdown import Shutdown
 from .topology import Queues, QueueSpec, missing_queue
 from .tracked import Tracked
 
-__all__ = ["MAX_LOST_COPIES", "Go", "ListenerCore", "QueueSpec", "Tracked", "missing_queue"]
+__all__ = [
+    "MAX_LOST_COPIES",
+    "Gauges",
+    "Go",
+    "ListenerCore",
+    "QueueSpec",
+    "Tracked",
+    "missing_queue",
+]
 
 
-class ListenerCore(Fates, Shutdown, LostRuns, Queues, Gating):
+@dataclass(frozen=True, slots=True)
+class Gauges:
+    """How much a listener holds now (for metrics)."""
+
+    outstanding: int
+    """Deliveries received and not settled yet."""
+    pending_acks: int
+    """Settled, their ack frame not sent yet."""
+    republishing: int
+    """Retry, dead-letter and restamp copies awaiting the broker's confirm."""
+
+
+class ListenerCore:
     """Decisions for one listener on one channel at a time.
 
     A runtime calls: `channel_opened()` when its channel for this listener is
@@ -75,85 +105,67 @@ class ListenerCore(Fates, Shutdown, LostRuns, Queues, Gating):
         declare_on_use: bool = False,
     ) -> None:
         self.policy = policy
-        # Pull mode: the DLQ and delay queues are declared with the first copy sent to
-        # each (`Republish.declare`), not up front: a get() declares nothing unasked.
-        self.declare_on_use = declare_on_use
+        self._mode = mode = policy.mode
+        self.counters = Counters()
+        self._report = report = Report(policy.name, self.counters, observer)
         # Other consumers take tags on this core's channel (pull mode: one channel, one
         # core per queue): a multiple frame never covers a tag this core did not receive.
-        self.shared_channel = shared_channel
-        self.mode = policy.mode
-        self._wallclock = wallclock
-        self.observer = observer
-        # RECEIVED and ACKED happen once per healthy message: emitted only to observers
-        # that want them (see Observer).
-        self._hot = observer is not None and getattr(observer, "hot", True)
-        self.counters = Counters()
-        self.ledger = Ledger(
-            policy.mode,
-            policy.flush_policy,
-            policy.prefetch,
-            self.counters,
-            clock,
-            shared_channel,
+        self._ledger = ledger = Ledger(
+            mode, policy.flush_policy, policy.prefetch, self.counters, clock, shared_channel
         )
         # a consumer holds a restamp copy that overtakes its original's ack (see Confirms)
-        self.confirms = Confirms(
-            policy, self.ledger, self.counters, self._emit, hold=hold_early_copies
+        self._confirms = confirms = Confirms(
+            policy, ledger, self.counters, report.emit, hold=hold_early_copies
         )
-        self._declared: set[str] = set()
-        # an inbox listener: a redelivery whose key is recorded is a duplicate, never a
-        # crash loop or an exhausted message (see `LostRuns.look_up_first`)
-        self.init_lost_runs(clock, dedup)
-        self.broker = UNKNOWN
-        self._count = CountSource.REDELIVERED
-        self.use_broker(broker)
-        self.stopping = False
-        """The app is stopping (`stop()`): no handler starts, no retry runs again."""
-        self._returning: deque[Tracked] = deque()
-        """Unstarted deliveries waiting for their turn to go back as a copy (`release`)."""
-        self._given_back = False
-        """The stop has no time left for copies (`give_back`): no more are sent."""
         # pause, circuit breaker, rate limit, per-key serial mode (see gate.Flow)
-        self.flow = Flow(
+        self._flow = flow = Flow(
             policy.flow or NO_FLOW,
             clock,
-            self._flow_event,
-            returnable=policy.mode is not AckMode.NONE,
+            report.listener_event,
+            returnable=mode is not AckMode.NONE,
         )
-        self.confirms.flow = self.flow  # told of refused and accepted copies
+        confirms.flow = flow  # told of refused and accepted copies
+        self.queues = Queues(policy, confirms, UNKNOWN, declare_on_use=declare_on_use)
+        """The queues the listener needs, and their arguments on this broker."""
+        requeues = Requeues(policy)
+        self._fates = fates = Fates(
+            policy, ledger, confirms, report, self.queues, requeues, wallclock
+        )
+        # an inbox listener: a redelivery whose key is recorded is a duplicate, never a
+        # crash loop or an exhausted message (see `LostRuns.look_up_first`)
+        self.lost = LostRuns(policy, ledger, confirms, report, fates, requeues, clock, dedup)
+        """Lost handler runs (an inbox's runtime asks `look_up_first`, `duplicate`)."""
         # The runtime holds a consumer of its own and carries out `Consume` and `Run`
-        # (the App's and AsyncApp's consumers): `receive`, `begin` and `tick` ask the
-        # gate. False (pull, Spark, a core on its own): deliveries are never held or
-        # returned by it; `handled` still tells it how a call ended (see `gating`).
-        self.gated = gated
+        # (`gated`: the App's and AsyncApp's consumers); see `gating`.
+        self.gating = Gating(flow, ledger, report, mode, gated=gated)
+        """The flow gate (`consuming`, `set_paused`, `withdraw`, `admit`, its `flow`)."""
+        self.shutdown = Shutdown(policy, ledger, confirms, report, fates, self.lost, self.gating)
+        """Starting handlers, and the stop sequence (`stop`, `give_back`, `quiescent`)."""
+        self._count = CountSource.REDELIVERED
+        self.use_broker(broker)
 
     def use_broker(self, broker: BrokerTraits) -> None:
         """The connection reports this broker (called on every connect: a broker may
         have been upgraded meanwhile). Sets how attempts are counted."""
-        self.broker = broker
+        self.queues.use(broker)
         self._count = broker.count_source(self.policy.queue_type)
         self._count_header = self._count.header
 
     @property
-    def count_source(self) -> CountSource:
-        """Where previous deliveries of a copy are counted from, on this broker."""
-        return self._count
-
-    @property
     def generation(self) -> int:
         """The current channel's generation (one more per channel opened)."""
-        return self.ledger.generation
+        return self._ledger.generation
 
     @property
     def open(self) -> bool:
         """Is the listener's channel open now?"""
-        return self.ledger.open
+        return self._ledger.open
 
     # -- channel lifecycle -----------------------------------------------
 
     def channel_opened(self) -> list[Action]:
-        self.ledger.opened()
-        return [TxSelect()] if self.mode is AckMode.TRANSACTED else []
+        self._ledger.opened()
+        return [TxSelect()] if self._mode is AckMode.TRANSACTED else []
 
     def consumer_cancelled(self) -> int:
         """The broker cancelled the listener's consumer (basic.cancel from the server).
@@ -175,12 +187,11 @@ class ListenerCore(Fates, Shutdown, LostRuns, Queues, Gating):
         Returns how many deliveries had not been acked; the broker has requeued them.
         Their handlers may still settle them: that is dropped (and counted) then.
         """
-        self._free_slot()
-        self.confirms.channel_closed()
-        self._returning.clear()  # the broker requeued them
-        if self.gated:
-            self.flow.channel_gone()
-        return self.ledger.closed()
+        self.lost.channel_closed()
+        self._confirms.channel_closed()
+        self.shutdown.channel_closed()  # the broker requeued them
+        self.gating.channel_closed()
+        return self._ledger.closed()
 
     # -- deliveries -------------------------------------------------------
 
@@ -218,7 +229,8 @@ class ListenerCore(Fates, Shutdown, LostRuns, Queues, Gating):
         client library may have changed its type (pika reads a double as an int).
         """
         # a redelivery of one we returned unstarted (paused, tripped) is not an attempt
-        back = self.flow.forgive(message_id) if redelivered and self.flow.owed else 0
+        flow = self._flow
+        back = flow.forgive(message_id) if redelivered and flow.owed else 0
         try:
             attempt = H.attempt_of(
                 headers,
@@ -230,38 +242,39 @@ class ListenerCore(Fates, Shutdown, LostRuns, Queues, Gating):
             bad: str | None = None
         except H.BadAttemptHeader as exc:
             attempt, bad = 1, str(exc)
-        t = Tracked(tag, self.generation, attempt, headers, exchange, routing_key, message_id)
-        flow = self.flow
-        if flow.serial is not None and self.gated:
+        ledger = self._ledger
+        t = Tracked(tag, ledger.generation, attempt, headers, exchange, routing_key, message_id)
+        gating, lost, fates = self.gating, self.lost, self._fates
+        if flow.serial is not None and gating.gated:
             t.key = flow.serial.of(headers, properties, routing_key)
-        if self.charging is not None and headers and headers.get(H.RESTAMP_ID) == self.charging:
-            self.charged_copy_back(t)
-        self.counters.counts[Stage.RECEIVED] += 1
-        if self._hot:
-            self._emit(Stage.RECEIVED, t, "", count=False)
-        mode = self.mode
+        lost.arrived(t, headers)
+        report = self._report
+        report.counters.counts[Stage.RECEIVED] += 1
+        if report.hot:
+            report.emit(Stage.RECEIVED, t, "", count=False)
+        mode = self._mode
         if mode is AckMode.NONE:
             t.settled = unreadable is None  # the broker settled it on send
         else:
-            self.ledger.track(t)
+            ledger.track(t)
         mx = self.policy.retry.max_attempts
         if unreadable is None and bad is None:
-            if (self.confirms.held or self.confirms.fencing) and headers and not redelivered:
-                held = self.confirms.hold_early(t, headers)
+            confirms = self._confirms
+            if (confirms.held or confirms.fencing) and headers and not redelivered:
+                held = confirms.hold_early(t, headers)
                 if held is not None:  # []: `republished` starts it; or a fence, then it
                     t.verdict = held
                     return t
-            if redelivered and mx <= 1 and mode is not AckMode.NONE and not back:
-                lost = self.lost_run(t, headers, wire_headers)
-                if lost is not None:
-                    if t.verdict is None and flow.gated:
-                        t.verdict = self.admit(t)
-                    return t
+            suspect = redelivered and mx <= 1 and mode is not AckMode.NONE and not back
+            if suspect and lost.lost_run(t, headers, wire_headers) is not None:
+                if t.verdict is None and flow.gated:
+                    t.verdict = gating.admit(t)
+                return t
             if mx <= 1 or (not redelivered and attempt <= mx):
                 # The common case, where `arrival` says RUN: a first delivery with
                 # attempts left (or no retries): only the flow gate, when on, decides.
                 if flow.gated:
-                    t.verdict = self.admit(t)
+                    t.verdict = gating.admit(t)
                 return t
         verdict = arrival(
             mode=mode,
@@ -273,16 +286,16 @@ class ListenerCore(Fates, Shutdown, LostRuns, Queues, Gating):
             count=self._count,
         )
         if verdict is Arrival.UNREADABLE:
-            t.verdict = self._unreadable(t, unreadable or "")
+            t.verdict = fates.unreadable(t, unreadable or "")
         elif verdict is Arrival.FORGED:
-            t.verdict = self._dead_letter(t, bad or "", BadPayload(bad or ""), None)
+            t.verdict = fates.dead_letter(t, bad or "", BadPayload(bad or ""), None)
         elif verdict is Arrival.EXHAUSTED:
             why = f"attempts exhausted ({attempt - 1} of {mx}, last one lost)"
-            self.doom(t, why, attempt - 1)  # this delivery never reaches the handler
+            lost.doom(t, why, attempt - 1)  # this delivery never reaches the handler
         elif verdict is Arrival.RESTAMP:
-            t.verdict = [self._restamp(t)]
+            t.verdict = [fates.restamp(t)]
         elif t.verdict is None and flow.gated:
-            t.verdict = self.admit(t)
+            t.verdict = gating.admit(t)
         return t
 
     def handled(
@@ -300,7 +313,8 @@ class ListenerCore(Fates, Shutdown, LostRuns, Queues, Gating):
         to (see `outcome.handled`), with what the flow gate makes of it at the end of
         `Outcome.actions` (a `Consume`, returns, a `Run` for each delivery it lets through)."""
         out = _outcome.handled(
-            self,
+            self._fates,
+            self.shutdown,
             batch,
             result,
             exc,
@@ -308,34 +322,45 @@ class ListenerCore(Fates, Shutdown, LostRuns, Queues, Gating):
             undecodable=undecodable,
             traceback=traceback,
         )
-        if not self.flow.active:
+        if not self._flow.active:
             return out
-        more = self._flow_done([*batch, *(t for t, _ in undecodable)], exc, out.rerun)
+        more = self.gating.done([*batch, *(t for t, _ in undecodable)], exc, out.rerun)
         return dataclasses.replace(out, actions=[*out.actions, *more]) if more else out
-
-    def interrupted(self, fact: _outcome.Interruption) -> bool:
-        """A cancellation reached a running handler: True to release its deliveries
-        (`release(t, started=True)`), False to report it to `handled` as a failure."""
-        return _outcome.released(fact)
-
-    def take_held(self) -> list[Tracked]:
-        """Shutdown: deliveries held unstarted by `receive` or `start`, and those the flow
-        gate holds (return them)."""
-        waiting, self._waiting = self._waiting, []
-        gate = self.flow.drain() if self.flow.active else []
-        return gate + self.confirms.take_held() + waiting
-
-    def duplicate(self, t: Tracked, key: str) -> None:
-        """An inbox listener found `t`'s key recorded already: counted and told (the
-        runtime then finishes it as done, without running the handler)."""
-        self._emit(Stage.DUPLICATE, t, f"inbox key {key!r} already recorded")
 
     def current(self, generation: int) -> bool:
         """Do actions decided for channel generation `generation` still belong on the
         listener's channel (it is open and is that generation)? One rule for every
         executor (asked per action: kept to one call)."""
-        led = self.ledger
+        led = self._ledger
         return generation == led.generation and led.open
+
+    def begin(self, ts: Sequence[Tracked], *, waited: bool = False) -> Go:
+        """A worker is about to run the handler for `ts`: which of them run (`Go.run`),
+        after how long a wait for the rate limit (`Go.wait`), and the actions for the
+        others (see `Shutdown.begin`)."""
+        return self.shutdown.begin(ts, waited=waited)
+
+    def resume(self, rerun: Sequence[Tracked]) -> Outcome:
+        """The wait before running a handler again for `rerun` (in-process retry) is over,
+        or was cut short because the app stops: which of them run again now
+        (`Outcome.rerun`), and the actions for the others (released when stopping)."""
+        return self.shutdown.resume(rerun)
+
+    def finish(
+        self, t: Tracked, exc: BaseException | None = None, traceback: str | None = None
+    ) -> list[Action]:
+        """The handler for `t` returned (exc None) or raised `exc` (see `Fates.finish`)."""
+        return self._fates.finish(t, exc, traceback)
+
+    def finish_all(self, ts: Sequence[Tracked]) -> list[Action]:
+        """`finish(t)` for each of `ts` in order, each a success (see `Fates.finish_all`)."""
+        return self._fates.finish_all(ts)
+
+    def settle(
+        self, t: Tracked, kind: str, *, requeue: bool = False, multiple: bool = False
+    ) -> list[Action]:
+        """The handler settles `t` itself: kind is a SettleKind ('ack', 'nack' or 'reject')."""
+        return self._fates.settle(t, kind, requeue=requeue, multiple=multiple)
 
     # -- copies awaiting the broker's confirm ------------------------------
 
@@ -347,7 +372,7 @@ class ListenerCore(Fates, Shutdown, LostRuns, Queues, Gating):
         so a copy published now would be a duplicate (a second retry lineage, a second
         dead letter). Report such a token with `republished(token, ok=False)`.
         """
-        return self.confirms.publishable(token)
+        return self._confirms.publishable(token)
 
     def republished(
         self,
@@ -374,9 +399,9 @@ class ListenerCore(Fates, Shutdown, LostRuns, Queues, Gating):
         listener wait (FlowState.REFUSED), counted per message; only a copy that cannot
         even be built minimal rejects its original.
         """
-        acts = self.confirms.confirmed(token, ok, unroutable, error, lost)
-        if self._returning:  # a copy's slot is free: the next unstarted delivery's copy
-            acts.extend(self._return_next())
+        acts = self._confirms.confirmed(token, ok, unroutable, error, lost)
+        # a copy's slot is free: the next unstarted delivery's copy
+        acts.extend(self.shutdown.return_next())
         return acts
 
     # -- time and shutdown -------------------------------------------------
@@ -385,28 +410,18 @@ class ListenerCore(Fates, Shutdown, LostRuns, Queues, Gating):
         """Call periodically (e.g. every 50 ms): sends acks held longer than the interval,
         and starts a redelivery that waited for the charge slot once it is free; the flow
         gate's wait for a breaker or a refusal ends (`Consume`)."""
-        acts = self.ledger.tick()
-        if self._waiting:
-            acts.extend(self.start_waiting())
-        if self.flow.ticking:
-            acts.extend(self._flow_tick())
+        acts = self._ledger.tick()
+        if not self.shutdown.stopping:
+            acts.extend(self.lost.start_waiting())
+        if self._flow.ticking:
+            acts.extend(self.gating.tick())
         return acts
 
     def drain(self) -> list[Action]:
         """Send every pending ack now (before basic.cancel and channel close)."""
-        return self.ledger.drain()
+        return self._ledger.drain()
 
-    @property
-    def pending_acks(self) -> int:
-        return self.ledger.pending
-
-    @property
-    def outstanding(self) -> int:
-        return self.ledger.outstanding()
-
-    @property
-    def republishing(self) -> int:
-        return len(self.confirms)
-
-    def unsettled(self) -> list[Tracked]:
-        return self.ledger.unsettled()
+    def gauges(self) -> Gauges:
+        """How much the listener holds now (deliveries, acks, copies), for metrics."""
+        led = self._ledger
+        return Gauges(led.outstanding(), led.pending, len(self._confirms))

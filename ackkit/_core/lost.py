@@ -5,16 +5,20 @@ not whether its handler was running then. `ListenerCore.receive` asks `lost_run`
 a redelivery this listener did not requeue itself is a suspect (`Tracked.lost`),
 dead-lettered once its message lost LOST_BOUND runs (`ackkit-lost`). Otherwise
 `Shutdown.start` runs it on a copy charged with one more lost run, made just before
-the run (`_charge_lost`), one charged run at a time (`slot_free`): other suspects
+the run (`run_lost`), one charged run at a time (`slot_free`): other suspects
 wait (`start_waiting`, from `tick`), so that deliveries prefetched behind a message
 that kills the process are not charged with it. Explicit requeues of this process
-(`owe_requeue`) are no lost runs: they loop as RabbitMQ does.
+(`Requeues.owe`, told by `Fates`) are no lost runs: they loop as RabbitMQ does.
 
 An inbox listener (`dedup`) counts only runs lost before their transaction committed:
 a redelivery whose key the inbox recorded was done, only its ack was lost, so it is a
 duplicate to ack, never a crash loop (nor an exhausted message). Its runtime looks the
 key up before `start` charges the run or dead-letters the message (`look_up_first`):
 found, it acks the duplicate; not found, `start` decides as for any listener.
+
+`LostRuns` is a part of `ListenerCore`, handed the policy, the ledger, the
+confirms (its charged copies), the report, the fates (for a dead letter), the
+`Requeues` it shares with the fates, the clock, and whether it is an inbox's.
 """
 
 from __future__ import annotations
@@ -29,8 +33,12 @@ from .actions import Action, CopyPurpose, Republish, Start
 from .events import Stage
 from .ledger import Ledger
 from .policy import ListenerPolicy
+from .report import Report
 from .republish import Confirms
 from .tracked import Tracked
+
+if TYPE_CHECKING:
+    from .fates import Fates
 
 MAX_REQUEUED = 100_000
 """Explicit requeues remembered per listener (see `owe_requeue`); oldest first out."""
@@ -38,43 +46,73 @@ CHARGE_WAIT = 10.0
 """Seconds a suspect waits at most for the charged copy before it (see `slot_free`)."""
 
 
+class Requeues:
+    """The explicit requeues of this process, by message (see `owe`): shared by the
+    fates, which make them, and the lost runs, which forgive their redeliveries."""
+
+    def __init__(self, policy: ListenerPolicy) -> None:
+        self.policy = policy
+        self._requeued: dict[str, int] = {}
+
+    def owe(self, t: Tracked) -> None:
+        """`t` goes back to its queue by an explicit requeue (the handler's, or
+        RequeueMessage): its redelivery here is no lost run (see `LostRuns.lost_run`).
+        Only this process knows: a redelivery to another consumer counts as one."""
+        if self.policy.retry.max_attempts > 1:
+            return  # attempts bound a redelivery there
+        key = t.message_id or f"\0{t.exchange}\0{t.routing_key}"
+        r = self._requeued
+        r[key] = r.pop(key, 0) + 1
+        if len(r) > MAX_REQUEUED:
+            del r[next(iter(r))]
+
+    def forgive(self, t: Tracked) -> bool:
+        """Is redelivered `t` one we requeued explicitly (see `owe`)?"""
+        r = self._requeued
+        if not r:
+            return False
+        key = t.message_id or f"\0{t.exchange}\0{t.routing_key}"
+        n = r.pop(key, 0)
+        if n > 1:
+            r[key] = n - 1
+        return n > 0
+
+
 class LostRuns:
-    """The lost-run state of a `ListenerCore` (a mixin; its other state declared here)."""
+    """The lost-run state of one listener."""
 
-    policy: ListenerPolicy
-    ledger: Ledger
-    confirms: Confirms
-    stopping: bool
-
-    if TYPE_CHECKING:
-
-        def _emit(self, stage: Stage, t: Tracked, reason: str, count: bool = True) -> None: ...
-
-        def _dead_letter(
-            self,
-            t: Tracked,
-            reason: str,
-            exc: BaseException | None,
-            tb: str | None,
-            attempts: int | None = None,
-        ) -> list[Action]: ...
-
-    def init_lost_runs(self, clock: Callable[[], float], dedup: bool = False) -> None:
+    def __init__(
+        self,
+        policy: ListenerPolicy,
+        ledger: Ledger,
+        confirms: Confirms,
+        report: Report,
+        fates: Fates,
+        requeues: Requeues,
+        clock: Callable[[], float],
+        dedup: bool = False,
+    ) -> None:
+        self.policy = policy
+        self._ledger = ledger
+        self._confirms = confirms
+        self._emit = report.emit
+        self._fates = fates
+        self._requeues = requeues
         self._clock = clock
         self.dedup = dedup
         """The runtime records the keys of committed runs (an inbox listener): see
         `look_up_first`."""
-        self._requeued: dict[str, int] = {}
         self.charging: str | None = None
-        """The restamp id of the copy a charged run waits for (see `_charge_lost`)."""
+        """The restamp id of the copy a charged run waits for (see `run_lost`)."""
         self._charged: Tracked | None = None  # that copy, once it arrived
         self._charged_at = 0.0
         self._waiting: list[Tracked] = []  # suspects waiting for the charge slot
 
-    def charged_copy_back(self, t: Tracked) -> None:
-        """`t` is the charged copy, back at this consumer: the slot frees once it is
-        settled."""
-        self.charging, self._charged = None, t
+    def arrived(self, t: Tracked, headers: Mapping[str, Any] | None) -> None:
+        """`t` was delivered: if it is the charged copy, back at this consumer, the slot
+        frees once it is settled."""
+        if self.charging is not None and headers and headers.get(H.RESTAMP_ID) == self.charging:
+            self.charging, self._charged = None, t
 
     def lost_run(
         self, t: Tracked, headers: Mapping[str, Any] | None, wire: Mapping[str, Any] | None
@@ -84,7 +122,7 @@ class LostRuns:
         handler ran). Past LOST_BOUND lost runs it is dead-lettered (`t.verdict`); else
         `t.lost` makes `start` run its handler on a copy counting one more. None: an
         explicit requeue of ours, redelivered as RabbitMQ does (loops if it must)."""
-        if self.forgive_requeue(t):
+        if self._requeues.forgive(t):
             return None
         lost = H.lost_of(headers, wire)
         if lost >= H.LOST_BOUND:
@@ -101,42 +139,32 @@ class LostRuns:
         if self.dedup:
             t.doomed = (why, attempts)
         else:
-            t.verdict = self._dead_letter(t, why, None, None, attempts)
+            t.verdict = self._fates.dead_letter(t, why, None, None, attempts)
 
     def look_up_first(self, t: Tracked) -> bool:
         """Must the runtime of a `dedup` listener look `t`'s key up in its record before
         it asks `start`? Yes for a redelivery ackkit would not simply run: one to run on
         a charged copy (`t.lost`) or to dead-letter (`t.doomed`, past the crash-loop
         bound or its attempts). A key recorded means its last run committed and only
-        the ack was lost: the runtime acks it as a duplicate (`ListenerCore.duplicate`,
+        the ack was lost: the runtime acks it as a duplicate (`duplicate`,
         then finished as a handler that returned), neither charged nor dead-lettered:
         the bound counts only runs lost before their commit. No key recorded (or none
         to look up): `start` charges the run or dead-letters the message, as for any
         listener, so a message that kills its consumer before it commits stays bounded."""
         return self.dedup and not t.settled and (t.lost is not None or t.doomed is not None)
 
-    def owe_requeue(self, t: Tracked) -> None:
-        """`t` goes back to its queue by an explicit requeue (the handler's, or
-        RequeueMessage): its redelivery here is no lost run (see `ListenerCore._lost`).
-        Only this process knows: a redelivery to another consumer counts as one."""
-        if self.policy.retry.max_attempts > 1:
-            return  # attempts bound a redelivery there
-        key = t.message_id or f"\0{t.exchange}\0{t.routing_key}"
-        r = self._requeued
-        r[key] = r.pop(key, 0) + 1
-        if len(r) > MAX_REQUEUED:
-            del r[next(iter(r))]
+    def duplicate(self, t: Tracked, key: str) -> None:
+        """An inbox listener found `t`'s key recorded already: counted and told (the
+        runtime then finishes it as done, without running the handler)."""
+        self._emit(Stage.DUPLICATE, t, f"inbox key {key!r} already recorded")
 
-    def forgive_requeue(self, t: Tracked) -> bool:
-        """Is redelivered `t` one we requeued explicitly (see `owe_requeue`)?"""
-        r = self._requeued
-        if not r:
-            return False
-        key = t.message_id or f"\0{t.exchange}\0{t.routing_key}"
-        n = r.pop(key, 0)
-        if n > 1:
-            r[key] = n - 1
-        return n > 0
+    def run_lost(self, t: Tracked) -> Republish | None:
+        """`start` of a suspect (`t.lost`): the charged copy to run on instead, when the
+        slot is free (`slot_free`); else None, and `t` waits for it (`start_waiting`)."""
+        if self.slot_free():
+            return self._charge_lost(t)
+        self._waiting.append(t)
+        return None
 
     def _charge_lost(self, t: Tracked) -> Republish:
         """Before a handler runs on a redelivery that may have been lost while its handler
@@ -145,7 +173,7 @@ class LostRuns:
         lost too, the copy comes back with the right count; prefetched deliveries that
         never started are never charged.
 
-        One charged run at a time (`ListenerCore.slot_free`): another redelivery waits
+        One charged run at a time (`slot_free`): another redelivery waits
         until the charged copy came back and was settled. Charged together, the
         redeliveries prefetched behind a message that kills the process would all be
         charged, and lost with it, round after round; run uncharged meanwhile, that
@@ -155,25 +183,33 @@ class LostRuns:
         self.charging, self._charged_at = uuid.uuid4().hex, self._clock()
         hdrs = copies.restamp_headers(t, self.charging)
         hdrs[H.LOST] = n
-        return self.confirms.issue(t, self.policy.queue, hdrs, CopyPurpose.RESTAMP)
+        return self._confirms.issue(t, self.policy.queue, hdrs, CopyPurpose.RESTAMP)
 
     def slot_free(self) -> bool:
-        """May a redelivery's run be charged now (see `Fates._charge_lost`)? Not while the
+        """May a redelivery's run be charged now (see `_charge_lost`)? Not while the
         last charged copy is on its way back or running here, for at most CHARGE_WAIT
         seconds (it may have gone to another consumer)."""
         c = self._charged
-        if self.charging is None and (c is None or c.settled or not self.ledger.current(c)):
+        if self.charging is None and (c is None or c.settled or not self._ledger.current(c)):
             return True
         return self._clock() - self._charged_at > CHARGE_WAIT
 
-    def _free_slot(self) -> None:
+    def channel_closed(self) -> None:
+        """The channel is gone: so is the slot, and the suspects waiting for it (the
+        broker requeued them)."""
         self.charging, self._charged = None, None
-        self._waiting.clear()  # their channel is gone: the broker requeued them
+        self._waiting.clear()
+
+    def take_waiting(self) -> list[Tracked]:
+        """Shutdown: the suspects waiting for the slot (they go back unstarted)."""
+        waiting, self._waiting = self._waiting, []
+        return waiting
 
     def start_waiting(self) -> list[Action]:
-        """`tick`: start the first suspect that waited, once the slot is free."""
-        while self._waiting and not self.stopping and self.slot_free():
+        """`tick` (unless stopping): start the first suspect that waited, once the slot
+        is free."""
+        while self._waiting and self.slot_free():
             t = self._waiting.pop(0)
-            if not t.settled and self.ledger.current(t):
+            if not t.settled and self._ledger.current(t):
                 return [Start(t.tag)]
         return []

@@ -23,16 +23,11 @@ from .tracked import Tracked
 
 
 class Finisher(Protocol):
-    """What `handled` needs of a ListenerCore (a protocol, so this module does not
-    import the core that calls it)."""
+    """What `handled` needs of the core's fates (`fates.Fates`; a protocol, so this
+    module does not import the parts that call it)."""
 
     @property
     def mode(self) -> AckMode: ...
-
-    @property
-    def stopping(self) -> bool: ...
-
-    def release(self, t: Tracked) -> list[Action]: ...
 
     def finish(
         self, t: Tracked, exc: BaseException | None = None, traceback: str | None = None
@@ -45,6 +40,15 @@ class Finisher(Protocol):
         exc: BaseException | None = None,
         traceback: str | None = None,
     ) -> list[Action]: ...
+
+
+class Stopper(Protocol):
+    """What `handled` needs of the core's shutdown (`shutdown.Shutdown`)."""
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def release(self, t: Tracked) -> list[Action]: ...
 
 
 EXIT_SIGNALS: tuple[type[BaseException], ...] = (SystemExit, KeyboardInterrupt)
@@ -141,6 +145,7 @@ _NOTHING = Outcome([])
 
 def handled(
     core: Finisher,
+    shutdown: Stopper,
     batch: Sequence[Tracked],
     result: object = None,
     exc: BaseException | None = None,
@@ -186,8 +191,8 @@ def handled(
         delay = max(delay, t.again.delay)
         t.again = None
     rest = acts
-    if core.stopping:  # no retry waits out a shutdown: back to the queue instead
+    if shutdown.stopping:  # no retry waits out a shutdown: back to the queue instead
         for t in rerun:
-            rest.extend(core.release(t))
+            rest.extend(shutdown.release(t))
         return Outcome(rest, stop=stop)
     return Outcome(rest, rerun, delay, stop)

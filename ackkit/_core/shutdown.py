@@ -1,5 +1,10 @@
 """Starting handlers, and stopping: the part of `ListenerCore` a shutdown runs through.
 
+`Shutdown` (`ListenerCore.shutdown`) is handed the policy, the ledger, the
+confirms, the report, and the parts whose deliveries it starts or returns: the
+fates (a doomed delivery's dead letter), the lost runs (a suspect's charged
+copy) and the gating (a key a delivery leaves in the flow gate).
+
 A runtime asks `begin(ts)` just before a handler runs (`start(t)` per
 delivery), `resume(rerun)` when an in-process retry's wait is over, and
 `release(t)` for a delivery whose handler never ran to the end. A stopping
@@ -23,15 +28,18 @@ from __future__ import annotations
 import uuid
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from . import copies
+from . import outcome as _outcome
 from .actions import Action, CopyPurpose, Nack, Republish, TxCommit
 from .events import Stage
-from .gate import Flow
+from .fates import Fates
+from .gating import Gating
 from .ledger import Ledger
+from .lost import LostRuns
 from .outcome import Go, Outcome
 from .policy import AckMode, ListenerPolicy
+from .report import Report
 from .republish import Confirms
 from .tracked import Tracked
 
@@ -44,39 +52,32 @@ from then on no unstarted delivery goes back as a copy (`give_back`)."""
 
 
 class Shutdown:
-    """Start and stop decisions of a `ListenerCore` (its state, declared for the mixin)."""
+    """Start and stop decisions of one listener."""
 
-    policy: ListenerPolicy
-    mode: AckMode
-    ledger: Ledger
-    confirms: Confirms
-    stopping: bool
-    _waiting: list[Tracked]
-    _returning: deque[Tracked]
-    _given_back: bool
-    flow: Flow
-    gated: bool
-
-    if TYPE_CHECKING:
-
-        def _emit(self, stage: Stage, t: Tracked, reason: str, count: bool = True) -> None: ...
-
-        def _charge_lost(self, t: Tracked) -> Republish: ...
-
-        def _gate_leave(self, t: Tracked) -> list[Action]: ...
-
-        def _dead_letter(
-            self,
-            t: Tracked,
-            reason: str,
-            exc: BaseException | None,
-            tb: str | None,
-            attempts: int | None = None,
-        ) -> list[Action]: ...
-
-        def slot_free(self) -> bool: ...
-
-        def _gate_start(self, go: list[Tracked], acts: list[Action], waited: bool) -> Go: ...
+    def __init__(
+        self,
+        policy: ListenerPolicy,
+        ledger: Ledger,
+        confirms: Confirms,
+        report: Report,
+        fates: Fates,
+        lost: LostRuns,
+        gating: Gating,
+    ) -> None:
+        self.policy = policy
+        self.mode = policy.mode
+        self._ledger = ledger
+        self._confirms = confirms
+        self._emit = report.emit
+        self._fates = fates
+        self._lost = lost
+        self._gating = gating
+        self.stopping = False
+        """The app is stopping (`stop()`): no handler starts, no retry runs again."""
+        self._returning: deque[Tracked] = deque()
+        """Unstarted deliveries waiting for their turn to go back as a copy (`release`)."""
+        self._given_back = False
+        """The stop has no time left for copies (`give_back`): no more are sent."""
 
     def startable(self, t: Tracked) -> bool:
         """May a handler start on `t` now (called just before)? Not when its channel closed
@@ -86,7 +87,7 @@ class Shutdown:
             return True  # the broker forgot it on send: this is the only chance
         if t.settled:
             return False
-        if not self.ledger.current(t):
+        if not self._ledger.current(t):
             t.settled = True
             self._emit(Stage.DROPPED_STALE, t, "channel closed before the handler started")
             return False
@@ -99,19 +100,19 @@ class Shutdown:
         if self.stopping:
             return self.release(t)
         if not self.startable(t):
-            return self._gate_leave(t)
+            return self._gating.leave(t)
         if t.doomed is not None:  # an inbox listener's, its key not recorded (`look_up_first`)
             why, attempts = t.doomed
-            return [*self._dead_letter(t, why, None, None, attempts), *self._gate_leave(t)]
+            return [*self._fates.dead_letter(t, why, None, None, attempts), *self._gating.leave(t)]
         if t.lost is not None:  # a redelivery that may have been lost: run on a copy
-            if self.slot_free():
+            copy = self._lost.run_lost(t)
+            if copy is not None:
                 # the copy runs instead, and takes its serial key anew when it arrives
-                return [self._charge_lost(t), *self._gate_leave(t)]
+                return [copy, *self._gating.leave(t)]
             # `tick` starts it once the last charged run is done (through the flow gate
             # again: meanwhile its serial key goes on, or the charged copy it waits for
             # could wait behind it for that key)
-            self._waiting.append(t)
-            return self._gate_leave(t)
+            return self._gating.leave(t)
         return None
 
     def begin(self, ts: Sequence[Tracked], *, waited: bool = False) -> Go:
@@ -119,13 +120,14 @@ class Shutdown:
         after how long a wait for the rate limit (`Go.wait`), and the actions for the
         others (see `start`; the flow gate returns those it no longer lets start).
         `waited`: asked again after the rate limit's wait (it is not booked twice)."""
-        if len(ts) == 1 and not self.gated:  # the common case, without the lists
+        gating = self._gating
+        if len(ts) == 1 and not gating.gated:  # the common case, without the lists
             a = self.start(ts[0])
             return Go(list(ts)) if a is None else Go([], a)
         go, acts = self._startable(ts)
-        flow = self.flow
-        if go and self.gated and (flow.gated or flow.bucket is not None):
-            out = self._gate_start(go, acts, waited)
+        flow = gating.flow
+        if go and gating.gated and (flow.gated or flow.bucket is not None):
+            out = gating.start(go, acts, waited)
             if out.wait <= 0:
                 flow.started(out.run)
             return out
@@ -162,16 +164,16 @@ class Shutdown:
         copy is confirmed: its next delivery runs as the attempt it would have run as
         now. The copy joins the back of the queue.
         """
-        leave = self._gate_leave(t)  # it will not run (again) here: its key goes on
-        if t.settled or not self.ledger.current(t):
+        leave = self._gating.leave(t)  # it will not run (again) here: its key goes on
+        if t.settled or not self._ledger.current(t):
             return leave
         if started or self.mode is AckMode.NONE:
-            self.ledger.gone(t)
+            self._ledger.gone(t)
             self._emit(Stage.RETURNED, t, "handler cancelled at shutdown")
             return [Nack(t.tag, requeue=True), *leave]
         if self._given_back:
             return [*self._as_it_is([t]), *leave]
-        if len(self.confirms) >= STOP_COPIES:  # its turn comes with a confirm (`_return_next`)
+        if len(self._confirms) >= STOP_COPIES:  # its turn comes with a confirm (`return_next`)
             self._returning.append(t)
             return leave
         return [self._copy_back(t), *leave]
@@ -181,16 +183,16 @@ class Shutdown:
         once the copy is confirmed)."""
         self._emit(Stage.RETURNED, t, f"shutdown before start: attempt {t.attempt} kept on a copy")
         hdrs = copies.restamp_headers(t, uuid.uuid4().hex)
-        return self.confirms.issue(t, self.policy.queue, hdrs, CopyPurpose.RESTAMP)
+        return self._confirms.issue(t, self.policy.queue, hdrs, CopyPurpose.RESTAMP)
 
-    def _return_next(self) -> list[Action]:
+    def return_next(self) -> list[Action]:
         """A copy was answered: the copies of the unstarted deliveries waiting their turn,
         as far as `STOP_COPIES` allows (called from `republished`)."""
         acts: list[Action] = []
         waiting = self._returning
-        while waiting and len(self.confirms) < STOP_COPIES:
+        while waiting and len(self._confirms) < STOP_COPIES:
             t = waiting.popleft()
-            if not t.settled and self.ledger.current(t):
+            if not t.settled and self._ledger.current(t):
                 acts.append(self._copy_back(t))
         return acts
 
@@ -208,9 +210,9 @@ class Shutdown:
         """Unstarted `ts` back to their queue without a copy (`give_back`)."""
         acts: list[Action] = []
         for t in ts:
-            if t.settled or not self.ledger.current(t):
+            if t.settled or not self._ledger.current(t):
                 continue
-            self.ledger.gone(t)
+            self._ledger.gone(t)
             self._emit(Stage.RETURNED, t, "shutdown before start: no time left for a copy")
             acts.append(Nack(t.tag, requeue=True))
         if acts and self.mode is AckMode.TRANSACTED:
@@ -223,7 +225,23 @@ class Shutdown:
         delivery waiting to be retried in process is released instead (`handled`,
         `resume`). Returns the acks held back, to send now."""
         self.stopping = True
-        return self.ledger.drain()
+        return self._ledger.drain()
+
+    def interrupted(self, fact: _outcome.Interruption) -> bool:
+        """A cancellation reached a running handler: True to release its deliveries
+        (`release(t, started=True)`), False to report it to `handled` as a failure."""
+        return _outcome.released(fact)
+
+    def take_held(self) -> list[Tracked]:
+        """Shutdown: deliveries held unstarted by `receive` or `start`, and those the flow
+        gate holds (return them)."""
+        waiting = self._lost.take_waiting()
+        return self._gating.take_held() + self._confirms.take_held() + waiting
+
+    def channel_closed(self) -> None:
+        """The channel is gone: the unstarted deliveries waiting to go back as copies
+        went back with it (the broker requeued them)."""
+        self._returning.clear()
 
     @property
     def quiescent(self) -> bool:
@@ -233,17 +251,17 @@ class Shutdown:
         delivery is the broker's to requeue when the channel closes."""
         if not self.stopping:
             return False
-        if not self.ledger.open:
+        if not self._ledger.open:
             return True
-        return not self.confirms and self.ledger.pending == 0 and not self._returning
+        return not self._confirms and self._ledger.pending == 0 and not self._returning
 
     @property
     def copies_in_flight(self) -> bool:
         """Copies sent on a channel still open, their confirm not yet in: closing now could
         leave one routed next to its original, requeued by the close (`may_close`)."""
-        return self.ledger.open and bool(self.confirms)
+        return self._ledger.open and bool(self._confirms)
 
     @property
     def busy(self) -> int:
         """Deliveries received and not decided yet (queued for, or in, a handler)."""
-        return sum(1 for t in self.ledger.unsettled() if not t.parked)
+        return sum(1 for t in self._ledger.unsettled() if not t.parked)

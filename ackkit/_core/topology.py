@@ -5,18 +5,22 @@ needs a delay queue per backoff tier (`<queue>.retry.<ms>ms`: a TTL queue that
 dead-letters back to the origin queue), and one more for each delay a
 `RetryLater(delay=...)` asks for that is not a tier. Every name and argument
 here follows from the `ListenerPolicy` alone; which extra delay queues are
-declared already is the listener's state (ListenerCore).
+declared already is the state of the listener's `Queues` part.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .brokers import BrokerTraits
 from .errors import TopologyConflict
 from .policy import ListenerPolicy, Retry, RetryStrategy
+
+if TYPE_CHECKING:
+    from .actions import Republish
+    from .republish import Confirms
 
 QUORUM_DEFAULT_DELIVERY_LIMIT = 20
 """A RabbitMQ 4.x quorum queue's delivery-limit when its arguments set none."""
@@ -173,11 +177,32 @@ def check_delivery_limit(retry: Retry, arguments: Mapping[str, Any]) -> None:
 
 
 class Queues:
-    """ListenerCore's part for the queues its listener needs (mixed in)."""
+    """ListenerCore's part for the queues its listener needs: which to declare up front
+    (`topology`), with which arguments on the broker it is connected to, and which
+    extra delay queues and (pull mode) own queues its copies declared on first use.
 
-    policy: ListenerPolicy
-    broker: BrokerTraits
-    _declared: set[str]
+    Handed the policy, the confirms (whose copies it makes declare their queue) and
+    the broker; `use` tells it of the broker on every connect."""
+
+    def __init__(
+        self,
+        policy: ListenerPolicy,
+        confirms: Confirms,
+        broker: BrokerTraits,
+        *,
+        declare_on_use: bool = False,
+    ) -> None:
+        self.policy = policy
+        self.broker = broker
+        # Pull mode: the DLQ and delay queues are declared with the first copy sent to
+        # each (`Republish.declare`), not up front: a get() declares nothing unasked.
+        self.declare_on_use = declare_on_use
+        self._confirms = confirms
+        self._declared: set[str] = set()
+
+    def use(self, broker: BrokerTraits) -> None:
+        """The connection reports this broker."""
+        self.broker = broker
 
     def topology(self) -> list[QueueSpec]:
         """Queues ackkit declares for this listener: the DLQ and the retry delay tiers."""
@@ -202,3 +227,23 @@ class Queues:
     def declared(self, name: str) -> None:
         """The runtime declared queue `name` (one not in `topology()`)."""
         self._declared.add(name)
+
+    def asked_delay(self, act: Republish, delay: float) -> Republish:
+        """Retry copy `act` for a RetryLater(delay=...), declaring its delay queue first
+        when that is neither a tier nor declared already."""
+        extra = self.extra_delay_queue(delay)
+        if extra is None:
+            return act
+        self._declared.add(extra.name)
+        return self._confirms.declaring(act, extra)
+
+    def on_use(self, act: Republish) -> Republish:
+        """`act`, declaring its queue first when this core declares its own queues on
+        first use (`declare_on_use`, pull mode) and it has not declared that one yet."""
+        if not self.declare_on_use or act.declare is not None or act.routing_key in self._declared:
+            return act
+        spec = own_queue(self.policy, act.routing_key)
+        if spec is None:
+            return act
+        self._declared.add(spec.name)
+        return self._confirms.declaring(act, spec)

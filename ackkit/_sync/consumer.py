@@ -73,7 +73,11 @@ class Consumer(Executor):
         self.probe = probe_for(instruments, spec, self.core)  # metrics, tracing: None when off
         # what a refused or cancelled consumer comes to (the core's `Consuming`)
         self.consuming = Consuming(
-            self.core.flow, spec.name, spec.queue, declare=spec.declare, exclusive=spec.exclusive
+            self.core.gating.flow,
+            spec.name,
+            spec.queue,
+            declare=spec.declare,
+            exclusive=spec.exclusive,
         )
         self.awaiting_ok = False  # a basic.consume the broker has not answered yet
         self.tx: SyncInbox | None = None  # inbox=: the handler runs in its transaction
@@ -112,7 +116,7 @@ class Consumer(Executor):
     def _consume(self, ch: Any) -> None:
         self.cancelled.clear()
         self.consumer_tag = None
-        if self.core.consuming:  # not while paused or tripped
+        if self.core.gating.consuming:  # not while paused or tripped
             self._basic_consume(ch)  # ready once the broker answered (`_on_consume_ok`)
         else:
             self.rt.consumer_ready(self)
@@ -214,7 +218,7 @@ class Consumer(Executor):
     def _start(self, held: Delivery) -> None:
         """A delivery the core held starts (`Start`): through the flow gate."""
         with self.lock:
-            acts = self.core.admit(held._tracked)
+            acts = self.core.gating.admit(held._tracked)
             if acts:
                 self.send(self.core.generation, acts)
         if acts is None:

@@ -26,7 +26,7 @@ def switch(c: Consumer, on: bool) -> None:
     ch = c.channel
     if ch is None or not ch.is_open or c.rt.stopping:
         return
-    if c.core.consuming:
+    if c.core.gating.consuming:
         if c.consumer_tag is None:
             c._basic_consume(ch)
         return
@@ -53,7 +53,7 @@ def _return_inbox(c: Consumer) -> None:
         except _queue.Empty:
             break
     with c.lock:
-        keep, acts = c.core.withdraw([d._tracked for d in waiting if d is not None])
+        keep, acts = c.core.gating.withdraw([d._tracked for d in waiting if d is not None])
         if acts:
             c.send(c.core.generation, acts)
     stay = {id(t) for t in keep}
@@ -65,7 +65,7 @@ def _return_inbox(c: Consumer) -> None:
 def set_paused(c: Consumer, paused: bool) -> None:
     """Pause or resume the listener by hand (any thread)."""
     with c.lock:
-        acts = c.core.set_paused(paused)
+        acts = c.core.gating.set_paused(paused)
         if acts:
             c.send(c.core.generation, acts)
 
@@ -74,6 +74,6 @@ def waiting(c: Consumer) -> list[Delivery]:
     """Shutdown: the deliveries the gate holds, and the restamp copies the core holds
     (they are returned with the unstarted)."""
     with c.lock:
-        ts = c.core.take_held()
+        ts = c.core.shutdown.take_held()
         held = (c.originals.get(t.generation, t.tag) for t in ts)
         return [d for d in held if d is not None]

@@ -153,7 +153,7 @@ class Runtime(Engine):
             self.call_soon(self._cancel_all)
         for c in self.consumers:  # the cores stop: nothing starts, retries are released
             with c.lock:
-                acts = c.core.stop()
+                acts = c.core.shutdown.stop()
                 if acts:
                     c.send(c.core.generation, acts)
         self.stop_event.set()  # cuts in-process retry waits short
@@ -214,7 +214,7 @@ class Runtime(Engine):
         for c in self.consumers:
             with c.lock:
                 c.core.use_broker(broker)  # before anything of this connection is decided
-            c.core.check_broker()  # TopologyConflict: fatal, from start()
+            c.core.queues.check_broker()  # TopologyConflict: fatal, from start()
         self._declare_for(conn, self.consumers)
 
     def _declare_for(self, conn: Any, consumers: Sequence[Consumer]) -> None:
@@ -316,11 +316,11 @@ class Runtime(Engine):
                     if acts:
                         c.send(c.core.generation, acts)
             if time.monotonic() >= deadline - LAST_COPIES:
-                c.decide(c.core.give_back)  # no copy more: what waits for one goes back
+                c.decide(c.core.shutdown.give_back)  # no copy more: what waits for one goes back
             c.decide(c.core.drain)
         conn = self.connection
-        quiet = all(c.core.quiescent for c in self.consumers)
-        in_flight = any(c.core.copies_in_flight for c in self.consumers)
+        quiet = all(c.core.shutdown.quiescent for c in self.consumers)
+        in_flight = any(c.core.shutdown.copies_in_flight for c in self.consumers)
         if not may_close(quiet, in_flight, time.monotonic(), deadline) and conn.is_open:
             conn.ioloop.call_later(0.02, lambda: self._settle(settled, deadline, close))
             return

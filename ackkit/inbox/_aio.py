@@ -182,7 +182,7 @@ class AsyncInbox:
         from .._async.handlers import conclude
 
         c = self.c
-        if not c.core.look_up_first(d._tracked):
+        if not c.core.lost.look_up_first(d._tracked):
             return False
         exc: BaseException | None = None
         try:
@@ -315,9 +315,9 @@ class AsyncInbox:
         database answers, then resume."""
         c = self.c
         ts = [d._tracked for d in inv.deliveries]
-        if not c.core.flow.paused:  # paused by hand before: left to the hand
+        if not c.core.gating.flow.paused:  # paused by hand before: left to the hand
             self.paused_by_db = True
-        acts = c.core.set_paused(True, f"inbox database down: {why}", returning=ts)
+        acts = c.core.gating.set_paused(True, f"inbox database down: {why}", returning=ts)
         # not `self._probe.done()`: a probe awaiting its resume's basic.consume has resumed
         # already, and would leave this pause with no probe (see SyncInbox.down)
         if not self._probing:
@@ -343,7 +343,7 @@ class AsyncInbox:
                 mine, self.paused_by_db = self.paused_by_db, False
                 if mine:
                     core = self.c.core
-                    acts = core.set_paused(False, "inbox database answers again")
+                    acts = core.gating.set_paused(False, "inbox database answers again")
                     await self.c.execute(core.generation, acts)
                 return
 

@@ -71,7 +71,7 @@ def look_up_key(inbox: Inbox, d: DeliveryBase) -> str | None:
 
 def duplicate(core: ListenerCore, name: str, d: DeliveryBase, key: str) -> None:
     """Count and log (once, INFO) a delivery whose key was recorded already."""
-    core.duplicate(d._tracked, key)
+    core.lost.duplicate(d._tracked, key)
     log.info(
         "%s: duplicate of message %r (inbox key %r already recorded): acked without "
         "running the handler",

@@ -162,7 +162,7 @@ class SyncInbox:
         unstarted, the database down): True. Else `start` decides."""
         c = self.c
         with c.lock:
-            if not c.core.look_up_first(d._tracked):
+            if not c.core.lost.look_up_first(d._tracked):
                 return False
         exc: BaseException | None = None
         try:
@@ -276,9 +276,9 @@ class SyncInbox:
         c = self.c
         ts = [d._tracked for d in inv.deliveries]
         with c.lock:
-            if not c.core.flow.paused:  # paused by hand before: left to the hand
+            if not c.core.gating.flow.paused:  # paused by hand before: left to the hand
                 self.paused_by_db = True
-            acts = c.core.set_paused(True, f"inbox database down: {why}", returning=ts)
+            acts = c.core.gating.set_paused(True, f"inbox database down: {why}", returning=ts)
             if acts:
                 c.queue(c.core.generation, acts)  # in decision order; the I/O thread sends
             # Decided with the pause, under the lock the probe resumes under: a probe that
@@ -310,7 +310,7 @@ class SyncInbox:
                     self._probing = False  # a down() from now on starts a probe of its own
                     mine, self.paused_by_db = self.paused_by_db, False
                     acts = (
-                        self.c.core.set_paused(False, "inbox database answers again")
+                        self.c.core.gating.set_paused(False, "inbox database answers again")
                         if mine
                         else []
                     )

@@ -221,6 +221,7 @@ class SourceConsumer(SourceChannel, Engine, Executor):
     def stats(self) -> dict[str, int]:
         with self.lock:
             counts = self.core.counters.snapshot()
+            gauges = self.core.gauges()
             return {
                 "received": self.received,
                 "buffered": len(self.buffer),
@@ -232,9 +233,9 @@ class SourceConsumer(SourceChannel, Engine, Executor):
                 "invalid": self.invalid,
                 "connections": self.connections,
                 "ack_frames": counts["ack_frames"],
-                "pending_acks": self.core.pending_acks,
+                "pending_acks": gauges.pending_acks,
                 "copies": self.copies,
-                "republishing": self.core.republishing,
+                "republishing": gauges.republishing,
                 "waiting_exclusive": int(self.waiting_for == "exclusive"),
             }
 
@@ -254,7 +255,9 @@ class SourceConsumer(SourceChannel, Engine, Executor):
             # With on_invalid=fail the dead-letter queue is declared on its first use
             # (the core also dead-letters a delivery with a forged attempt header): the
             # copy comes back unroutable and the core asks for the queue to be declared.
-            own = self.core.topology() if self.opts.on_invalid is OnInvalid.DEAD_LETTER else []
+            own = (
+                self.core.queues.topology() if self.opts.on_invalid is OnInvalid.DEAD_LETTER else []
+            )
             declare_queues(conn, own, user)
             if not self.opts.declare:
                 ch = conn.channel()
