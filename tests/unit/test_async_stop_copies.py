@@ -26,8 +26,8 @@ def test_the_stop_waits_for_the_original_ack_of_a_listeners_confirmed_copy() -> 
         rt = AsyncRuntime(app.settings, app.specs)
         c = rt.consumers[0]
         assert c.copies is not rt.publisher  # a listener's copies: a publisher of its own
-        c.core.stop()
-        assert c.core.quiescent  # every copy confirmed: the core waits for nothing more
+        c.core.shutdown.stop()
+        assert c.core.shutdown.quiescent  # every copy confirmed: the core waits for nothing more
         acked = asyncio.Event()
 
         async def copy_task() -> None:  # its confirm is in; the original's ack still to go

@@ -192,9 +192,9 @@ def test_an_unknown_broker_restamps_a_quorum_redelivery() -> None:
 
 def test_use_broker_switches_the_counting_on_reconnect() -> None:
     c = _core(V3)
-    assert c.count_source is CountSource.DELIVERY_COUNT
+    assert c._count is CountSource.DELIVERY_COUNT
     c.use_broker(V43)  # the broker was upgraded while ackkit reconnected
-    assert c.count_source is CountSource.ACQUIRED_COUNT and c.broker is V43
+    assert c._count is CountSource.ACQUIRED_COUNT and c.queues.broker is V43
 
 
 # -- a consumer cancelled by the broker (RabbitMQ 4.3's consumer timeout) ---------------
@@ -204,7 +204,7 @@ def test_a_cancelled_consumer_fences_its_deliveries_like_a_closed_channel() -> N
     c = _core(V43, "quorum")
     a, b = c.receive(1), c.receive(2)
     c.finish(a)  # its ack is held for the batch
-    assert c.pending_acks == 1
+    assert c.gauges().pending_acks == 1
     assert c.consumer_cancelled() == 1  # b was outstanding; a's pending ack is dropped
     assert c.counters.counts[Stage.CONSUMER_CANCELLED] == 1
     assert c.finish(b) == []  # its settle is never sent: the broker returned it
@@ -358,11 +358,11 @@ def test_a_quorum_delayed_failure_is_a_reject_with_requeue_then_a_dead_letter() 
     t3 = c.receive(3, redelivered=True, headers={"x-acquired-count": 2, "x-delivery-count": 2})
     (dead,) = c.finish(t3, ValueError("boom"))
     assert isinstance(dead, Republish) and dead.purpose == "dead-letter"
-    assert c.topology()[0].purpose == "dead-letter" and len(c.topology()) == 1
+    assert c.queues.topology()[0].purpose == "dead-letter" and len(c.queues.topology()) == 1
 
 
 def test_quorum_delayed_declares_the_delay_on_the_queue() -> None:
-    args, dropped = _qd_core().queue_arguments({"x-queue-type": "quorum"})
+    args, dropped = _qd_core().queues.queue_arguments({"x-queue-type": "quorum"})
     assert args == {
         "x-queue-type": "quorum",
         "x-delayed-retry-type": "failed",
@@ -376,9 +376,9 @@ def test_quorum_delayed_declares_the_delay_on_the_queue() -> None:
 def test_quorum_delayed_is_refused_by_a_broker_without_it(traits: BrokerTraits) -> None:
     c = _qd_core(traits)
     with pytest.raises(TopologyConflict, match=r"needs RabbitMQ 4\.3"):
-        c.check_broker()
-    _qd_core(V43).check_broker()
-    _core(traits).check_broker()  # other strategies: any broker
+        c.queues.check_broker()
+    _qd_core(V43).queues.check_broker()
+    _core(traits).queues.check_broker()  # other strategies: any broker
 
 
 @pytest.mark.parametrize(("limit", "ok"), [(None, True), (2, False), (3, True), (100, True)])

@@ -193,7 +193,7 @@ def test_an_unpublishable_copy_gets_one_minimal_copy_then_a_reject() -> None:
     assert isinstance(again, Republish) and again.minimal and again.routing_key == first.routing_key
     assert "encode failed" in again.set_headers[H.COPY_NOTE]
     assert c.republished(again.token, False, error="still") == [Reject(1, requeue=False)]
-    assert c.republishing == 0 and c.outstanding == 0
+    assert c.gauges().republishing == 0 and c.gauges().outstanding == 0
 
 
 def test_broker_nacks_requeue_every_original_however_many_in_a_row() -> None:

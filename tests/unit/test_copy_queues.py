@@ -20,7 +20,7 @@ def test_a_quorum_origin_gets_quorum_delay_queues_that_dead_letter_at_least_once
 
     policy = app.specs[0].policy
     assert policy.queue_type == "quorum"
-    delays = [s for s in ListenerCore(policy).topology() if s.purpose == "retry-delay"]
+    delays = [s for s in ListenerCore(policy).queues.topology() if s.purpose == "retry-delay"]
     assert delays
     for spec in delays:
         assert spec.arguments["x-queue-type"] == "quorum"
@@ -28,9 +28,9 @@ def test_a_quorum_origin_gets_quorum_delay_queues_that_dead_letter_at_least_once
         assert spec.arguments["x-overflow"] == "reject-publish"
         assert spec.arguments["x-dead-letter-routing-key"] == "q"
     c = ListenerCore(policy)
-    assert c.extra_delay_queue(7.5) is not None
-    assert c.extra_delay_queue(7.5).arguments["x-queue-type"] == "quorum"  # type: ignore[union-attr]
-    classic = [s for s in core(retry=RETRY3).topology() if s.purpose == "retry-delay"]
+    assert c.queues.extra_delay_queue(7.5) is not None
+    assert c.queues.extra_delay_queue(7.5).arguments["x-queue-type"] == "quorum"  # type: ignore[union-attr]
+    classic = [s for s in core(retry=RETRY3).queues.topology() if s.purpose == "retry-delay"]
     assert all("x-queue-type" not in s.arguments for s in classic)  # unchanged
 
 

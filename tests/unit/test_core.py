@@ -113,7 +113,7 @@ def test_no_dlq_means_reject_to_dlx():
 
 def test_broker_retry_then_dead_letter():
     c = core(retry=Retry(max_attempts=3, initial_interval=1.0, multiplier=2.0))
-    assert [q.name for q in c.topology()] == ["q.dlq", "q.retry.1000ms", "q.retry.2000ms"]
+    assert [q.name for q in c.queues.topology()] == ["q.dlq", "q.retry.1000ms", "q.retry.2000ms"]
     t = c.receive(1)
     (a,) = c.finish(t, ValueError())
     assert a.routing_key == "q.retry.1000ms" and a.set_headers[H.ATTEMPT] == 2
@@ -273,10 +273,10 @@ def test_none_mode_cannot_settle_but_keeps_failures_in_dlq():
 def test_release_returns_unstarted_without_counting_failure():
     c = core()
     t = c.receive(1)
-    (copy,) = c.release(t)  # a copy keeps its attempt: a requeue would count one
+    (copy,) = c.shutdown.release(t)  # a copy keeps its attempt: a requeue would count one
     assert copy.purpose == "restamp" and copy.set_headers[H.ATTEMPT] == 1
     assert c.counters.snapshot()["returned"] == 1
-    assert c.release(c.receive(2), started=True) == [Nack(2, requeue=True)]
+    assert c.shutdown.release(c.receive(2), started=True) == [Nack(2, requeue=True)]
 
 
 def test_retry_policy_validation():
@@ -314,7 +314,7 @@ def test_batch_partial_success_retries_the_unprocessed_tail():
         retry=Retry(max_attempts=2), prefetch=10, flush=FlushPolicy(max_pending=10, interval=1)
     )
     ts = [c.receive(t) for t in range(1, 5)]
-    acts = c.finish_batch(ts, 2)  # AckIndex(1): deliveries 0 and 1 done
+    acts = c._fates.finish_batch(ts, 2)  # AckIndex(1): deliveries 0 and 1 done
     retries = [a for a in acts if isinstance(a, Republish)]
     assert [a.tag for a in retries] == [3, 4]
     assert all(a.purpose == "retry" and a.set_headers[H.ATTEMPT] == 2 for a in retries)
@@ -324,5 +324,5 @@ def test_batch_partial_success_retries_the_unprocessed_tail():
 def test_batch_handler_raising_fails_every_delivery_with_its_error():
     c = core()
     ts = [c.receive(t) for t in range(1, 3)]
-    acts = c.finish_batch(ts, 0, ValueError("batch broke"), "tb")
+    acts = c._fates.finish_batch(ts, 0, ValueError("batch broke"), "tb")
     assert [a.set_headers[H.ERROR_MESSAGE] for a in acts] == ["batch broke"] * 2

@@ -32,7 +32,7 @@ def given_back(c: ListenerCore, acts: list[Any], tag: int, attempt: int) -> None
     (copy,) = acts
     assert isinstance(copy, Republish) and copy.purpose is CopyPurpose.RESTAMP
     assert (copy.tag, copy.routing_key, copy.set_headers[H.ATTEMPT]) == (tag, "q", attempt)
-    assert not c.quiescent  # the copy awaits its confirm
+    assert not c.shutdown.quiescent  # the copy awaits its confirm
     acks = [a for a in c.republished(copy.token, True) + c.drain() if not isinstance(a, TxCommit)]
     assert acks == [Ack(tag, multiple=False)]
 
@@ -40,20 +40,20 @@ def given_back(c: ListenerCore, acts: list[Any], tag: int, attempt: int) -> None
 def test_a_running_core_lets_handlers_start() -> None:
     c = core()
     t = c.receive(1)
-    assert c.start(t) is None
-    assert not c.stopping and not c.quiescent
+    assert c.shutdown.start(t) is None
+    assert not c.shutdown.stopping and not c.shutdown.quiescent
 
 
 def test_a_stopping_core_starts_nothing_it_returns_the_delivery() -> None:
     c = core(mode=AckMode.AUTO)
     t1, t2 = c.receive(1), c.receive(2)
-    assert c.start(t1) is None
+    assert c.shutdown.start(t1) is None
     c.handled([t1])  # held for the next multiple ack
-    assert c.stop() == [Ack(1, multiple=False)]  # the held ack goes out with the stop
-    given_back(c, c.start(t2), 2, 1)
-    assert c.start(t2) == []  # once
+    assert c.shutdown.stop() == [Ack(1, multiple=False)]  # the held ack goes out with the stop
+    given_back(c, c.shutdown.start(t2), 2, 1)
+    assert c.shutdown.start(t2) == []  # once
     assert c.counters.counts[Stage.RETURNED] == 1
-    assert c.quiescent
+    assert c.shutdown.quiescent
 
 
 def test_a_stale_delivery_is_dropped_not_released() -> None:
@@ -61,19 +61,19 @@ def test_a_stale_delivery_is_dropped_not_released() -> None:
     t = c.receive(1)
     c.channel_closed()
     c.channel_opened()
-    c.stop()
-    assert c.start(t) == []  # its tag died with its channel; the broker requeued it
+    c.shutdown.stop()
+    assert c.shutdown.start(t) == []  # its tag died with its channel; the broker requeued it
 
 
 def test_a_retry_decided_while_stopping_becomes_a_release() -> None:
     c = core(retry=IN_PROCESS)
     t = c.receive(1)
-    assert c.start(t) is None
-    c.stop()
+    assert c.shutdown.start(t) is None
+    c.shutdown.stop()
     out = c.handled([t], exc=ValueError("boom"))
     assert out.rerun == ()
     given_back(c, out.actions, 1, 2)  # attempt 1 ran: it comes back as attempt 2
-    assert c.quiescent
+    assert c.shutdown.quiescent
 
 
 def test_a_retry_waiting_when_the_stop_comes_is_released() -> None:
@@ -85,7 +85,7 @@ def test_a_retry_waiting_when_the_stop_comes_is_released() -> None:
     assert go.rerun == (t,) and go.actions == []
     out = c.handled([t], exc=ValueError("boom again"))
     assert out.rerun == (t,)
-    c.stop()  # the stop cut the wait short
+    c.shutdown.stop()  # the stop cut the wait short
     go = c.resume(out.rerun)
     assert go.rerun == ()
     given_back(c, go.actions, 1, 3)  # attempts 1 and 2 ran
@@ -96,7 +96,7 @@ def test_transacted_in_process_retry_runs_again_then_releases_at_stop() -> None:
     t = c.receive(1)
     out = c.handled([t], exc=ValueError("boom"))
     assert out.rerun == (t,)  # the failed delivery is run again, not left unacked
-    c.stop()
+    c.shutdown.stop()
     go = c.resume(out.rerun)
     assert go.rerun == ()
     given_back(c, go.actions, 1, 2)
@@ -105,9 +105,9 @@ def test_transacted_in_process_retry_runs_again_then_releases_at_stop() -> None:
 def test_a_handler_cancelled_at_shutdown_goes_back_with_its_attempt_counted() -> None:
     c = core()
     t = c.receive(1)
-    assert c.start(t) is None
-    c.stop()
-    assert c.release(t, started=True) == [Nack(1, requeue=True)]
+    assert c.shutdown.start(t) is None
+    c.shutdown.stop()
+    assert c.shutdown.release(t, started=True) == [Nack(1, requeue=True)]
 
 
 def test_quiescent_waits_for_copies_awaiting_confirm() -> None:
@@ -115,20 +115,20 @@ def test_quiescent_waits_for_copies_awaiting_confirm() -> None:
     t = c.receive(1)
     (copy,) = c.handled([t], exc=ValueError("to the DLQ")).actions
     assert isinstance(copy, Republish)
-    c.stop()
-    assert not c.quiescent  # the dead-letter copy is not confirmed yet
+    c.shutdown.stop()
+    assert not c.shutdown.quiescent  # the dead-letter copy is not confirmed yet
     assert c.republished(copy.token, True) == [Ack(1, multiple=False)]  # the original
-    assert c.quiescent  # acked with the confirm: nothing left to wait for
+    assert c.shutdown.quiescent  # acked with the confirm: nothing left to wait for
 
 
 def test_a_closed_channel_leaves_nothing_to_wait_for() -> None:
     c = core(retry=Retry(max_attempts=1))
     t = c.receive(1)
     c.handled([t], exc=ValueError("to the DLQ"))
-    c.stop()
-    assert not c.quiescent
+    c.shutdown.stop()
+    assert not c.shutdown.quiescent
     c.channel_closed()  # the broker requeued the original: its copy's confirm settles nothing
-    assert c.quiescent
+    assert c.shutdown.quiescent
 
 
 @given(
@@ -157,8 +157,8 @@ def test_every_delivery_is_settled_once_whenever_the_stop_comes(
 
     for i, (t, fate) in enumerate(zip(ts, fates, strict=True)):
         if i == stop_at:
-            take(c.stop())
-        acts = c.start(t)
+            take(c.shutdown.stop())
+        acts = c.shutdown.start(t)
         if acts is not None:
             take(acts)
             continue
@@ -167,12 +167,12 @@ def test_every_delivery_is_settled_once_whenever_the_stop_comes(
         out = c.handled([t], exc=None if fate == "ok" else ValueError("x"))
         take(out.actions)
         reruns.extend(out.rerun)
-    if not c.stopping:
-        take(c.stop())
+    if not c.shutdown.stopping:
+        take(c.shutdown.stop())
     take(c.resume(tuple(reruns)).actions)
     for t, fate in zip(ts, fates, strict=True):
         if fate == "unstarted" and not t.settled:  # queued at the stop: the workers hand it back
-            take(c.start(t) or [])
+            take(c.shutdown.start(t) or [])
     take(c.drain())
     assert sorted(settled) == list(range(1, len(fates) + 1))
-    assert c.quiescent and c.busy == 0
+    assert c.shutdown.quiescent and c.shutdown.busy == 0

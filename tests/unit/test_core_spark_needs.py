@@ -397,6 +397,6 @@ def test_finish_all_decides_what_finish_one_by_one_does(ops, max_pending, mode):
         expected.extend(one.finish(a))
     assert many.finish_all([b for _, b in ts]) == expected
     assert many.counters.snapshot() == one.counters.snapshot()
-    assert [t.tag for t in many.unsettled()] == [t.tag for t in one.unsettled()]
-    assert many.pending_acks == one.pending_acks
+    assert [t.tag for t in many._ledger.unsettled()] == [t.tag for t in one._ledger.unsettled()]
+    assert many.gauges().pending_acks == one.gauges().pending_acks
     assert many.drain() == one.drain()

@@ -41,18 +41,18 @@ def stopped_with_unstarted(n: int, **kw: Any) -> tuple[ListenerCore, list[Republ
     """A core stopped with `n` deliveries that never reached a handler, released."""
     c = core(**kw)
     ts = [c.receive(i + 1) for i in range(n)]
-    c.stop()
+    c.shutdown.stop()
     sent: list[Republish] = []
     for t in ts:
-        sent.extend(copies(c.release(t)))
+        sent.extend(copies(c.shutdown.release(t)))
     return c, sent
 
 
 def test_a_stop_has_at_most_stop_copies_copies_awaiting_their_confirm() -> None:
     c, sent = stopped_with_unstarted(N)
     assert [a.tag for a in sent] == list(range(1, STOP_COPIES + 1))
-    assert c.republishing == STOP_COPIES
-    assert not c.quiescent  # the others wait their turn
+    assert c.gauges().republishing == STOP_COPIES
+    assert not c.shutdown.quiescent  # the others wait their turn
     acked: list[int] = []
     in_flight = list(sent)
     while in_flight:
@@ -62,45 +62,45 @@ def test_a_stop_has_at_most_stop_copies_copies_awaiting_their_confirm() -> None:
         nxt = copies(acts)  # each confirm sends the next waiting one's copy
         in_flight.extend(nxt)
         sent.extend(nxt)
-        assert c.republishing <= STOP_COPIES
+        assert c.gauges().republishing <= STOP_COPIES
     assert sorted(a.tag for a in sent) == list(range(1, N + 1))  # one copy each
     assert sorted(acked) == list(range(1, N + 1))  # each original acked once
-    assert c.quiescent
+    assert c.shutdown.quiescent
 
 
 def test_with_no_time_left_the_waiting_go_back_as_they_are_the_copies_in_flight_settle() -> None:
     c, sent = stopped_with_unstarted(N)
-    back = c.give_back()
+    back = c.shutdown.give_back()
     assert back == [Nack(tag, requeue=True) for tag in range(STOP_COPIES + 1, N + 1)]
-    assert not c.quiescent  # the copies in flight still await their confirm
+    assert not c.shutdown.quiescent  # the copies in flight still await their confirm
     acked = []
     for a in sent:
         acts = c.republished(a.token, True)
         assert not copies(acts)  # no copy more
         acked.extend(x.tag for x in acts if isinstance(x, Ack))
     assert acked == list(range(1, STOP_COPIES + 1))
-    assert c.quiescent
+    assert c.shutdown.quiescent
 
 
 def test_after_give_back_an_unstarted_delivery_goes_back_without_a_copy() -> None:
     c = core()
     t = c.receive(1)
-    c.stop()
-    assert c.give_back() == []
-    assert c.release(t) == [Nack(1, requeue=True)]
-    assert c.quiescent
+    c.shutdown.stop()
+    assert c.shutdown.give_back() == []
+    assert c.shutdown.release(t) == [Nack(1, requeue=True)]
+    assert c.shutdown.quiescent
 
 
 def test_transacted_give_back_commits() -> None:
     c, _ = stopped_with_unstarted(STOP_COPIES + 1, mode=AckMode.TRANSACTED)
-    assert c.give_back() == [Nack(STOP_COPIES + 1, requeue=True), TxCommit()]
+    assert c.shutdown.give_back() == [Nack(STOP_COPIES + 1, requeue=True), TxCommit()]
 
 
 def test_a_closed_channel_drops_the_waiting_the_broker_requeued_them() -> None:
     c, sent = stopped_with_unstarted(STOP_COPIES + 5)
     c.channel_closed()
-    assert c.quiescent
-    assert c.give_back() == []
+    assert c.shutdown.quiescent
+    assert c.shutdown.give_back() == []
     for a in sent:  # late confirms settle nothing on the new channel
         assert c.republished(a.token, True) == []
 
@@ -142,7 +142,7 @@ def test_each_unstarted_delivery_goes_back_once_whenever_the_time_runs_out(
         if ok:
             confirmed.add(a.tag)
         take(c.republished(a.token, ok))
-    take(c.give_back())
+    take(c.shutdown.give_back())
     unanswered = {a.tag for a in in_flight}
     assert len(unanswered) <= STOP_COPIES
     assert set(settled) | unanswered == set(range(1, n + 1))
@@ -154,4 +154,4 @@ def test_each_unstarted_delivery_goes_back_once_whenever_the_time_runs_out(
             assert tag not in copied  # no copy of it was ever sent
         else:
             assert tag in refused  # the broker refused its copy: the original goes back
-    assert c.quiescent == (not unanswered)
+    assert c.shutdown.quiescent == (not unanswered)

@@ -429,7 +429,7 @@ def test_held_back_delivery_comes_back_without_counting_an_attempt() -> None:
     core.channel_opened()
     t = core.receive(1, False, {}, message_id="m-1")
     assert t.attempt == 1
-    assert core.hold_back(t, "paused") == [Nack(1, requeue=True)]
+    assert core.gating.hold_back(t, "paused") == [Nack(1, requeue=True)]
     assert core.counters.counts[Stage.RETURNED] == 1
     back = core.receive(2, True, {}, message_id="m-1")
     assert back.attempt == 1 and back.verdict is None  # not an attempt, no restamp
@@ -442,10 +442,10 @@ def test_held_back_delivery_comes_back_without_counting_an_attempt() -> None:
 def test_no_ack_listener_runs_what_arrived_while_paused() -> None:
     core = ListenerCore(ListenerPolicy("l", "q", mode=AckMode.NONE))
     core.channel_opened()
-    step = core.flow.pause()
+    step = core.gating.flow.pause()
     assert step.consume is False
     t = core.receive(1)
-    assert core.flow.arrive(t) is Admission.RUN and core.flow.may_start(t)
+    assert core.gating.flow.arrive(t) is Admission.RUN and core.gating.flow.may_start(t)
     assert core.counters.counts[Stage.PAUSED] == 1
 
 
@@ -469,9 +469,9 @@ def _tripped_app() -> tuple[Any, ListenerCore]:
     probe_for(app._run_instruments(), spec, core)
     core.channel_opened()
     t = core.receive(1)
-    core.flow.arrive(t)
-    core.flow.done([t], failed=True)
-    core.flow.reserve()
+    core.gating.flow.arrive(t)
+    core.gating.flow.done([t], failed=True)
+    core.gating.flow.reserve()
     return app, core
 
 
@@ -504,8 +504,8 @@ def test_trips_and_pauses_are_logged_and_printed_by_ackkit_run(
     with caplog.at_level(logging.INFO, logger="ackkit"):
         app, core = _tripped_app()
         log_lines = app._observer()
-        core.observer = lambda e: (log_lines(e), printer(e))
-        core.flow.pause()
+        core._report.observer = lambda e: (log_lines(e), printer(e))
+        core.gating.flow.pause()
     lines = [r.getMessage() for r in caplog.records]
     assert any("o: circuit breaker tripped" in ln and "failure ratio" in ln for ln in lines)
     assert any(ln.startswith("o: paused") for ln in lines)
@@ -558,7 +558,7 @@ def test_rate_budget_survives_a_reconnect() -> None:
         ListenerPolicy("l", "q", flow=FlowPolicy(rate_limit=RateLimit(2))), clock=clock
     )
     core.channel_opened()
-    assert core.flow.reserve() == 0.0
+    assert core.gating.flow.reserve() == 0.0
     core.channel_closed()
     core.channel_opened()
-    assert core.flow.reserve() == pytest.approx(0.5)  # a new channel gets no new credit
+    assert core.gating.flow.reserve() == pytest.approx(0.5)  # a new channel gets no new credit

@@ -67,7 +67,7 @@ def test_receive_says_run_hold_or_return(
 ) -> None:
     c = gated_core(flow)
     if paused:
-        assert c.set_paused(True) == [Consume(False)]
+        assert c.gating.set_paused(True) == [Consume(False)]
     got = [c.receive(i + 1, headers={"k": k} if k else None).verdict for i, k in enumerate(keys)]
     assert got == verdicts
 
@@ -85,7 +85,7 @@ def test_without_the_gate_a_core_never_holds_or_returns() -> None:
     """Pull and Spark cores (not `gated`): a refusal's pause is not theirs to carry out."""
     c = ListenerCore(ListenerPolicy(name="l", queue="q", flow=SERIAL), broker=V3)
     c.channel_opened()
-    c.flow.copy_refused("dlq", "full")
+    c.gating.flow.copy_refused("dlq", "full")
     ts = [c.receive(i, headers={"k": "a"}) for i in (1, 2)]
     assert [t.verdict for t in ts] == [None, None]
     assert c.begin(ts).run == ts
@@ -108,7 +108,7 @@ def test_begin_returns_what_may_no_longer_start() -> None:
     c = gated_core(FlowPolicy())
     t = c.receive(1)
     assert t.verdict is None
-    c.set_paused(True)  # between the inbox and the worker
+    c.gating.set_paused(True)  # between the inbox and the worker
     go = c.begin([t])
     assert go.run == [] and go.actions == [Consume(False), Nack(1)]
     assert c.begin([c.receive(2)]).run == []  # returned at once by receive
@@ -117,19 +117,19 @@ def test_begin_returns_what_may_no_longer_start() -> None:
 def test_a_stopping_core_releases_instead_of_waiting() -> None:
     c = gated_core(FlowPolicy(rate_limit=RateLimit(1.0)))
     ts = [c.receive(1), c.receive(2)]
-    c.stop()
+    c.shutdown.stop()
     go = c.begin(ts)
     assert go.run == [] and go.wait == 0 and len(go.actions) == 2
 
 
 def test_resume_consumes_again_and_pause_twice_is_nothing() -> None:
     c = gated_core(FlowPolicy())
-    assert c.set_paused(True) == [Consume(False)]
-    assert c.set_paused(True) == []
-    assert not c.consuming
-    assert c.set_paused(False) == [Consume(True)]
-    assert c.set_paused(False) == []
-    assert c.consuming
+    assert c.gating.set_paused(True) == [Consume(False)]
+    assert c.gating.set_paused(True) == []
+    assert not c.gating.consuming
+    assert c.gating.set_paused(False) == [Consume(True)]
+    assert c.gating.set_paused(False) == []
+    assert c.gating.consuming
 
 
 def test_pausing_returns_what_the_gate_holds() -> None:
@@ -137,7 +137,7 @@ def test_pausing_returns_what_the_gate_holds() -> None:
     t1 = c.receive(1, headers={"k": "a"})
     t2 = c.receive(2, headers={"k": "a"})
     assert (t1.verdict, t2.verdict) == (None, [])
-    assert c.set_paused(True) == [Consume(False), Nack(2)]
+    assert c.gating.set_paused(True) == [Consume(False), Nack(2)]
     # the running one finishes; nothing is let through while paused
     assert not any(type(a) is Run for a in c.handled((t1,), None, None).actions)
 
@@ -148,18 +148,22 @@ def test_a_database_down_pause_returns_the_call_that_gave_up_first() -> None:
     c = gated_core(SERIAL)
     t1 = c.receive(1, headers={"k": "a"})
     assert c.receive(2, headers={"k": "a"}).verdict == []  # held behind 1
-    assert c.set_paused(True, "db down", returning=[t1]) == [Consume(False), Nack(1), Nack(2)]
-    assert c.flow.waiting == 0 and not c.flow.holding
-    assert c.set_paused(False) == [Consume(True)]
+    assert c.gating.set_paused(True, "db down", returning=[t1]) == [
+        Consume(False),
+        Nack(1),
+        Nack(2),
+    ]
+    assert c.gating.flow.waiting == 0 and not c.gating.flow.holding
+    assert c.gating.set_paused(False) == [Consume(True)]
     assert c.receive(3, headers={"k": "a"}).verdict is None  # the key is free again
 
 
 def test_withdraw_keeps_what_may_still_start() -> None:
     c = gated_core(BREAKER)
     ts = [c.receive(i) for i in (1, 2, 3)]
-    assert c.withdraw(ts) == (ts, [])  # consuming: all may start
-    c.set_paused(True)
-    keep, acts = c.withdraw(ts)
+    assert c.gating.withdraw(ts) == (ts, [])  # consuming: all may start
+    c.gating.set_paused(True)
+    keep, acts = c.gating.withdraw(ts)
     assert keep == [] and acts == [Nack(1), Nack(2), Nack(3)]  # no Consume: it is one
 
 
@@ -168,11 +172,11 @@ def test_the_breaker_trips_and_probes_through_tick() -> None:
     c = gated_core(BREAKER, clock)
     t = c.receive(1)
     out = c.handled((t,), None, ValueError("down"))
-    assert Consume(False) in out.actions and c.flow.state is FlowState.TRIPPED
+    assert Consume(False) in out.actions and c.gating.flow.state is FlowState.TRIPPED
     assert c.tick() == []
     clock.now += 5
     assert Consume(True) in c.tick()
-    assert c.flow.state is FlowState.PROBING
+    assert c.gating.flow.state is FlowState.PROBING
 
 
 def test_a_delivery_of_a_closed_channel_is_never_let_through() -> None:
@@ -192,7 +196,7 @@ def test_a_delivery_of_a_closed_channel_is_never_let_through() -> None:
 
 def test_no_ack_mode_runs_what_arrives_while_paused() -> None:
     c = gated_core(FlowPolicy(), mode=AckMode.NONE)
-    c.set_paused(True)
+    c.gating.set_paused(True)
     assert c.receive(1).verdict is None  # the broker forgot it on send
 
 
@@ -218,7 +222,7 @@ class Sim:
                 self.consumer = a.on
                 switched = True
                 if not a.on:
-                    keep, more = self.c.withdraw(self.queued)
+                    keep, more = self.c.gating.withdraw(self.queued)
                     self.queued = keep
                     self.carry_out(more)
             elif type(a) is Nack:
@@ -291,17 +295,17 @@ def test_a_runtime_doing_what_the_answers_say_loses_nothing(
         elif op == "finish":
             sim.finish(arg)
         elif op == "pause":
-            sim.carry_out(c.set_paused(True))
+            sim.carry_out(c.gating.set_paused(True))
         elif op == "resume":
-            sim.carry_out(c.set_paused(False))
+            sim.carry_out(c.gating.set_paused(False))
         else:
             clock.now += 0.6
             sim.carry_out(c.tick())
-        assert sim.consumer == c.consuming  # the answers kept the consumer in step
+        assert sim.consumer == c.gating.consuming  # the answers kept the consumer in step
     while sim.running or sim.queued:  # the workers finish what they have
         sim.start()
         sim.finish(False)
-    held = {t.tag for t in c.take_held()}
+    held = {t.tag for t in c.shutdown.take_held()}
     everything = set(range(1, tag + 1))
     assert sim.ran | sim.returned | held == everything
     assert not (sim.ran & sim.returned) and not (held & (sim.ran | sim.returned))

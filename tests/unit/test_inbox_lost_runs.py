@@ -33,20 +33,20 @@ def purposes(acts: list[Action] | None) -> list[str]:
 def test_past_the_bound_a_recorded_key_is_a_duplicate_acked_not_dead_lettered() -> None:
     c = core()
     t = c.receive(1, redelivered=True, headers={H.LOST: H.LOST_BOUND}, message_id="m")
-    assert t.verdict is None and c.look_up_first(t)
-    c.duplicate(t, "m")  # the runtime found the key recorded
+    assert t.verdict is None and c.lost.look_up_first(t)
+    c.lost.duplicate(t, "m")  # the runtime found the key recorded
     acts = c.handled([t]).actions + c.drain()
     assert acts == [Ack(1, multiple=False)]
     counts = c.counters.counts
     assert counts[Stage.DUPLICATE] == 1 and counts[Stage.DEAD_LETTERED] == 0
-    assert not c.confirms  # no copy anywhere: neither a dead letter nor a charged run
+    assert not c._confirms  # no copy anywhere: neither a dead letter nor a charged run
 
 
 def test_past_the_bound_an_unrecorded_key_is_dead_lettered_at_start() -> None:
     c = core()
     t = c.receive(1, redelivered=True, headers={H.LOST: H.LOST_BOUND}, message_id="m")
-    assert c.look_up_first(t)
-    (dead,) = c.start(t) or []
+    assert c.lost.look_up_first(t)
+    (dead,) = c.shutdown.start(t) or []
     assert isinstance(dead, Republish) and dead.purpose is CopyPurpose.DEAD_LETTER
     assert dead.set_headers[H.REASON] == (
         f"consumer died or lost its connection {H.LOST_BOUND} times while handling it"
@@ -56,21 +56,21 @@ def test_past_the_bound_an_unrecorded_key_is_dead_lettered_at_start() -> None:
 def test_under_the_bound_a_recorded_key_is_never_charged() -> None:
     c = core()
     t = c.receive(1, redelivered=True, headers={H.LOST: 1}, message_id="m")
-    assert t.lost == 1 and c.look_up_first(t)
-    c.duplicate(t, "m")
+    assert t.lost == 1 and c.lost.look_up_first(t)
+    c.lost.duplicate(t, "m")
     assert purposes(c.handled([t]).actions) == []
     t2 = c.receive(2, redelivered=True, headers={H.LOST: 1}, message_id="n")
-    assert purposes(c.start(t2)) == ["restamp"]  # not recorded: charged as before
+    assert purposes(c.shutdown.start(t2)) == ["restamp"]  # not recorded: charged as before
 
 
 def test_attempts_exhausted_defer_to_the_record_too() -> None:
     c = core(retry=Retry(max_attempts=3))
     t = c.receive(1, redelivered=True, headers={H.ATTEMPT: 3}, message_id="m")
-    assert t.verdict is None and c.look_up_first(t)
-    c.duplicate(t, "m")
+    assert t.verdict is None and c.lost.look_up_first(t)
+    c.lost.duplicate(t, "m")
     assert c.handled([t]).actions + c.drain() == [Ack(1, multiple=False)]
     t = c.receive(2, redelivered=True, headers={H.ATTEMPT: 3}, message_id="n")
-    (dead,) = c.start(t) or []
+    (dead,) = c.shutdown.start(t) or []
     assert isinstance(dead, Republish) and dead.purpose is CopyPurpose.DEAD_LETTER
     assert dead.set_headers[H.REASON] == "attempts exhausted (3 of 3, last one lost)"
     assert dead.set_headers[H.ATTEMPTS] == 3
@@ -79,17 +79,17 @@ def test_attempts_exhausted_defer_to_the_record_too() -> None:
 def test_a_first_delivery_or_a_listener_without_an_inbox_looks_nothing_up() -> None:
     c = core()
     t = c.receive(1, redelivered=False, headers={H.LOST: H.LOST_BOUND}, message_id="m")
-    assert not c.look_up_first(t)  # the handler's own claim finds a duplicate
+    assert not c.lost.look_up_first(t)  # the handler's own claim finds a duplicate
     plain = core(dedup=False)
     t = plain.receive(1, redelivered=True, headers={H.LOST: H.LOST_BOUND}, message_id="m")
-    assert not plain.look_up_first(t) and purposes(t.verdict) == ["dead-letter"]
+    assert not plain.lost.look_up_first(t) and purposes(t.verdict) == ["dead-letter"]
 
 
 def test_a_stop_returns_a_doomed_delivery_unchanged() -> None:
     c = core()
     t = c.receive(1, redelivered=True, headers={H.LOST: H.LOST_BOUND}, message_id="m")
-    c.stop()
-    (copy,) = c.start(t) or []
+    c.shutdown.stop()
+    (copy,) = c.shutdown.start(t) or []
     assert isinstance(copy, Republish) and copy.purpose is CopyPurpose.RESTAMP
     assert H.LOST not in copy.set_headers  # the count kept as it was
 
@@ -121,14 +121,14 @@ def test_only_runs_lost_before_their_commit_count(events: list[str], twin: bool)
         if event == "prefetch lost":
             c, redelivered = core(mode=AckMode.AUTO), True
             continue
-        if c.look_up_first(t) and recorded:  # the runtime's look-up found the key
-            c.duplicate(t, "m")
+        if c.lost.look_up_first(t) and recorded:  # the runtime's look-up found the key
+            c.lost.duplicate(t, "m")
             assert purposes(c.handled([t]).actions) == []
             if event == "end":
                 return
             c, redelivered = core(mode=AckMode.AUTO), True  # its ack was lost too
             continue
-        acts = c.start(t)
+        acts = c.shutdown.start(t)
         if purposes(acts) == ["dead-letter"]:
             assert not recorded
             assert charged_lost >= H.LOST_BOUND
@@ -143,7 +143,7 @@ def test_only_runs_lost_before_their_commit_count(events: list[str], twin: bool)
             c.republished(copy.token, True)
             tag += 1
             t = c.receive(tag, False, dict(headers), message_id="m")
-            assert not c.look_up_first(t) and c.start(t) is None
+            assert not c.lost.look_up_first(t) and c.shutdown.start(t) is None
         if recorded or event == "end":  # the handler's claim: a duplicate, or it commits
             assert purposes(c.handled([t]).actions) == []
             if event == "end":

@@ -49,16 +49,16 @@ def test_a_down_after_the_probe_resumed_starts_a_probe_of_its_own() -> None:
 
     try:
         down(1)
-        assert core.flow.paused
+        assert core.gating.flow.paused
         assert held.wait(10)  # the probe pinged, resumed, and is still alive
-        assert not core.flow.paused
+        assert not core.gating.flow.paused
         down(2)  # the database went away again right after
-        assert core.flow.paused
+        assert core.gating.flow.paused
         release.set()
         deadline = time.monotonic() + 10
-        while core.flow.paused and time.monotonic() < deadline:
+        while core.gating.flow.paused and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert not core.flow.paused, "paused for ever: no probe after the second down()"
+        assert not core.gating.flow.paused, "paused for ever: no probe after the second down()"
     finally:
         release.set()
         inbox.close()

@@ -29,12 +29,12 @@ def test_a_redelivery_runs_on_a_copy_counting_one_more_lost_run() -> None:
     c = core()
     t = c.receive(1, redelivered=True, headers={"x": 1}, message_id="m")
     assert t.verdict is None and t.lost == 0
-    (copy,) = c.start(t) or []
+    (copy,) = c.shutdown.start(t) or []
     assert isinstance(copy, Republish) and copy.purpose is CopyPurpose.RESTAMP
     assert copy.set_headers[H.LOST] == 1 and copy.set_headers[H.ATTEMPT] == t.attempt
     assert c.republished(copy.token, True) + c.drain() == [Ack(1, multiple=False)]
     t2 = c.receive(2, redelivered=False, headers={"x": 1, H.LOST: 1}, message_id="m")
-    assert c.start(t2) is None  # the copy's first delivery runs
+    assert c.shutdown.start(t2) is None  # the copy's first delivery runs
 
 
 def test_past_the_bound_a_redelivery_is_dead_lettered() -> None:
@@ -64,20 +64,20 @@ def test_an_explicit_requeue_is_no_lost_run() -> None:
     for tag in range(1, 50):
         t = c.receive(tag, redelivered=tag > 1, message_id="m")
         assert t.verdict is None and t.lost is None
-        assert c.start(t) is None
+        assert c.shutdown.start(t) is None
         c.settle(t, "reject", requeue=True)
     c = core()
     for tag in range(1, 50):
         t = c.receive(tag, redelivered=tag > 1)  # no message id: known by its route
-        assert c.start(t) is None
+        assert c.shutdown.start(t) is None
         c.handled([t], exc=RequeueMessage("again"))
 
 
 def test_a_stop_returns_a_suspect_without_charging_it() -> None:
     c = core()
     t = c.receive(1, redelivered=True, headers={H.LOST: 2})
-    c.stop()
-    (copy,) = c.start(t) or []
+    c.shutdown.stop()
+    (copy,) = c.shutdown.start(t) or []
     assert isinstance(copy, Republish) and H.LOST not in copy.set_headers  # kept as it was
 
 
@@ -108,7 +108,7 @@ def test_lost_runs_are_bounded_and_requeues_never_count(events: list[str]) -> No
         if event == "prefetch lost":
             c, redelivered = core(mode=AckMode.MANUAL), True
             continue
-        acts = c.start(t)
+        acts = c.shutdown.start(t)
         charged_unsettled += bool(acts)
         if acts:  # the handler runs on a copy: it replaces the message in the queue
             (copy,) = acts
@@ -117,7 +117,7 @@ def test_lost_runs_are_bounded_and_requeues_never_count(events: list[str]) -> No
             c.republished(copy.token, True)
             tag += 1
             t = c.receive(tag, False, dict(headers), message_id="m")
-            assert c.start(t) is None
+            assert c.shutdown.start(t) is None
         if event == "run lost":
             lost_runs += 1
             c, redelivered = core(mode=AckMode.MANUAL), True

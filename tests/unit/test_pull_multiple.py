@@ -129,8 +129,8 @@ def test_no_frame_settles_a_delivery_the_caller_did_not(n_queues, dead_letter, s
     assert ch.outstanding == {}, "deliveries left unsettled at the broker"
     assert ch.outcome == ch.intent
     for core in cores.values():
-        assert core.pending_acks == 0
-        assert core.outstanding == 0
+        assert core.gauges().pending_acks == 0
+        assert core.gauges().outstanding == 0
 
 
 def test_ack_multiple_of_one_queue_leaves_the_other_queues_delivery():

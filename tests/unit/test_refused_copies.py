@@ -60,8 +60,8 @@ def test_each_refusal_returns_its_own_original_and_the_listener_waits() -> None:
     counts = c.counters.counts
     assert counts[Stage.COPY_REFUSED] == 30 and counts[Stage.REJECTED] == 0
     assert counts[Stage.DEAD_LETTERED] == 0  # none reached the DLQ: none counted
-    assert c.flow.state is FlowState.REFUSED
-    step = c.flow.tick()
+    assert c.gating.flow.state is FlowState.REFUSED
+    step = c.gating.flow.tick()
     assert step.consume is False  # the runtime cancels the consumer
 
 
@@ -79,7 +79,7 @@ def test_a_403_channel_close_is_a_refusal_and_its_reason_is_kept() -> None:
     now = [0.0]
     seen: list[str] = []
     c = core(now)
-    c.observer = lambda ev: seen.append(f"{ev.stage.value}: {ev.reason}")
+    c._report.observer = lambda ev: seen.append(f"{ev.stage.value}: {ev.reason}")
     a = failed(c, 1, DeadLetterMessage("poison"))
     assert refused(ACCESS_REFUSED)
     assert c.republished(a.token, False, lost=ACCESS_REFUSED) == [Reject(1, requeue=True)]
@@ -97,7 +97,7 @@ def test_a_copy_lost_with_its_channel_is_sent_again_a_few_times_per_message() ->
         (a2,) = c.republished(a.token, False, lost=CUT)
         assert isinstance(a2, Republish) and not a2.minimal and a2.set_headers == a.set_headers
         a = a2
-    assert c.flow.state is FlowState.CONSUMING  # a chance loss is no refusal
+    assert c.gating.flow.state is FlowState.CONSUMING  # a chance loss is no refusal
     assert c.republished(a.token, False, lost=CUT) == [Reject(1, requeue=True)]
     (b2,) = c.republished(b.token, False, lost=CUT)  # message 2 has its own count
     assert isinstance(b2, Republish)
@@ -112,17 +112,17 @@ def test_the_wait_doubles_while_refusals_go_on_and_a_confirm_ends_it() -> None:
     for tag in range(1, 19, 2):
         a = failed(c, tag, DeadLetterMessage("poison"))
         c.republished(a.token, False)
-        assert c.flow.state is FlowState.REFUSED
-        assert c.flow.arrive(c.receive(tag + 1)) is Admission.RETURN
-        waits.append(c.flow.refusal_wait)
-        c.flow.tick()
-        now[0] += c.flow.refusal_wait
-        assert c.flow.tick().consume is True and c.flow.state is FlowState.CONSUMING
+        assert c.gating.flow.state is FlowState.REFUSED
+        assert c.gating.flow.arrive(c.receive(tag + 1)) is Admission.RETURN
+        waits.append(c.gating.flow.refusal_wait)
+        c.gating.flow.tick()
+        now[0] += c.gating.flow.refusal_wait
+        assert c.gating.flow.tick().consume is True and c.gating.flow.state is FlowState.CONSUMING
     assert waits[0] == REFUSAL_WAIT and waits[1] == 2 * REFUSAL_WAIT
     assert max(waits) == MAX_REFUSAL_WAIT
     a = failed(c, 50, DeadLetterMessage("poison"))
     c.republished(a.token, True)
-    assert c.flow.refusing == {} and c.flow.refusal_wait == 0
+    assert c.gating.flow.refusing == {} and c.gating.flow.refusal_wait == 0
     assert c.counters.counts[Stage.RECOVERED] == 1
 
 
@@ -131,10 +131,10 @@ def test_a_confirm_while_waiting_resumes_at_once() -> None:
     c = core(now)
     a, b = failed(c, 1, DeadLetterMessage("x")), failed(c, 2, DeadLetterMessage("x"))
     c.republished(a.token, False)
-    assert c.flow.state is FlowState.REFUSED
+    assert c.gating.flow.state is FlowState.REFUSED
     assert c.republished(b.token, True) == [Ack(2)]  # the queue had room after all
-    assert c.flow.state is FlowState.CONSUMING
-    assert c.flow.tick().consume is True
+    assert c.gating.flow.state is FlowState.CONSUMING
+    assert c.gating.flow.tick().consume is True
 
 
 def test_a_refused_restamp_runs_its_original_and_pull_mode_requeues_it() -> None:
@@ -145,7 +145,7 @@ def test_a_refused_restamp_runs_its_original_and_pull_mode_requeues_it() -> None
     (a,) = t.verdict
     assert isinstance(a, Republish) and a.purpose is CopyPurpose.RESTAMP
     assert c.republished(a.token, False) == [Start(t.tag)]
-    assert c.flow.state is FlowState.CONSUMING
+    assert c.gating.flow.state is FlowState.CONSUMING
     pull = core(now, hold=False)
     t = pull.receive(1, redelivered=True, message_id="m1")
     assert t.verdict is not None
@@ -208,7 +208,7 @@ def test_any_answers_never_lose_an_original(
     for what, i in answers:
         if what == "tick":
             now[0] += i
-            c.flow.tick()
+            c.gating.flow.tick()
             continue
         if not open_copies:
             break
@@ -227,7 +227,7 @@ def test_any_answers_never_lose_an_original(
         if any(isinstance(x, Reject) and x.requeue for x in acts) and a.purpose is not (
             CopyPurpose.RESTAMP
         ):
-            assert c.flow.state is FlowState.REFUSED
+            assert c.gating.flow.state is FlowState.REFUSED
     while open_copies:  # the broker answers the rest
         token = min(open_copies)
         a = open_copies.pop(token)
@@ -248,13 +248,13 @@ def test_a_pause_by_hand_outranks_a_refusal_and_outlives_it() -> None:
     c = core(now)
     a = failed(c, 1, DeadLetterMessage("x"))
     c.republished(a.token, False)
-    c.flow.pause()
-    assert c.flow.state is FlowState.PAUSED
+    c.gating.flow.pause()
+    assert c.gating.flow.state is FlowState.PAUSED
     now[0] += MAX_REFUSAL_WAIT
-    c.flow.tick()  # the refusal's wait is over: still paused by hand
-    assert c.flow.state is FlowState.PAUSED and not c.flow.consuming
-    c.flow.resume()
-    assert c.flow.state is FlowState.CONSUMING
+    c.gating.flow.tick()  # the refusal's wait is over: still paused by hand
+    assert c.gating.flow.state is FlowState.PAUSED and not c.gating.flow.consuming
+    c.gating.flow.resume()
+    assert c.gating.flow.state is FlowState.CONSUMING
 
 
 def test_no_ack_listeners_wait_too_and_lose_only_what_the_broker_forgot() -> None:
@@ -271,4 +271,4 @@ def test_no_ack_listeners_wait_too_and_lose_only_what_the_broker_forgot() -> Non
     assert isinstance(a, Republish)
     assert c.republished(a.token, False) == []
     assert c.counters.counts[Stage.REJECTED] == 1
-    assert c.flow.state is FlowState.REFUSED
+    assert c.gating.flow.state is FlowState.REFUSED

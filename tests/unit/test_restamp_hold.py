@@ -119,8 +119,8 @@ def test_shutdown_returns_a_held_copy_and_the_late_confirm_starts_nothing() -> N
     c = core()
     act = restamped(c)
     copy = c.receive(2, redelivered=False, headers=copy_headers(act), message_id="m")
-    assert c.take_held() == [copy]
-    assert c.take_held() == []
+    assert c.shutdown.take_held() == [copy]
+    assert c.shutdown.take_held() == []
     assert c.republished(act.token, True) == [Ack(1)]
 
 
@@ -144,9 +144,9 @@ def test_a_restamp_copy_refused_by_a_full_queue_runs_the_original_instead() -> N
     (act,) = t.verdict
     assert c.republished(act.token, False) == [Start(t.tag)]
     assert not t.settled and t.attempt == 2
-    assert c.start(t) is None  # its handler may start
+    assert c.shutdown.start(t) is None  # its handler may start
     assert c.finish(t) == [] and c.drain() == [Ack(1)]
-    assert c.flow.state.value == "consuming"  # its own queue: consuming is what empties it
+    assert c.gating.flow.state.value == "consuming"  # its own queue: consuming is what empties it
 
 
 def test_later_copies_leave_the_restamp_id_off() -> None:
@@ -278,7 +278,7 @@ def test_the_copy_starts_once_and_only_after_its_original_is_settled(order: list
                 assert all(not isinstance(a, Fence) for a in acts)
             wire.carry(acts)
         elif ev == "stop":
-            returned += len(c.take_held())
+            returned += len(c.shutdown.take_held())
     wire.answer()  # in the end the broker answers, if the channel is still open
     started = ran_at_once + sum(1 for a in wire.starts if a.tag != 1)
     assert started + returned <= 1

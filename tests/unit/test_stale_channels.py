@@ -119,15 +119,15 @@ def test_a_delivery_of_a_closed_channel_does_not_start() -> None:
     the work its redelivery does (the pika runtime ran its whole inbox after every cut)."""
     c = core(retry=RETRY3)
     t = c.receive(1)
-    assert c.startable(t)
+    assert c.shutdown.startable(t)
     c.channel_closed()
     c.channel_opened()
-    assert not c.startable(t) and t.settled
+    assert not c.shutdown.startable(t) and t.settled
     assert c.counters.counts[Stage.DROPPED_STALE] == 1
     n = core(mode=AckMode.NONE)
     u = n.receive(1)
     n.channel_closed()
-    assert n.startable(u)  # no-ack: the broker forgot it, this is the only chance
+    assert n.shutdown.startable(u)  # no-ack: the broker forgot it, this is the only chance
 
 
 def test_sync_worker_skips_deliveries_of_a_closed_channel() -> None:

@@ -16,7 +16,7 @@ from tests.unit._fakes import core as plain_core
 def core(**kw: Any) -> Any:
     """A core whose runtime carries out the gate's actions (the App's consumers')."""
     c = plain_core(**kw)
-    c.gated = True
+    c.gating.gated = True
     return c
 
 
@@ -55,7 +55,7 @@ def test_a_call_ending_frees_its_key_and_tells_the_breaker(
     assert c.begin([t1]).run == [t1]
     out = c.handled((t1,), None, exc)
     assert out.actions[-len(gate) :] == gate
-    assert c.flow.state is (FlowState.CONSUMING if exc is None else FlowState.TRIPPED)
+    assert c.gating.flow.state is (FlowState.CONSUMING if exc is None else FlowState.TRIPPED)
 
 
 def test_an_in_process_retry_keeps_its_key() -> None:
@@ -93,4 +93,4 @@ def test_an_interrupted_handler_is_released_or_a_failure(
     """The asyncio runtime gathers the facts of a cancellation; the core decides."""
     from ackkit._core.outcome import Interruption
 
-    assert core().interrupted(Interruption(ours, asked, stopping)) is released
+    assert core().shutdown.interrupted(Interruption(ours, asked, stopping)) is released

@@ -91,7 +91,7 @@ def test_multiple_ack_only_covers_settled_prefix(order, failing, max_pending, ti
     # Everything ends settled: acked (incl. dead-lettered originals), nothing outstanding.
     assert broker.outstanding == set()
     assert broker.acked == set(range(1, N + 1))
-    assert core.pending_acks == 0
+    assert core.gauges().pending_acks == 0
 
 
 @settings(max_examples=200, deadline=None)
