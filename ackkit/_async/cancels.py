@@ -41,7 +41,7 @@ def interruption(task: asyncio.Task[Any] | None, stopping: bool = False) -> Inte
     """What is known of the cancellation that reached `task` (the running handler task):
     did ackkit cancel it (recorded by `cancel`), did anyone ask it to (Task.cancelling(),
     3.11+; unknown on 3.10), is the runtime `stopping`? The core decides what that comes
-    to (`ListenerCore.interrupted`)."""
+    to (`Shutdown.interrupted`)."""
     ours = task is None or task in _ours
     how = _task_cancelling
     asked: bool | None = None

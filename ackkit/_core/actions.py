@@ -138,7 +138,7 @@ class Consume:
     not (basic.cancel). Paused, tripped or refused, a listener cancels its consumer
     before the deliveries it gives back go out (the actions after this one): a requeue
     the broker saw first would come straight back to the same consumer. Cancelled, the
-    deliveries still queued for a handler go back as well (`ListenerCore.withdraw`)."""
+    deliveries still queued for a handler go back as well (`Gating.withdraw`)."""
 
     on: bool
 

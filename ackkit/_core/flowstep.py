@@ -18,7 +18,7 @@ class Admission(str, Enum):
     WAIT = "wait"
     """Held in the gate: it comes back in a later `FlowStep.ready` (or `.returned`)."""
     RETURN = "return"
-    """Not consuming now: return it to the queue (`ListenerCore.hold_back`)."""
+    """Not consuming now: return it to the queue (`Gating.hold_back`)."""
 
 
 @dataclass
@@ -26,7 +26,7 @@ class FlowStep:
     """What the runtime does after a flow decision, in this order."""
 
     returned: list[Tracked] = field(default_factory=list)
-    """Give these back to the queue (`ListenerCore.hold_back`), unstarted."""
+    """Give these back to the queue (`Gating.hold_back`), unstarted."""
     ready: list[Tracked] = field(default_factory=list)
     """Their handlers may start now (queue them to run)."""
     consume: bool | None = None

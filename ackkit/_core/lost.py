@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from .fates import Fates
 
 MAX_REQUEUED = 100_000
-"""Explicit requeues remembered per listener (see `owe_requeue`); oldest first out."""
+"""Explicit requeues remembered per listener (see `Requeues.owe`); oldest first out."""
 CHARGE_WAIT = 10.0
 """Seconds a suspect waits at most for the charged copy before it (see `slot_free`)."""
 

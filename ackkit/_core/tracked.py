@@ -60,7 +60,7 @@ class Tracked:
         self.again: Reinvoke | None = None
         self.first_failure: str | None = None  # in-process retries: when attempt 1 failed
         # A redelivery that may have been lost while its handler ran (max_attempts=1):
-        # the handler runs on a copy counting one more lost run (`ListenerCore.start`).
+        # the handler runs on a copy counting one more lost run (`Shutdown.start`).
         self.lost: int | None = None
         self.lost_copies = 0  # copies of it sent again after their channel closed (republish)
         # An inbox listener's redelivery ackkit ends unrun unless its key is recorded (a

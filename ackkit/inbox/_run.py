@@ -61,7 +61,7 @@ def key_refused(exc: Exception) -> str:
 
 
 def look_up_key(inbox: Inbox, d: DeliveryBase) -> str | None:
-    """The key to look up before a redelivery starts (`ListenerCore.look_up_first`);
+    """The key to look up before a redelivery starts (`LostRuns.look_up_first`);
     None when it has none to guard (`start` decides; the run then finds the same)."""
     try:
         return guard_key(inbox, d)

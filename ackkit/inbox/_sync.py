@@ -158,7 +158,7 @@ class SyncInbox:
 
     def duplicate_before_start(self, d: Delivery) -> bool:
         """A redelivery the core would charge or dead-letter: is its key recorded
-        (`ListenerCore.look_up_first`)? Then it is finished as a duplicate (or returned
+        (`LostRuns.look_up_first`)? Then it is finished as a duplicate (or returned
         unstarted, the database down): True. Else `start` decides."""
         c = self.c
         with c.lock:
@@ -177,7 +177,7 @@ class SyncInbox:
         return True
 
     def recorded(self, d: Delivery) -> bool:
-        """Is `d`'s key recorded already (`ListenerCore.look_up_first`, before `start`)?
+        """Is `d`'s key recorded already (`LostRuns.look_up_first`, before `start`)?
         Then it is counted and logged as a duplicate. The key is claimed in a
         transaction rolled back at once, so a twin's transaction holding it is waited
         for, as the handler's claim would. False when it has no key to look up;
