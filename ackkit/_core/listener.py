@@ -125,7 +125,7 @@ class ListenerCore:
             returnable=mode is not AckMode.NONE,
         )
         confirms.flow = flow  # told of refused and accepted copies
-        self.queues = Queues(policy, confirms, UNKNOWN, declare_on_use=declare_on_use)
+        self.queues = Queues(policy, confirms, broker, declare_on_use=declare_on_use)
         """The queues the listener needs, and their arguments on this broker."""
         requeues = Requeues(policy)
         self._fates = fates = Fates(
