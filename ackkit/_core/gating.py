@@ -44,7 +44,7 @@ class Gating:
     ) -> None:
         self.flow = flow
         """The gate itself: its `state` (and `paused`) for the runtime to read."""
-        self.mode = mode
+        self._mode = mode
         self._ledger = ledger
         self._emit = report.emit
         # The runtime holds a consumer of its own and carries out `Consume` and `Run`
@@ -76,7 +76,7 @@ class Gating:
     def hold_back(self, t: Tracked, why: str) -> list[Action]:
         """Return a delivery unstarted because the listener stopped consuming (paused, a
         tripped breaker): requeued, and its redelivery is not counted as an attempt."""
-        if t.settled or not self._ledger.current(t) or self.mode is AckMode.NONE:
+        if t.settled or not self._ledger.current(t) or self._mode is AckMode.NONE:
             return []
         self._ledger.gone(t)
         self.flow.owe(t.message_id)

@@ -92,7 +92,7 @@ class LostRuns:
         clock: Callable[[], float],
         dedup: bool = False,
     ) -> None:
-        self.policy = policy
+        self._policy = policy
         self._ledger = ledger
         self._confirms = confirms
         self._emit = report.emit
@@ -183,7 +183,7 @@ class LostRuns:
         self.charging, self._charged_at = uuid.uuid4().hex, self._clock()
         hdrs = copies.restamp_headers(t, self.charging)
         hdrs[H.LOST] = n
-        return self._confirms.issue(t, self.policy.queue, hdrs, CopyPurpose.RESTAMP)
+        return self._confirms.issue(t, self._policy.queue, hdrs, CopyPurpose.RESTAMP)
 
     def slot_free(self) -> bool:
         """May a redelivery's run be charged now (see `_charge_lost`)? Not while the

@@ -64,8 +64,8 @@ class Shutdown:
         lost: LostRuns,
         gating: Gating,
     ) -> None:
-        self.policy = policy
-        self.mode = policy.mode
+        self._policy = policy
+        self._mode = policy.mode
         self._ledger = ledger
         self._confirms = confirms
         self._emit = report.emit
@@ -83,7 +83,7 @@ class Shutdown:
         """May a handler start on `t` now (called just before)? Not when its channel closed
         since it was delivered: the broker has requeued it, so running the handler would
         only duplicate the work its redelivery will do (and delay that redelivery)."""
-        if self.mode is AckMode.NONE:
+        if self._mode is AckMode.NONE:
             return True  # the broker forgot it on send: this is the only chance
         if t.settled:
             return False
@@ -167,7 +167,7 @@ class Shutdown:
         leave = self._gating.leave(t)  # it will not run (again) here: its key goes on
         if t.settled or not self._ledger.current(t):
             return leave
-        if started or self.mode is AckMode.NONE:
+        if started or self._mode is AckMode.NONE:
             self._ledger.gone(t)
             self._emit(Stage.RETURNED, t, "handler cancelled at shutdown")
             return [Nack(t.tag, requeue=True), *leave]
@@ -183,7 +183,7 @@ class Shutdown:
         once the copy is confirmed)."""
         self._emit(Stage.RETURNED, t, f"shutdown before start: attempt {t.attempt} kept on a copy")
         hdrs = copies.restamp_headers(t, uuid.uuid4().hex)
-        return self._confirms.issue(t, self.policy.queue, hdrs, CopyPurpose.RESTAMP)
+        return self._confirms.issue(t, self._policy.queue, hdrs, CopyPurpose.RESTAMP)
 
     def return_next(self) -> list[Action]:
         """A copy was answered: the copies of the unstarted deliveries waiting their turn,
@@ -215,7 +215,7 @@ class Shutdown:
             self._ledger.gone(t)
             self._emit(Stage.RETURNED, t, "shutdown before start: no time left for a copy")
             acts.append(Nack(t.tag, requeue=True))
-        if acts and self.mode is AckMode.TRANSACTED:
+        if acts and self._mode is AckMode.TRANSACTED:
             acts.append(TxCommit())
         return acts
 

@@ -192,11 +192,11 @@ class Queues:
         *,
         declare_on_use: bool = False,
     ) -> None:
-        self.policy = policy
+        self._policy = policy
         self.broker = broker
         # Pull mode: the DLQ and delay queues are declared with the first copy sent to
         # each (`Republish.declare`), not up front: a get() declares nothing unasked.
-        self.declare_on_use = declare_on_use
+        self._declare_on_use = declare_on_use
         self._confirms = confirms
         self._declared: set[str] = set()
 
@@ -206,23 +206,23 @@ class Queues:
 
     def topology(self) -> list[QueueSpec]:
         """Queues ackkit declares for this listener: the DLQ and the retry delay tiers."""
-        return topology(self.policy)
+        return topology(self._policy)
 
     def queue_arguments(
         self, arguments: Mapping[str, Any]
     ) -> tuple[dict[str, Any], tuple[str, ...]]:
         """The listener queue's arguments to declare on this broker, and those left off
         (see `topology.listener_arguments`)."""
-        return listener_arguments(self.policy, self.broker, arguments)
+        return listener_arguments(self._policy, self.broker, arguments)
 
     def check_broker(self) -> None:
         """Raise TopologyConflict when the listener needs what this broker lacks."""
-        check_broker(self.policy, self.broker)
+        check_broker(self._policy, self.broker)
 
     def extra_delay_queue(self, delay: float) -> QueueSpec | None:
         """The delay queue a RetryLater(delay=...) needs, if it is not one of the tiers
         and not declared yet."""
-        return extra_delay_queue(self.policy, delay, self._declared)
+        return extra_delay_queue(self._policy, delay, self._declared)
 
     def declared(self, name: str) -> None:
         """The runtime declared queue `name` (one not in `topology()`)."""
@@ -240,9 +240,9 @@ class Queues:
     def on_use(self, act: Republish) -> Republish:
         """`act`, declaring its queue first when this core declares its own queues on
         first use (`declare_on_use`, pull mode) and it has not declared that one yet."""
-        if not self.declare_on_use or act.declare is not None or act.routing_key in self._declared:
+        if not self._declare_on_use or act.declare is not None or act.routing_key in self._declared:
             return act
-        spec = own_queue(self.policy, act.routing_key)
+        spec = own_queue(self._policy, act.routing_key)
         if spec is None:
             return act
         self._declared.add(spec.name)
