@@ -30,6 +30,8 @@ class _NodeFiles:
     amqp_port: int
     amqps_port: int | None
     _streams: bool = False
+    _cookie: str | None = None  # the Erlang cookie (None: a random one of the node's own)
+    _more_config: str = ""  # rabbitmq.conf lines the node was given (e.g. a cluster's)
     stream_port: int | None = None
     """The stream protocol port of a node booted with ``streams=True`` (else None)."""
 
@@ -57,7 +59,7 @@ class _NodeFiles:
             )
         cookie = self._path(".erlang.cookie")
         with open(cookie, "w", encoding="ascii") as fh:
-            fh.write(secrets.token_hex(20).upper())
+            fh.write(self._cookie or secrets.token_hex(20).upper())
         os.chmod(cookie, 0o400)
         if self._user is not None:
             uid, gid = self._user
@@ -107,8 +109,8 @@ class _NodeFiles:
             os.chown(path, *self._user)
 
     def _extra_config(self) -> str:
-        """More rabbitmq.conf lines (a provider's own)."""
-        return ""
+        """More rabbitmq.conf lines (a provider's own, or the ones the node was given)."""
+        return self._more_config
 
     def _log_tails(self) -> str:
         parts = []

@@ -62,7 +62,14 @@ class _ChrootNode(_OwnNode):
         tls: NodeTLS | None = None,
         root: pathlib.Path | None = None,
         streams: bool = False,
+        epmd_port: int | None = None,
+        cookie: str | None = None,
+        more_config: str = "",
+        name_tag: str = "",
     ) -> None:
+        """``epmd_port``: an epmd somebody else runs (a cluster's nodes share one, so
+        that they find each other); by default the node runs an epmd of its own.
+        ``cookie``, ``more_config``, ``name_tag``: as for :class:`._provider_node._OwnNode`."""
         if os.geteuid() != 0:
             raise BrokerUnavailable(
                 f"a RabbitMQ {version} node of the kit's own runs in a Debian root with chroot, "
@@ -74,7 +81,8 @@ class _ChrootNode(_OwnNode):
                 raise BrokerUnavailable(f"a node in a Debian root needs {tool} (util-linux)")
         self._root = root if root is not None else ensure_root(version)
         self.rabbitmq_version = root_version(self._root) or version
-        self._epmd_port = 0
+        self._epmd_port = epmd_port or 0
+        self._shared_epmd = epmd_port is not None
         self._epmd: subprocess.Popen[bytes] | None = None
         super().__init__(
             f"{_BIN}/rabbitmq-server",
@@ -82,6 +90,9 @@ class _ChrootNode(_OwnNode):
             boot_timeout=boot_timeout,
             tls=tls,
             streams=streams,
+            cookie=cookie,
+            more_config=more_config,
+            name_tag=name_tag,
         )
 
     # -- where things are ----------------------------------------------------------
@@ -136,36 +147,13 @@ class _ChrootNode(_OwnNode):
     # -- epmd ------------------------------------------------------------------------
 
     def _ensure_epmd(self) -> None:
-        """An epmd of the node's own (started once, kept over restarts, ended on close).
-
-        It runs in the foreground as the kit's child and dies with the kit's process
-        (PR_SET_PDEATHSIG) if that is killed.
-        """
-        if self._epmd is not None and self._epmd.poll() is None:
+        """An epmd of the node's own (started once, kept over restarts, ended on close),
+        unless the node was given a shared one."""
+        if self._shared_epmd or (self._epmd is not None and self._epmd.poll() is None):
             return
         if not self._epmd_port:
             self._epmd_port = free_port(avoid=frozenset({self.amqp_port, self._dist_port}))
-        argv = ["chroot", str(self._root), "/usr/bin/epmd", "-port", str(self._epmd_port)]
-        self._epmd = subprocess.Popen(
-            [*argv, "-address", "127.0.0.1"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-            preexec_fn=_pdeathsig,
-        )
-        # The node must find it listening, or it starts an epmd of its own.
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and self._epmd.poll() is None:
-            with (
-                contextlib.suppress(OSError),
-                socket.create_connection(("127.0.0.1", self._epmd_port), timeout=1),
-            ):
-                return
-            time.sleep(0.02)
-        raise BrokerUnavailable(
-            f"the epmd of node {self.node_name} did not listen on 127.0.0.1:{self._epmd_port}"
-        )
+        self._epmd = start_epmd(self._root, self._epmd_port, what=f"node {self.node_name}")
 
     def _stop_epmd(self) -> None:
         proc, self._epmd = self._epmd, None
@@ -189,3 +177,33 @@ class _ChrootNode(_OwnNode):
 
     def __repr__(self) -> str:
         return super().__repr__()[:-1] + f" rabbitmq={self.rabbitmq_version}>"
+
+
+def start_epmd(root: pathlib.Path, port: int, *, what: str) -> subprocess.Popen[bytes]:
+    """An epmd from ``root`` listening on 127.0.0.1:``port``, once it listens.
+
+    It runs in the foreground as the kit's child and dies with the kit's process
+    (PR_SET_PDEATHSIG) if that is killed; the caller kills it when done.
+    """
+    argv = ["chroot", str(root), "/usr/bin/epmd", "-port", str(port)]
+    proc = subprocess.Popen(
+        [*argv, "-address", "127.0.0.1"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=_pdeathsig,
+    )
+    # The node must find it listening, or it starts an epmd of its own.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and proc.poll() is None:
+        with (
+            contextlib.suppress(OSError),
+            socket.create_connection(("127.0.0.1", port), timeout=1),
+        ):
+            return proc
+        time.sleep(0.02)
+    proc.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(5)
+    raise BrokerUnavailable(f"the epmd of {what} did not listen on 127.0.0.1:{port}")

@@ -62,13 +62,21 @@ class _OwnNode(_NodeFiles, BrokerHandle):
         boot_timeout: float | None = None,
         tls: NodeTLS | None = None,
         streams: bool = False,
+        cookie: str | None = None,
+        more_config: str = "",
+        name_tag: str = "",
     ) -> None:
         """``reap_orphans(parent)`` runs before the data directory is made under
         ``parent``; ``provision_broker`` passes its once-per-process reaper.
-        ``streams``: also run the ``rabbitmq_stream`` plugin, on ``stream_port``."""
+        ``streams``: also run the ``rabbitmq_stream`` plugin, on ``stream_port``.
+        ``cookie``, ``more_config`` and ``name_tag`` are a cluster's (:mod:`._cluster`):
+        the Erlang cookie its nodes share, rabbitmq.conf lines of their own, and a tag
+        in the node name (``ackkit-test-<pid>-<tag><rand>@localhost``)."""
         self._server = server
         self._tls = tls
         self._streams = streams
+        self._cookie = cookie
+        self._more_config = more_config
         self.stream_port = None
         self.amqps_port: int | None = None
         self._ctl_exe = os.path.join(os.path.dirname(server), "rabbitmqctl")
@@ -82,7 +90,7 @@ class _OwnNode(_NodeFiles, BrokerHandle):
         parent = self._data_parent()
         reap_orphans(parent)
         self._base = tempfile.mkdtemp(prefix=f"ackkit-node-{os.getpid()}-", dir=parent)
-        name = f"ackkit-test-{os.getpid()}-{secrets.token_hex(3)}@localhost"
+        name = f"ackkit-test-{os.getpid()}-{name_tag}{secrets.token_hex(3)}@localhost"
         super().__init__("", own=True, amqp_port=0, node_name=name)
         register_broker(self)
         try:
