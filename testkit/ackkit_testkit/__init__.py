@@ -12,6 +12,9 @@ from, after ackkit (it pins that ackkit's version)::
 * a throwaway RabbitMQ node from the machine's ``rabbitmq-server`` (3.10 here),
   with its own data directory, ports, node name and Erlang cookie;
 * RabbitMQ 4.0 / 4.3 nodes in a Debian root built once with debootstrap (root);
+* a throwaway cluster of such nodes (:func:`own_cluster`, the ``rabbitmq_cluster``
+  fixture, ``python -m ackkit_testkit._cluster``): three nodes sharing an Erlang
+  cookie, joined, with helpers to kill, stop, start and freeze a node;
 * the kit's own Docker image ``ackkit-test/rabbitmq:<version>``, imported from
   such a root for an engine that cannot pull one
   (``python -m ackkit_testkit._docker_image``);
@@ -28,14 +31,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._cluster import ClusterHandle, QuorumStatus, own_cluster
 from ._own import find_rabbitmq_server, own_node
 from ._postgres import PostgresHandle, PostgresUnavailable, provision_postgres, wait_postgres
 
 __all__ = [
+    "ClusterHandle",
     "PostgresHandle",
     "PostgresUnavailable",
+    "QuorumStatus",
     "ensure_local_image",
     "find_rabbitmq_server",
+    "own_cluster",
     "own_node",
     "provision_postgres",
     "wait_postgres",
