@@ -34,9 +34,11 @@ SPARK43 := tests/spark/test_spark_available.py tests/spark/test_spark_connect.py
 # browser), the CLI, the test kit (whose 4.x tests start a 4.3 node of their own on any
 # leg), the wheel, the examples, logs and metrics. They run once, in a leg of their own on
 # 3.10 (the broker's version is not what they check); make test-matrix still runs them on
-# every version.
-ONCE := $(wildcard tests/integration/test_console*.py tests/integration/test_cli*.py \
-          tests/integration/test_testkit*.py) \
+# every version. The test kit's cluster (test_testkit_cluster.py) is not among them: each
+# broker leg starts a cluster of its own version.
+ONCE := $(filter-out tests/integration/test_testkit_cluster.py, \
+          $(wildcard tests/integration/test_console*.py tests/integration/test_cli*.py \
+          tests/integration/test_testkit*.py)) \
         tests/integration/test_docker_provider.py tests/integration/test_packaging.py \
         tests/integration/test_examples.py tests/integration/test_observability.py \
         tests/integration/test_operability.py tests/integration/test_connect_failure_lines.py \

@@ -20,6 +20,14 @@ Fixtures:
                    one per test module, running again at the start of every test. Skipped
                    (with the reason) only when ``AMQP_URL`` / ``ACKKIT_TEST_BROKER=url``
                    forces an external broker.
+``rabbitmq_cluster``  a throwaway 3-node RabbitMQ cluster of the kit's own (ackkit-testkit's
+                   ``ClusterHandle``: ``urls``, ``nodes``, ``kill(i)``, ``stop(i)``,
+                   ``start(i)``, ``freeze(i)``, ``running_nodes()``, ``quorum_status(q)``),
+                   of the version ``--rabbitmq`` asks for (or a module's own
+                   ``rabbitmq_cluster_version`` fixture); one per test module, every node
+                   running and joined at the start of every test. ``AMQP_URL`` does not
+                   change it (the kit's own nodes, always); skipped only when no node of the
+                   kit's own can start while ``AMQP_URL`` is set
 ``rabbitmq_version``  the session broker's version as it announces itself ("4.3.6")
 ``amqp_broker``    ``memory_broker``, or ``rabbitmq`` with ``--real-broker`` /
                    ``ACKKIT_TEST_REAL_BROKER=1``: one test suite, both brokers
@@ -56,7 +64,7 @@ import pytest
 
 from ._broker import provision_broker
 from ._env import ENV_MODE, ENV_URL, ENV_VERSION, VERSIONS, wanted_version
-from ._errors import BrokerError
+from ._errors import BrokerError, BrokerUnavailable
 from ._handle import BrokerHandle
 from ._memory import InMemoryBroker
 from ._pg import fresh_database, provision_postgres
@@ -75,6 +83,8 @@ __all__ = [
     "postgres_dsn",
     "queue_factory",
     "rabbitmq",
+    "rabbitmq_cluster",
+    "rabbitmq_cluster_version",
     "rabbitmq_version",
 ]
 
@@ -285,6 +295,40 @@ def own_rabbitmq(_ackkit_own_node: BrokerHandle) -> BrokerHandle:
     """A node of the kit's own that the test may stop/restart/kill; running at test start."""
     _ackkit_own_node.start()
     return _ackkit_own_node
+
+
+@pytest.fixture(scope="module")
+def rabbitmq_cluster_version() -> str:
+    """The RabbitMQ version of the ``rabbitmq_cluster`` fixture's nodes: the one
+    ``--rabbitmq`` / ``ACKKIT_TEST_RABBITMQ`` asks for. Override it (a module-scoped
+    fixture of that name, e.g. with ``params=["3.10", "4.3"]``) to pick others."""
+    return wanted_version()
+
+
+@pytest.fixture(scope="module")
+def _ackkit_own_cluster(rabbitmq_cluster_version: str) -> Iterator[Any]:
+    from ._kit import require
+
+    kit = require("a RabbitMQ cluster of the kit's own")
+    try:
+        cluster = kit.own_cluster(rabbitmq_cluster_version)
+    except BrokerUnavailable as exc:
+        if not os.environ.get(ENV_URL, "").strip():
+            raise
+        pytest.skip(f"a cluster needs nodes of the kit's own: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture
+def rabbitmq_cluster(_ackkit_own_cluster: Any) -> Any:
+    """A 3-node cluster of the kit's own the test may kill, stop, start and freeze nodes
+    of; every node running and reporting all of them at the start of the test."""
+    _ackkit_own_cluster.start()  # resumes frozen nodes, boots stopped ones
+    _ackkit_own_cluster.wait_running()
+    return _ackkit_own_cluster
 
 
 def _slug(text: str, limit: int = 60) -> str:
