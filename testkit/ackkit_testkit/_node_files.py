@@ -32,6 +32,7 @@ class _NodeFiles:
     _streams: bool = False
     _cookie: str | None = None  # the Erlang cookie (None: a random one of the node's own)
     _more_config: str = ""  # rabbitmq.conf lines the node was given (e.g. a cluster's)
+    _advanced_config: str = ""  # its advanced.config (Erlang terms), when given one
     stream_port: int | None = None
     """The stream protocol port of a node booted with ``streams=True`` (else None)."""
 
@@ -57,6 +58,9 @@ class _NodeFiles:
             fh.write(
                 "# throwaway node of the ackkit test kit; settings come from the environment\n"
             )
+        if self._advanced_config:
+            with open(self._path("advanced.config"), "w", encoding="ascii") as fh:
+                fh.write(self._advanced_config)
         cookie = self._path(".erlang.cookie")
         with open(cookie, "w", encoding="ascii") as fh:
             fh.write(self._cookie or secrets.token_hex(20).upper())

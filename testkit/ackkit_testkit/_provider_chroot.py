@@ -65,11 +65,13 @@ class _ChrootNode(_OwnNode):
         epmd_port: int | None = None,
         cookie: str | None = None,
         more_config: str = "",
+        advanced_config: str = "",
         name_tag: str = "",
     ) -> None:
         """``epmd_port``: an epmd somebody else runs (a cluster's nodes share one, so
         that they find each other); by default the node runs an epmd of its own.
-        ``cookie``, ``more_config``, ``name_tag``: as for :class:`._provider_node._OwnNode`."""
+        ``cookie``, ``more_config``, ``advanced_config``, ``name_tag``: as for
+        :class:`._provider_node._OwnNode`."""
         if os.geteuid() != 0:
             raise BrokerUnavailable(
                 f"a RabbitMQ {version} node of the kit's own runs in a Debian root with chroot, "
@@ -92,6 +94,7 @@ class _ChrootNode(_OwnNode):
             streams=streams,
             cookie=cookie,
             more_config=more_config,
+            advanced_config=advanced_config,
             name_tag=name_tag,
         )
 

@@ -64,19 +64,22 @@ class _OwnNode(_NodeFiles, BrokerHandle):
         streams: bool = False,
         cookie: str | None = None,
         more_config: str = "",
+        advanced_config: str = "",
         name_tag: str = "",
     ) -> None:
         """``reap_orphans(parent)`` runs before the data directory is made under
         ``parent``; ``provision_broker`` passes its once-per-process reaper.
         ``streams``: also run the ``rabbitmq_stream`` plugin, on ``stream_port``.
-        ``cookie``, ``more_config`` and ``name_tag`` are a cluster's (:mod:`._cluster`):
-        the Erlang cookie its nodes share, rabbitmq.conf lines of their own, and a tag
-        in the node name (``ackkit-test-<pid>-<tag><rand>@localhost``)."""
+        ``cookie``, ``more_config``, ``advanced_config`` and ``name_tag`` are a
+        cluster's (:mod:`._cluster`): the Erlang cookie its nodes share, rabbitmq.conf
+        lines and an advanced.config of their own, and a tag in the node name
+        (``ackkit-test-<pid>-<tag><rand>@localhost``)."""
         self._server = server
         self._tls = tls
         self._streams = streams
         self._cookie = cookie
         self._more_config = more_config
+        self._advanced_config = advanced_config
         self.stream_port = None
         self.amqps_port: int | None = None
         self._ctl_exe = os.path.join(os.path.dirname(server), "rabbitmqctl")
