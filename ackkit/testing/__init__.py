@@ -58,7 +58,7 @@ both need ackkit-testkit). The ``postgres`` fixture's server:
 ``ACKKIT_TEST_POSTGRES_IMAGE``).
 
 The pytest fixtures (``rabbitmq``, ``amqp_url``, ``queue_factory``,
-``fresh_queue``, ``own_rabbitmq``) live in :mod:`ackkit.testing.plugin`, which
+``fresh_queue``, ``own_rabbitmq``, ``rabbitmq_cluster``) live in :mod:`ackkit.testing.plugin`, which
 pytest loads automatically once ackkit is installed.
 
 What a broker provider outside this package (ackkit-testkit) builds on besides the
