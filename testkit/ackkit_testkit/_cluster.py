@@ -41,9 +41,13 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from ackkit.testing._env import DEFAULT_VERSION, HOW_TO_GET_A_BROKER, wanted_version
-from ackkit.testing._errors import BrokerError, BrokerUnavailable
-from ackkit.testing._util import free_port
+from ackkit.testing import BrokerError, BrokerUnavailable
+from ackkit.testing.providers import (
+    DEFAULT_VERSION,
+    HOW_TO_GET_A_BROKER,
+    free_port,
+    wanted_version,
+)
 
 from ._node_os import _find_rabbitmq_server
 from ._proc import kill_pid
