@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import ssl
+import urllib.parse
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .._connection.tls import TLS, client_tls
 from .._connection.url import check_url, mask_url
+from .._core import addresses
 from .._core import checks as C
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2f"
@@ -28,6 +31,9 @@ class Settings:
     """
 
     url: str = DEFAULT_URL
+    """The first node's URL (the only one for a single-node broker)."""
+    urls: tuple[str, ...] = (DEFAULT_URL,)
+    """Every node's URL, in the order they are tried (`ackkit._core.addresses`)."""
     heartbeat: int = 30
     shutdown_timeout: float = 30.0
     reconnect_max_interval: float = 15.0
@@ -40,13 +46,22 @@ class Settings:
 
     @property
     def safe_url(self) -> str:
-        """The URL with its password masked, for logs and errors."""
-        return mask_url(self.url)
+        """The URL (every node's, for several) with its password masked, for logs and
+        errors."""
+        return addresses.describe(self.urls) if len(self.urls) > 1 else mask_url(self.url)
+
+    def tls_for(self, url: str) -> tuple[ssl.SSLContext, str | None] | None:
+        """(context, server name) for one of `urls`: the app's context, and the name
+        `TLS(server_hostname=...)` gives, else that node's host."""
+        if self.tls is None or url == self.url:
+            return self.tls
+        named = self.tls_option.server_hostname if isinstance(self.tls_option, TLS) else None
+        return self.tls[0], named or urllib.parse.urlsplit(url).hostname
 
     @classmethod
     def check(
         cls,
-        url: str = DEFAULT_URL,
+        url: str | Sequence[str] = DEFAULT_URL,
         *,
         heartbeat: int = 30,
         shutdown_timeout: float = 30.0,
@@ -55,12 +70,17 @@ class Settings:
         connection_name: str = "ackkit",
         tls: TLS | ssl.SSLContext | None = None,
     ) -> Settings:
-        """The settings, each checked: ValueError/TypeError naming the bad option."""
-        url = check_url(url)
+        """The settings, each checked: ValueError/TypeError naming the bad option.
+
+        `url`: one URL, the comma form (``amqp://u:p@h1:5672,h2:5673/v``) or a list of
+        URLs, one per node (`ackkit._core.addresses`)."""
+        urls = addresses.parse(url)
+        url = check_url(urls[0])
         if tls is not None and not isinstance(tls, (TLS, ssl.SSLContext)):
             raise TypeError(f"tls must be an ackkit.TLS, an ssl.SSLContext or None, got {tls!r}")
         return cls(
             url=url,
+            urls=urls,
             # AMQP's heartbeat is an unsigned short (0: off)
             heartbeat=C.integer("heartbeat", heartbeat, 0, C.MAX_SHORT),
             shutdown_timeout=C.number("shutdown_timeout", shutdown_timeout, 0, _DAY),
@@ -78,7 +98,7 @@ class Settings:
     def replace(self, **changes: object) -> Settings:
         """These settings with `changes` (options by name), all checked again."""
         opts: dict[str, object] = {
-            "url": self.url,
+            "url": self.urls if len(self.urls) > 1 else self.url,
             "heartbeat": self.heartbeat,
             "shutdown_timeout": self.shutdown_timeout,
             "reconnect_max_interval": self.reconnect_max_interval,
@@ -110,9 +130,14 @@ class SettingsView:
         return self.settings.url
 
     @url.setter
-    def url(self, url: str) -> None:
+    def url(self, url: str | Sequence[str]) -> None:
         """Point the app at another broker (checked now; used from the next start)."""
         self.settings = self.settings.replace(url=url)
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every node's URL, in the order they are tried (one for a single node)."""
+        return self.settings.urls
 
     @property
     def safe_url(self) -> str:

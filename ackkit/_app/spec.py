@@ -63,7 +63,10 @@ class AppBase(SettingsView):
     Options (keyword only after the URL; each checked here, a wrong one raises
     ValueError or TypeError naming it):
 
-    - `url`: the broker, ``amqp://user:password@host:port/vhost`` or ``amqps://``.
+    - `url`: the broker, ``amqp://user:password@host:port/vhost`` or ``amqps://``;
+      for a cluster, a list of such URLs (one per node) or the comma form
+      ``amqp://user:password@host1:5672,host2:5673/vhost``: the first is tried first,
+      and after a failed attempt or a lost connection the next one (wrapping).
     - `heartbeat`: AMQP heartbeat in seconds (0 turns it off); 30.
     - `shutdown_timeout`: seconds a graceful stop waits for running handlers
       before their deliveries are left to the broker to requeue; 30.
@@ -78,7 +81,7 @@ class AppBase(SettingsView):
 
     def __init__(
         self,
-        url: str = DEFAULT_URL,
+        url: str | Sequence[str] = DEFAULT_URL,
         *,
         heartbeat: int = 30,
         shutdown_timeout: float = 30.0,

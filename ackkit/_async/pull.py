@@ -12,7 +12,7 @@ import asyncio
 import logging
 import ssl
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -20,8 +20,10 @@ import aio_pika
 from aiormq.abc import AbstractChannel, AbstractConnection
 from pamqp import commands as spec
 
+from .._connection.io import ConnectFailed
 from .._connection.tls import TLS, client_tls
 from .._connection.url import check_url, mask_url
+from .._core import addresses
 from .._core import checks as C
 from .._core.actions import Action
 from .._core.brokers import traits_of
@@ -62,10 +64,17 @@ class AsyncPullConnection:
     """
 
     def __init__(
-        self, url: str, *, heartbeat: int = 30, tls: TLS | ssl.SSLContext | None = None
+        self,
+        url: str | Sequence[str],
+        *,
+        heartbeat: int = 30,
+        tls: TLS | ssl.SSLContext | None = None,
     ) -> None:
-        self.url = check_url(url)
-        self._tls = client_tls(url, tls)
+        self.urls = addresses.parse(url)
+        """Every node's URL, in the order they are tried."""
+        self.url = check_url(self.urls[0])
+        self._tls = {u: client_tls(u, tls) for u in self.urls}
+        self._rotation = addresses.Rotation(self.urls)
         self.heartbeat = C.integer("heartbeat", heartbeat, 0, C.MAX_SHORT)
         self._conn: aio_pika.abc.AbstractConnection | None = None
         self._amqp: AbstractConnection | None = None
@@ -115,12 +124,34 @@ class AsyncPullConnection:
         task.add_done_callback(self._inner.discard)
         return await asyncio.shield(task)
 
+    async def _connect(
+        self, lost: bool
+    ) -> tuple[aio_pika.abc.AbstractConnection, AbstractConnection]:
+        """A connection to the first node address that takes one, starting at the
+        current one (after a `lost` connection, the next one), once around."""
+        if lost:
+            self._rotation.advance()
+        for tries_left in range(len(self.urls) - 1, -1, -1):
+            url = self._rotation.current
+            try:
+                return await open_connection(
+                    url,
+                    heartbeat=self.heartbeat,
+                    name="ackkit-pull",
+                    timeout=10.0,
+                    tls=self._tls[url],
+                )
+            except ConnectFailed as exc:
+                if not tries_left:
+                    raise
+                log.warning("connecting to %s failed: %s; trying the next node", mask_url(url), exc)
+                self._rotation.advance()
+        raise AssertionError("unreachable")  # pragma: no cover
+
     async def _channel(self) -> AbstractChannel:
         self._check_open("channel")
         if self._amqp is None or self._amqp.is_closed:
-            self._conn, self._amqp = await open_connection(
-                self.url, heartbeat=self.heartbeat, name="ackkit-pull", timeout=10.0, tls=self._tls
-            )
+            self._conn, self._amqp = await self._connect(lost=self._amqp is not None)
             self._numbers = ChannelNumbers()
             self._ch = None
         if self._ch is None or self._ch.is_closed:
@@ -344,7 +375,7 @@ class AsyncPullConnection:
 
 @asynccontextmanager
 async def aconnect(
-    url: str = "amqp://guest:guest@127.0.0.1:5672/%2f", **kw: Any
+    url: str | Sequence[str] = "amqp://guest:guest@127.0.0.1:5672/%2f", **kw: Any
 ) -> AsyncIterator[AsyncPullConnection]:
     """`async with ackkit.aconnect(url) as conn: d = await conn.get("q")` - pull mode."""
     conn = AsyncPullConnection(url, **kw)

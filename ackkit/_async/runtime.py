@@ -37,7 +37,8 @@ from .._connection.io import (
     reconnect_logger,
     reconnect_wait,
 )
-from .._connection.url import mask_text
+from .._connection.url import mask_text, mask_url
+from .._core.addresses import Rotation
 from .._core.brokers import traits_of
 from .._core.consume import check_channels, spare_channels
 from .._core.errors import TopologyConflict
@@ -71,6 +72,10 @@ class AsyncRuntime:
         topology: Plan | None = None,
     ) -> None:
         self.settings = settings
+        # The node address each connection attempt uses: with several, the next one
+        # after a failed attempt or a lost connection (`ackkit._core.addresses`).
+        self.rotation = Rotation(settings.urls)
+        self.safe_url = settings.safe_url  # the current attempt's address, once it has one
         # Exchanges, bindings and the queues no listener consumes: the app's `_plan()`.
         self.exchanges = plan((s.queue, s.binds) for s in specs) if topology is None else topology
         self.loop = asyncio.get_running_loop()
@@ -174,7 +179,7 @@ class AsyncRuntime:
                     wait=reconnect_wait(self.settings.reconnect_max_interval),
                     retry=retry_if_exception_type(ConnectFailed),
                     reraise=True,
-                    before_sleep=reconnect_logger(self.settings.safe_url),
+                    before_sleep=reconnect_logger(lambda: self.safe_url),
                 )
                 async for attempt in retrying:
                     with attempt:
@@ -190,17 +195,39 @@ class AsyncRuntime:
             self.fail(exc, "ackkit async runtime failed")
 
     async def _serve(self) -> None:
-        """One connection's life. Raises ConnectFailed if it never served."""
+        """One connection's life, to the rotation's current address (the next one after
+        it ends). Raises ConnectFailed if it never served."""
+        url = self.rotation.current
+        self.safe_url = mask_url(url)
+        several = len(self.rotation.urls) > 1
+        if several:
+            log.info(
+                "connecting to %s (node address %d of %d)",
+                self.safe_url,
+                self.rotation.index + 1,
+                len(self.rotation.urls),
+            )
+        try:
+            await self._serve_one(url)
+        finally:
+            if several:
+                self.rotation.advance()
+
+    async def _serve_one(self, url: str) -> None:
         s = self.settings
         conn, amqp = await open_connection(
-            s.url, heartbeat=s.heartbeat, name=s.connection_name, timeout=10.0, tls=s.tls
+            url,
+            heartbeat=s.heartbeat,
+            name=s.connection_name,
+            timeout=10.0,
+            tls=s.tls_for(url),
         )
         self.connection, self.amqp, self.numbers = conn, amqp, ChannelNumbers.of(amqp)
         broker = traits_of(amqp.server_properties)
         try:
             try:
                 limit = self._channel_max(amqp)
-                too_few = check_channels(len(self.consumers), limit, s.safe_url)
+                too_few = check_channels(len(self.consumers), limit, self.safe_url)
                 if too_few is not None:
                     raise FatalConnectError(too_few)  # from start(): no retry makes channels
                 spare = spare_channels(len(self.consumers), limit)
@@ -230,7 +257,7 @@ class AsyncRuntime:
             reason = "" if amqp.closing.cancelled() else repr(amqp.closing.exception())
             log.warning(
                 "connection to %s lost (%s); reconnecting",
-                s.safe_url,
+                self.safe_url,
                 mask_text(reason),
             )
 

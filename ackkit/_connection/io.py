@@ -35,13 +35,14 @@ def reconnect_wait(max_interval: float) -> wait_base:
     return wait_exponential(multiplier=0.2, max=max_interval) + wait_random(0, 0.2)
 
 
-def reconnect_logger(safe_url: str) -> Callable[[Any], None]:
-    """tenacity before_sleep for both runtimes' reconnect loops (the URL already masked)."""
+def reconnect_logger(safe_url: str | Callable[[], str]) -> Callable[[Any], None]:
+    """tenacity before_sleep for both runtimes' reconnect loops (the URL already masked;
+    or a function giving the one the failed attempt used, for several node addresses)."""
 
     def before_sleep(rs: Any) -> None:
         log.warning(
             "connecting to %s failed (attempt %d): %s; retrying",
-            safe_url,
+            safe_url if isinstance(safe_url, str) else safe_url(),
             rs.attempt_number,
             mask_text(str(rs.outcome.exception()) if rs.outcome else ""),
         )

@@ -15,7 +15,7 @@ import contextlib
 import logging
 import ssl
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pika
@@ -30,7 +30,8 @@ from .._connection.io import (
     reconnect_wait,
 )
 from .._connection.tls import handshake_hint, tls_failure
-from .._connection.url import mask_text
+from .._connection.url import mask_text, mask_url
+from .._core.addresses import Rotation
 from .._core.errors import TopologyConflict
 from ._pika import blocking_connection, select_connection
 
@@ -43,9 +44,15 @@ class Engine:
     tick_interval = TICK
     """Seconds between calls of `tick()` while the connection is open."""
 
-    def __init__(self, url: str, safe_url: str, max_interval: float) -> None:
+    def __init__(
+        self, url: str, safe_url: str, max_interval: float, urls: Sequence[str] = ()
+    ) -> None:
         self.url = url
+        """The address the current (or latest) connection attempt uses."""
         self.safe_url = safe_url
+        # Several node addresses: each attempt after a failed one or a lost connection
+        # uses the next (`ackkit._core.addresses`).
+        self.rotation = Rotation(urls or (url,))
         self.max_interval = max_interval
         self.connection: Any = None
         self.stopping = False
@@ -90,7 +97,7 @@ class Engine:
                     wait=reconnect_wait(self.max_interval),
                     retry=retry_if_exception(self.retryable),
                     reraise=True,
-                    before_sleep=reconnect_logger(self.safe_url),
+                    before_sleep=reconnect_logger(lambda: self.safe_url),
                     sleep=self._backoff,
                 )
                 for attempt in retrying:
@@ -106,7 +113,25 @@ class Engine:
             self.finished()
 
     def _serve(self) -> None:
-        """One connection's life. Raises ConnectFailed if it never opened."""
+        """One connection's life, to the rotation's current address (the next one
+        after it ends). Raises ConnectFailed if it never opened."""
+        several = len(self.rotation.urls) > 1
+        if several:
+            self.url = self.rotation.current
+            self.safe_url = mask_url(self.url)
+            log.info(
+                "connecting to %s (node address %d of %d)",
+                self.safe_url,
+                self.rotation.index + 1,
+                len(self.rotation.urls),
+            )
+        try:
+            self._serve_one()
+        finally:
+            if several:
+                self.rotation.advance()
+
+    def _serve_one(self) -> None:
         params = self.parameters()
         self._topology(params)
         self._opened = False

@@ -14,7 +14,7 @@ import logging
 import ssl
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -24,6 +24,7 @@ import pika.exceptions
 from .._connection.io import FatalConnectError
 from .._connection.tls import TLS, client_tls, tls_failure
 from .._connection.url import check_url, mask_url
+from .._core import addresses
 from .._core import checks as C
 from .._core.actions import Action, Republish
 from .._core.brokers import traits_of
@@ -88,17 +89,32 @@ def _drop(conn: Any) -> None:
         log.debug("dropping the pull connection", exc_info=True)
 
 
+_REFUSED = (
+    pika.exceptions.ProbableAuthenticationError,
+    pika.exceptions.ProbableAccessDeniedError,
+)
+"""Connect errors no other node address would fix (same credentials, same vhost)."""
+
+
 class PullConnection:
     """A blocking connection for basic.get and publishing (tests, scripts, tools)."""
 
     def __init__(
-        self, url: str, *, heartbeat: int = 30, tls: TLS | ssl.SSLContext | None = None
+        self,
+        url: str | Sequence[str],
+        *,
+        heartbeat: int = 30,
+        tls: TLS | ssl.SSLContext | None = None,
     ) -> None:
-        self.url = check_url(url)
+        self.urls = addresses.parse(url)
+        """Every node's URL, in the order they are tried."""
+        self.url = check_url(self.urls[0])
         C.integer("heartbeat", heartbeat, 0, C.MAX_SHORT)
-        self._params = parameters(
-            url, heartbeat=heartbeat, name="ackkit-pull", tls=client_tls(url, tls)
-        )
+        self._params = {
+            u: parameters(u, heartbeat=heartbeat, name="ackkit-pull", tls=client_tls(u, tls))
+            for u in self.urls
+        }
+        self._rotation = addresses.Rotation(self.urls)
         self._conn: Any = self._connect()
         self._ch: Any = None
         self._queues: dict[str, _Queue] = {}  # per queue: its core and executor
@@ -109,14 +125,24 @@ class PullConnection:
     def __repr__(self) -> str:
         return f"<PullConnection {mask_url(self.url)}>"
 
-    def _connect(self) -> Any:
-        try:
-            return blocking_connection(self._params)
-        except (pika.exceptions.AMQPConnectionError, ssl.SSLError) as exc:
-            bad_tls = tls_failure(exc, self.url)
-            if bad_tls is not None:
-                raise FatalConnectError(bad_tls) from None
-            raise
+    def _connect(self, lost: bool = False) -> Any:
+        """A connection to the first node address that takes one, starting at the
+        current one (after a `lost` connection, the next one), once around."""
+        if lost:
+            self._rotation.advance()
+        for tries_left in range(len(self.urls) - 1, -1, -1):
+            url = self._rotation.current
+            try:
+                return blocking_connection(self._params[url])
+            except (pika.exceptions.AMQPConnectionError, ssl.SSLError) as exc:
+                bad_tls = tls_failure(exc, url)
+                if bad_tls is not None:
+                    raise FatalConnectError(bad_tls) from None
+                if not tries_left or isinstance(exc, _REFUSED):
+                    raise
+                log.warning("connecting to %s failed: %r; trying the next node", mask_url(url), exc)
+                self._rotation.advance()
+        raise AssertionError("unreachable")  # pragma: no cover
 
     @property
     def closed(self) -> bool:
@@ -146,7 +172,7 @@ class PullConnection:
         publisher confirms, on first use; opened again after it closed)."""
         self._check_open("channel")
         if self._conn is None or not self._conn.is_open:
-            self._conn = self._connect()
+            self._conn = self._connect(lost=self._conn is not None)
             self._ch = None
         if self._ch is None or not self._ch.is_open:
             self._ch = self._conn.channel()
@@ -331,7 +357,7 @@ class PullConnection:
 
 @contextmanager
 def connect(
-    url: str = "amqp://guest:guest@127.0.0.1:5672/%2f", **kw: Any
+    url: str | Sequence[str] = "amqp://guest:guest@127.0.0.1:5672/%2f", **kw: Any
 ) -> Iterator[PullConnection]:
     """`with ackkit.connect(url) as conn: d = conn.get("q")` - pull mode."""
     conn = PullConnection(url, **kw)

@@ -54,7 +54,9 @@ class Runtime(Engine):
         instruments: Sequence[Instrument] = (),
         topology: Plan | None = None,
     ) -> None:
-        super().__init__(settings.url, settings.safe_url, settings.reconnect_max_interval)
+        super().__init__(
+            settings.url, settings.safe_url, settings.reconnect_max_interval, settings.urls
+        )
         self.settings = settings
         # Exchanges, bindings and the queues no listener consumes: the app's `_plan()`.
         self.exchanges = plan((s.queue, s.binds) for s in specs) if topology is None else topology
@@ -201,7 +203,9 @@ class Runtime(Engine):
 
     def parameters(self) -> Any:
         s = self.settings
-        return parameters(s.url, heartbeat=s.heartbeat, name=s.connection_name, tls=s.tls)
+        return parameters(
+            self.url, heartbeat=s.heartbeat, name=s.connection_name, tls=s.tls_for(self.url)
+        )
 
     def declare(self, conn: Any) -> None:
         negotiated = getattr(getattr(conn._impl, "params", None), "channel_max", 0) or 0
