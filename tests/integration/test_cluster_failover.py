@@ -1,0 +1,154 @@
+"""An App and an AsyncApp given all three node addresses of the test kit's cluster keep
+consuming through the loss of the node they are connected to.
+
+Each runtime's listener consumes a quorum queue whose leader is on node 0, the node the
+app connects to first (the addresses are tried in the given order). Node 0 is SIGKILLed
+while messages are in flight; the app reconnects to the next address (node 1), and
+every message published before and after the kill is handled and acked: the broker
+ends with the queue empty, nothing unacked, and one consumer (the app's), and the
+app's connection is on another node. Everything is read from the brokers
+(``rabbitmqctl list_connections``, the queue's counts).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+
+import pika
+import pytest
+from _apps import Runner
+from _retry_support import wait_until
+
+from ackkit import App, AsyncApp, AsyncDelivery, Delivery, Queue
+from ackkit.testing import BrokerError, BrokerHandle
+from ackkit.testing.plugin import QueueFactory
+from ackkit_testkit import ClusterHandle
+
+pytestmark = pytest.mark.integration
+
+BEFORE = 300
+AFTER = 200
+NAME = "ackkit-failover-test"
+
+
+def publish(broker: BrokerHandle, queue: str, ids: range) -> None:
+    """Publish persistent messages, each with a confirm, through one node."""
+    conn = broker.connect(connection_attempts=1, socket_timeout=10, stack_timeout=15)
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for i in ids:
+            props = pika.BasicProperties(delivery_mode=2, message_id=f"m{i}")
+            ch.basic_publish("", queue, b"{}", props, mandatory=True)
+    finally:
+        conn.close()
+
+
+def app_ports(cluster: ClusterHandle, via: int) -> list[int]:
+    """The server ports of the app's connections, as node `via` lists them (every
+    node's connections)."""
+    out = cluster[via].ctl(
+        "list_connections", "client_properties", "port", "--formatter", "json", "--quiet"
+    )
+    rows = json.loads(out or "[]")  # the client properties' shape differs across versions
+    return [r["port"] for r in rows if f'"{NAME}"' in json.dumps(r["client_properties"])]
+
+
+def wait_on_node(cluster: ClusterHandle, index: int, via: int) -> None:
+    """Wait until the app has one connection, on node `index` (as node `via` lists
+    the cluster's connections)."""
+    ports: list[int] | str = []
+
+    def there() -> bool:
+        nonlocal ports
+        try:
+            ports = app_ports(cluster, via)
+        except BrokerError as exc:  # a node just killed may fail the listing once
+            ports = str(exc)[:300]
+            return False
+        return ports == [cluster[index].amqp_port]
+
+    assert wait_until(there, timeout=30, interval=0.1), f"the app's connections: {ports}"
+
+
+@pytest.mark.parametrize("app_cls", [App, AsyncApp])
+def test_listener_fails_over_to_another_node(
+    rabbitmq_cluster: ClusterHandle, queue_factory: QueueFactory, app_cls: type
+) -> None:
+    cluster = rabbitmq_cluster
+    queue = queue_factory("failover", broker=cluster[2])  # cleaned up through a survivor
+    conn = cluster[0].connect(connection_attempts=1, socket_timeout=10, stack_timeout=15)
+    try:
+        args = {"x-queue-type": "quorum", "x-queue-leader-locator": "client-local"}
+        conn.channel().queue_declare(queue, durable=True, arguments=args)
+    finally:
+        conn.close()
+    assert cluster.quorum_status(queue).leader == cluster.node_names[0]
+    publish(cluster[0], queue, range(BEFORE))
+
+    handled: Counter[str] = Counter()
+    lock = threading.Lock()
+    app = app_cls(
+        cluster.urls,  # node 0 first
+        connection_name=NAME,
+        heartbeat=5,
+        reconnect_max_interval=1.0,
+        startup_timeout=30,
+    )
+    if app_cls is App:
+
+        @app.listener(Queue(queue, declare=False), dead_letter=None)
+        def h(d: Delivery) -> None:
+            time.sleep(0.01)  # messages are in flight when the node dies
+            with lock:
+                handled[str(d.message_id)] += 1
+
+    else:
+
+        @app.listener(Queue(queue, declare=False), dead_letter=None)
+        async def ah(d: AsyncDelivery) -> None:
+            import asyncio
+
+            await asyncio.sleep(0.01)
+            with lock:
+                handled[str(d.message_id)] += 1
+
+    runner = Runner(app)
+    runner.start()
+    try:
+        wait_on_node(cluster, 0, via=2)  # the first address
+        assert wait_until(lambda: len(handled) >= 30, timeout=30)
+        killed_at = time.monotonic()
+        cluster.kill(0)
+        # the app's connection moves to the next address (node 1)
+        wait_on_node(cluster, 1, via=2)
+        reconnected = time.monotonic() - killed_at
+        # publishing waits for the queue's new leader (until then the broker nacks)
+        cluster.wait_leader(queue, via=2, not_on=cluster.node_names[0])
+        publish(cluster[2], queue, range(BEFORE, BEFORE + AFTER))
+        every = {f"m{i}" for i in range(BEFORE + AFTER)}
+        assert wait_until(lambda: set(handled) >= every, timeout=60), (
+            f"not handled: {len(every - set(handled))}"
+        )
+        resumed = time.monotonic() - killed_at
+        assert set(handled) == every  # nothing else either
+        wait_on_node(cluster, 1, via=2)  # and it stayed there
+        # the broker: every message acked, and the listener consumes (not left with none)
+        assert wait_until(
+            lambda: (
+                (c := cluster[2].counts(queue)).ready == 0 and c.unacked == 0 and c.consumers == 1
+            ),
+            timeout=30,
+        ), cluster[2].counts(queue)
+        assert runner.alive()
+    finally:
+        runner.stop()
+    doubled = sum(1 for n in handled.values() if n > 1)
+    print(
+        f"{app_cls.__name__}: {len(every)} handled, {doubled} twice (redelivered after "
+        f"the kill); on node 1 {reconnected:.1f} s after the kill, all handled after "
+        f"{resumed:.1f} s (the queue's new leader waited for, {AFTER} more published)"
+    )
