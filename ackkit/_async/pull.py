@@ -89,7 +89,7 @@ class AsyncPullConnection:
         self._copies = self._host.publisher  # retry / dead-letter copies, confirmed
 
     def __repr__(self) -> str:
-        return f"<AsyncPullConnection {mask_url(self.url)}>"
+        return f"<AsyncPullConnection {addresses.describe(self.urls)}>"
 
     async def open(self) -> AsyncPullConnection:
         """Connect now (else the first call connects); returns the connection."""

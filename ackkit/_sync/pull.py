@@ -23,7 +23,7 @@ import pika.exceptions
 
 from .._connection.io import FatalConnectError
 from .._connection.tls import TLS, client_tls, tls_failure
-from .._connection.url import check_url, mask_url
+from .._connection.url import check_url, mask_text, mask_url
 from .._core import addresses
 from .._core import checks as C
 from .._core.actions import Action, Republish
@@ -123,7 +123,7 @@ class PullConnection:
         self._copies = BlockingCopies()  # retry / dead-letter copies, confirmed
 
     def __repr__(self) -> str:
-        return f"<PullConnection {mask_url(self.url)}>"
+        return f"<PullConnection {addresses.describe(self.urls)}>"
 
     def _connect(self, lost: bool = False) -> Any:
         """A connection to the first node address that takes one, starting at the
@@ -140,7 +140,11 @@ class PullConnection:
                     raise FatalConnectError(bad_tls) from None
                 if not tries_left or isinstance(exc, _REFUSED):
                     raise
-                log.warning("connecting to %s failed: %r; trying the next node", mask_url(url), exc)
+                log.warning(
+                    "connecting to %s failed: %s; trying the next node",
+                    mask_url(url),
+                    mask_text(repr(exc)),
+                )
                 self._rotation.advance()
         raise AssertionError("unreachable")  # pragma: no cover
 

@@ -146,3 +146,10 @@ def test_tls_server_name_follows_the_node() -> None:
         ["amqps://h1/v", "amqps://h2/v"], tls=ackkit.TLS(server_hostname="rabbit.example")
     )
     assert named.tls_for(named.urls[1])[1] == "rabbit.example"  # type: ignore[index]
+
+
+def test_pull_connections_keep_every_address_and_mask_them() -> None:
+    conn = ackkit.pull.AsyncPullConnection("amqp://u:secret@h1:5672,h2:5673/v")  # not opened
+    assert conn.urls == ("amqp://u:secret@h1:5672/v", "amqp://u:secret@h2:5673/v")
+    assert conn.url == conn.urls[0]
+    assert repr(conn) == "<AsyncPullConnection amqp://u:***@h1:5672/v, amqp://u:***@h2:5673/v>"
