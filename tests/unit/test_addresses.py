@@ -7,6 +7,7 @@ after each failure (wrapping). The apps and pull connections take them through
 from __future__ import annotations
 
 import urllib.parse
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -153,3 +154,31 @@ def test_pull_connections_keep_every_address_and_mask_them() -> None:
     assert conn.urls == ("amqp://u:secret@h1:5672/v", "amqp://u:secret@h2:5673/v")
     assert conn.url == conn.urls[0]
     assert repr(conn) == "<AsyncPullConnection amqp://u:***@h1:5672/v, amqp://u:***@h2:5673/v>"
+
+
+def test_the_sync_engine_tries_the_addresses_in_order() -> None:
+    """Each failed attempt moves the engine to the next address, wrapping."""
+    import threading
+
+    from ackkit._io import ConnectFailed
+    from ackkit._sync.engine import Engine
+
+    urls = ["amqp://u:secret@h1/v", "amqp://u:secret@h2/v", "amqp://u:secret@h3/v"]
+    tried: list[str] = []
+    done = threading.Event()
+
+    class Probe(Engine):
+        def parameters(self) -> Any:
+            tried.append(self.url)
+            assert "secret" not in self.safe_url
+            if len(tried) == 7:
+                self.request_stop()
+            raise ConnectFailed("nobody home")
+
+        def finished(self) -> None:
+            done.set()
+
+    engine = Probe(urls[0], "masked", 0.001, urls)
+    engine.start_io("probe")
+    assert done.wait(30)
+    assert tried == [*urls, *urls, urls[0]]
