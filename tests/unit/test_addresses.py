@@ -182,3 +182,32 @@ def test_the_sync_engine_tries_the_addresses_in_order() -> None:
     engine.start_io("probe")
     assert done.wait(30)
     assert tried == [*urls, *urls, urls[0]]
+
+
+def test_the_async_runtime_tries_the_addresses_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same order on AsyncApp's runtime (its connection attempts are stubbed)."""
+    import asyncio
+
+    from ackkit._async import runtime as rt_module
+    from ackkit._io import ConnectFailed
+
+    urls = ["amqp://u:secret@h1/v", "amqp://u:secret@h2/v", "amqp://u:secret@h3/v"]
+    tried: list[str] = []
+
+    async def main() -> None:
+        runtime = rt_module.AsyncRuntime(
+            Settings.check(urls, reconnect_max_interval=0.001), specs=[]
+        )
+
+        async def open_connection(url: str, **kw: Any) -> Any:
+            tried.append(url)
+            assert "secret" not in runtime.safe_url
+            if len(tried) == 7:
+                runtime.stopping = True
+            raise ConnectFailed("nobody home")
+
+        monkeypatch.setattr(rt_module, "open_connection", open_connection)
+        await asyncio.wait_for(runtime._run_forever(), 30)
+
+    asyncio.run(main())
+    assert tried == [*urls, *urls, urls[0]]
