@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 import ackkit
 import ackkit.pull
 from ackkit import App, AsyncApp
+from ackkit._app.settings import Settings
 from ackkit._core import addresses
 from ackkit._core.addresses import Rotation
-from ackkit._settings import Settings
 
 hosts = st.lists(
     st.tuples(
@@ -160,7 +160,7 @@ def test_the_sync_engine_tries_the_addresses_in_order() -> None:
     """Each failed attempt moves the engine to the next address, wrapping."""
     import threading
 
-    from ackkit._io import ConnectFailed
+    from ackkit._connection.io import ConnectFailed
     from ackkit._sync.engine import Engine
 
     urls = ["amqp://u:secret@h1/v", "amqp://u:secret@h2/v", "amqp://u:secret@h3/v"]
@@ -189,7 +189,7 @@ def test_the_async_runtime_tries_the_addresses_in_order(monkeypatch: pytest.Monk
     import asyncio
 
     from ackkit._async import runtime as rt_module
-    from ackkit._io import ConnectFailed
+    from ackkit._connection.io import ConnectFailed
 
     urls = ["amqp://u:secret@h1/v", "amqp://u:secret@h2/v", "amqp://u:secret@h3/v"]
     tried: list[str] = []
