@@ -34,8 +34,8 @@ SPARK43 := tests/spark/test_spark_available.py tests/spark/test_spark_connect.py
 # browser), the CLI, the test kit (whose 4.x tests start a 4.3 node of their own on any
 # leg), the wheel, the examples, logs and metrics. They run once, in a leg of their own on
 # 3.10 (the broker's version is not what they check); make test-matrix still runs them on
-# every version. The test kit's cluster (test_testkit_cluster.py) is not among them: each
-# broker leg starts a cluster of its own version.
+# every version. The test kit's cluster (test_testkit_cluster.py) is not among them: it is
+# in $(CLUSTER), below.
 ONCE := $(filter-out tests/integration/test_testkit_cluster.py, \
           $(wildcard tests/integration/test_console*.py tests/integration/test_cli*.py \
           tests/integration/test_testkit*.py)) \
@@ -44,6 +44,10 @@ ONCE := $(filter-out tests/integration/test_testkit_cluster.py, \
         tests/integration/test_operability.py tests/integration/test_connect_failure_lines.py \
         tests/integration/test_quiet_probes.py tests/inbox/test_outbox_relay_cli.py \
         tests/inbox/test_outbox_docs_example.py tests/inbox/test_inbox_memory_db.py
+# The modules that start a 3-node cluster of the kit's own (a minute or more each, most of
+# it the nodes' start): the 4.3 leg runs them, both runtimes (production clusters run 4.x);
+# make test-matrix runs them on every version.
+CLUSTER := tests/integration/test_testkit_cluster.py tests/integration/test_cluster_failover.py
 # The environment of a leg on RabbitMQ $(1): 3.10 keeps AMQP_URL as given.
 leg_env = $(if $(filter 3.10,$(1)),,env -u AMQP_URL) ACKKIT_TEST_RABBITMQ=$(1)
 RESULTS_SUFFIX := $(if $(filter 3.10,$(RABBITMQ)),,-$(RABBITMQ))
@@ -68,7 +72,7 @@ docs-serve: $(STAMP)
 
 test: $(STAMP)
 	PYTEST=$(PYTEST) BROKER_SUITES="$(BROKER_SUITES)" SPARK310="$(SPARK310)" SPARK43="$(SPARK43)" \
-	    ONCE="$(ONCE)" bash .ci/test-legs
+	    ONCE="$(ONCE)" CLUSTER="$(CLUSTER)" bash .ci/test-legs
 
 # contract + test-kit tests against RabbitMQ containers (skipped without Docker)
 test-docker: $(STAMP)
