@@ -13,9 +13,9 @@ import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .._connection import addresses
 from .._connection.tls import TLS, client_tls
 from .._connection.url import check_url, mask_url
-from .._core import addresses
 from .._core import checks as C
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2f"
@@ -33,7 +33,7 @@ class Settings:
     url: str = DEFAULT_URL
     """The first node's URL (the only one for a single-node broker)."""
     urls: tuple[str, ...] = (DEFAULT_URL,)
-    """Every node's URL, in the order they are tried (`ackkit._core.addresses`)."""
+    """Every node's URL, in the order they are tried (`ackkit._connection.addresses`)."""
     heartbeat: int = 30
     shutdown_timeout: float = 30.0
     reconnect_max_interval: float = 15.0
@@ -73,7 +73,7 @@ class Settings:
         """The settings, each checked: ValueError/TypeError naming the bad option.
 
         `url`: one URL, the comma form (``amqp://u:p@h1:5672,h2:5673/v``) or a list of
-        URLs, one per node (`ackkit._core.addresses`)."""
+        URLs, one per node (`ackkit._connection.addresses`)."""
         urls = addresses.parse(url)
         url = check_url(urls[0])
         if tls is not None and not isinstance(tls, (TLS, ssl.SSLContext)):

@@ -20,10 +20,10 @@ import aio_pika
 from aiormq.abc import AbstractChannel, AbstractConnection
 from pamqp import commands as spec
 
+from .._connection import addresses
 from .._connection.io import ConnectFailed
 from .._connection.tls import TLS, client_tls
 from .._connection.url import check_url, mask_url
-from .._core import addresses
 from .._core import checks as C
 from .._core.actions import Action
 from .._core.brokers import traits_of

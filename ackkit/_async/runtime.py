@@ -30,6 +30,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type
 from .._app.declaring import declaration
 from .._app.settings import Settings
 from .._app.spec import Instrument, ListenerSpec
+from .._connection.addresses import Rotation
 from .._connection.io import (
     TICK,
     ConnectFailed,
@@ -38,7 +39,6 @@ from .._connection.io import (
     reconnect_wait,
 )
 from .._connection.url import mask_text, mask_url
-from .._core.addresses import Rotation
 from .._core.brokers import traits_of
 from .._core.consume import check_channels, spare_channels
 from .._core.errors import TopologyConflict
@@ -73,7 +73,7 @@ class AsyncRuntime:
     ) -> None:
         self.settings = settings
         # The node address each connection attempt uses: with several, the next one
-        # after a failed attempt or a lost connection (`ackkit._core.addresses`).
+        # after a failed attempt or a lost connection (`ackkit._connection.addresses`).
         self.rotation = Rotation(settings.urls)
         self.safe_url = settings.safe_url  # the current attempt's address, once it has one
         # Exchanges, bindings and the queues no listener consumes: the app's `_plan()`.

@@ -22,6 +22,7 @@ import pika
 import pika.exceptions
 from tenacity import Retrying, retry_if_exception
 
+from .._connection.addresses import Rotation
 from .._connection.io import (
     TICK,
     ConnectFailed,
@@ -31,7 +32,6 @@ from .._connection.io import (
 )
 from .._connection.tls import handshake_hint, tls_failure
 from .._connection.url import mask_text, mask_url
-from .._core.addresses import Rotation
 from .._core.errors import TopologyConflict
 from ._pika import blocking_connection, select_connection
 
@@ -51,7 +51,7 @@ class Engine:
         """The address the current (or latest) connection attempt uses."""
         self.safe_url = safe_url
         # Several node addresses: each attempt after a failed one or a lost connection
-        # uses the next (`ackkit._core.addresses`).
+        # uses the next (`ackkit._connection.addresses`).
         self.rotation = Rotation(urls or (url,))
         self.max_interval = max_interval
         self.connection: Any = None

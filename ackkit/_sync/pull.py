@@ -21,10 +21,10 @@ from typing import Any
 import pika
 import pika.exceptions
 
+from .._connection import addresses
 from .._connection.io import FatalConnectError
 from .._connection.tls import TLS, client_tls, tls_failure
 from .._connection.url import check_url, mask_text, mask_url
-from .._core import addresses
 from .._core import checks as C
 from .._core.actions import Action, Republish
 from .._core.brokers import traits_of

@@ -1,4 +1,4 @@
-"""Several node addresses (`ackkit._core.addresses`): a list of URLs or the comma form
+"""Several node addresses (`ackkit._connection.addresses`): a list of URLs or the comma form
 become single-node URLs in the given order, bad input is refused at once with the
 password masked, and the rotation tries the first address first, then the next one
 after each failure (wrapping). The apps and pull connections take them through
@@ -17,8 +17,8 @@ import ackkit
 import ackkit.pull
 from ackkit import App, AsyncApp
 from ackkit._app.settings import Settings
-from ackkit._core import addresses
-from ackkit._core.addresses import Rotation
+from ackkit._connection import addresses
+from ackkit._connection.addresses import Rotation
 
 hosts = st.lists(
     st.tuples(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import urllib.parse
 from collections.abc import Sequence
 
-from .._connection.url import check_url, mask_url
+from .url import check_url, mask_url
 
 
 def parse(url: object) -> tuple[str, ...]:
