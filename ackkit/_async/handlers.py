@@ -21,8 +21,19 @@ from typing import TYPE_CHECKING, Any
 
 from .._app.invocation import Invocation
 from .._core.actions import Action
-from .._core.outcome import Outcome
-from ..inbox._run import DatabaseDown
+from .._interpreter.attempts import (
+    RETURNED,
+    Ask,
+    Call,
+    Called,
+    Down,
+    Failed,
+    Interrupted,
+    LookUp,
+    Pause,
+    Stop,
+    attempts,
+)
 from . import cancels, flowing
 
 if TYPE_CHECKING:
@@ -31,97 +42,74 @@ if TYPE_CHECKING:
 
 
 async def handle(c: AsyncConsumer, ds: list[DeliveryBase]) -> None:
-    """Run the handler for `ds` (one delivery, or a batch) until the core is done with it."""
+    """Run the handler for `ds` (one delivery, or a batch) until the core is done with it:
+    the interpreter's attempt loop, driven in this task. What the core decides is handed
+    to the channel's settler before anything else is awaited (decision order is frame
+    order). A cancellation of this task (shutdown, a lost channel) is thrown into the
+    loop, which releases the deliveries; then it is raised again."""
     core = c.core
-    if c.tx is not None:
+    loop = attempts(core, c.binding, ds, inbox=c.tx is not None, probe=c.probe)
+    answer: Any = None
+    throw: Interrupted | None = None
+    cancelled: BaseException | None = None
+    req: Any
+    while True:
         try:
-            ds = [d for d in ds if not await c.tx.duplicate_before_start(d)]
-            if not ds:
-                return
-        except asyncio.CancelledError:  # shutdown or a lost channel: never started
-            await release(c, ds)
-            raise
-    # may they start? (not once stopping, not after their channel closed, the flow gate)
-    go = core.begin([d._tracked for d in ds])
-    if go.actions:
-        await c.execute(core.generation, go.actions)
-    while go.wait > 0:  # the rate limit's
-        await c.rt.pause(go.wait)  # cut short when the app stops
-        go = core.begin(go.run, waited=True)
-        if go.actions:
-            await c.execute(core.generation, go.actions)
-    if not go.run:
-        return
-    if len(go.run) < len(ds):
-        ds = [d for d in ds if d._tracked in go.run]
-    inv = Invocation(c.binding, ds)
-    try:
-        out = await attempt(c, inv)
-        while out.rerun:
-            await c.rt.pause(out.delay)  # the app's stop cuts the wait short
-            out = core.resume(out.rerun)
-            if out.actions:
-                await c.execute(core.generation, out.actions)
-            if not out.rerun:
-                return
-            inv = inv.again(out.rerun)
-            out = await attempt(c, inv)
-    except asyncio.CancelledError:  # shutdown or a lost channel: requeue, not a failure
-        await release(c, inv.deliveries, started=True)
-        raise
+            req = loop.send(answer) if throw is None else loop.throw(throw)
+        except StopIteration:
+            return
+        except Interrupted:
+            raise cancelled or asyncio.CancelledError() from None
+        answer = throw = None
+        kind = type(req)
+        try:
+            if kind is Ask:
+                answer = req.fn(*req.args)
+                if answer.actions:
+                    await c.execute(core.generation, answer.actions)
+            elif kind is Call:
+                answer = await call(c, req.inv)
+                if answer.interruption is not None:
+                    cancelled = answer.exc  # raised again if the core releases the call
+            elif kind is Pause:
+                await c.rt.pause(req.seconds)
+            elif kind is Failed:
+                c.failures.failed(c.spec.name, req.inv, req.exc)
+            elif kind is Stop:
+                exc = req.exc
+                c.rt.fail(exc, f"{c.spec.name}: handler raised {type(exc).__name__}")
+            elif kind is LookUp:
+                assert c.tx is not None
+                answer = await c.tx.look_up(req.delivery)
+            elif kind is Down:
+                assert c.tx is not None
+                await c.tx.down(req.inv, req.exc)
+        except asyncio.CancelledError as e:  # shutdown or a lost channel
+            cancelled, throw = e, Interrupted()
 
 
-async def attempt(c: AsyncConsumer, inv: Invocation) -> Outcome:
-    """Call the handler once, then carry out what the core makes of it."""
+async def call(c: AsyncConsumer, inv: Invocation) -> Called:
+    """Call the handler once: on the loop, on the consumer's thread pool for a `def`
+    handler, or in the inbox's transaction."""
+    if not inv.deliveries:
+        return RETURNED
     b = c.binding
-    result: object = None
-    exc: BaseException | None = None
-    tb = None
-    ds = inv.deliveries
-    done = c.probe(ds) if c.probe is not None and ds else None
     try:
-        if not ds:
-            pass
-        elif c.tx is not None:
+        if c.tx is not None:
             result = await c.tx.call(inv)  # in the inbox's transaction
         elif c.is_async:
             result = await b.fn(*inv.args())
         else:
             result = await c.rt.loop.run_in_executor(c.pool, _call, b.fn, inv.args)
     except asyncio.CancelledError as e:
-        if c.core.shutdown.interrupted(cancels.interruption(asyncio.current_task(), c.rt.stopping)):
-            # shutdown or a lost channel: released by handle()
-            if done is not None:
-                done(e)
-            raise
-        # The handler's own CancelledError (it raised one, or awaited something that was
-        # cancelled) while nobody cancelled its task: a failure like any other. Released,
-        # it came straight back to the queue, forever with max_attempts=1.
-        exc = e
-        tb = traceback.format_exc()
-        c.failures.failed(c.spec.name, inv, e)
+        # Released when the cancellation came from outside (shutdown, a lost channel);
+        # the handler's own CancelledError (nobody cancelled its task) is a failure like
+        # any other: released, it would come straight back, for ever with max_attempts=1.
+        why = cancels.interruption(asyncio.current_task(), c.rt.stopping)
+        return Called(None, e, traceback.format_exc(), why)
     except BaseException as e:  # SystemExit and KeyboardInterrupt too: settled, then stop
-        exc = e
-        tb = traceback.format_exc()
-        c.failures.failed(c.spec.name, inv, e)  # before the core moves attempt
-    if done is not None:
-        done(exc)
-    return await conclude(c, inv, result, exc, tb)
-
-
-async def conclude(
-    c: AsyncConsumer, inv: Invocation, result: object, exc: BaseException | None, tb: str | None
-) -> Outcome:
-    """Carry out what the core makes of a handler's result or exception."""
-    if isinstance(exc, DatabaseDown) and c.tx is not None:
-        return await c.tx.down(inv, exc)  # returned unstarted, the listener paused
-    core = c.core
-    out = inv.outcome(core, result, exc, tb)
-    if out.actions:
-        await c.execute(core.generation, out.actions)
-    if out.stop is not None:
-        c.rt.fail(out.stop, f"{c.spec.name}: handler raised {type(out.stop).__name__}")
-    return out
+        return Called(None, e, traceback.format_exc())
+    return RETURNED if result is None else Called(result)
 
 
 def _call(fn: Any, args: Any) -> Any:

@@ -140,6 +140,11 @@ def key_verdict(key: str | None, missing: MissingKey) -> tuple[KeyVerdict, str]:
     return KeyVerdict.GUARDED, ""
 
 
+class DatabaseDown(Exception):
+    """The inbox's database cannot be reached: the deliveries go back unstarted (not an
+    attempt) and the listener pauses until it answers."""
+
+
 class Fault(str, Enum):
     """What a database error means for the message being handled."""
 

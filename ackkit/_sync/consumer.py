@@ -22,12 +22,22 @@ from .._core.actions import Republish, TxSelect
 from .._core.consume import Consuming
 from .._core.events import Observer
 from .._core.listener import ListenerCore
-from .._core.outcome import Outcome
 from .._core.policy import AckMode
+from .._interpreter.attempts import (
+    RETURNED,
+    Ask,
+    Call,
+    Called,
+    Down,
+    Failed,
+    LookUp,
+    Pause,
+    Stop,
+    attempts,
+)
 from .._messages.delivery import Delivery, DeliveryBase
 from .._messages.publish import Outgoing
 from .._telemetry.logs import FailureLog
-from ..inbox._run import DatabaseDown
 from . import _frames as frames
 from . import flowing, refusals
 from ._pika import quiet_refusals
@@ -308,71 +318,56 @@ class Consumer(Executor):
                     self.originals.drop(d._tracked.generation, d._tracked.tag)
 
     def _run(self, ds: list[Delivery]) -> None:
-        """Run the handler for `ds` (one delivery, or a batch) until the core is done with it."""
+        """Run the handler for `ds` (one delivery, or a batch) until the core is done with
+        it: the interpreter's attempt loop, driven on this worker thread. The core is
+        asked under the listener's lock, and what it decides is queued for the I/O thread
+        before the lock is let go (decision order is frame order)."""
         core = self.core
-        if self.tx is not None:  # a redelivery whose key is recorded: a duplicate
-            ds = [d for d in ds if not self.tx.duplicate_before_start(d)]
-            if not ds:
+        loop = attempts(core, self.binding, ds, inbox=self.tx is not None, probe=self.probe)
+        lock = self.lock
+        answer: Any = None
+        req: Any
+        while True:
+            try:
+                req = loop.send(answer)
+            except StopIteration:
                 return
-        with self.lock:  # may they start? (stopping, a closed channel, the flow gate)
-            go = core.begin([d._tracked for d in ds])
-            if go.actions:
-                self.send(core.generation, go.actions)
-        while go.wait > 0:  # the rate limit's
-            self.rt.stop_event.wait(go.wait)  # cut short when the app stops
-            with self.lock:
-                go = core.begin(go.run, waited=True)
-                if go.actions:
-                    self.send(core.generation, go.actions)
-        if not go.run:
-            return
-        if len(go.run) < len(ds):
-            ds = [d for d in ds if d._tracked in go.run]
-        inv = Invocation(self.binding, ds)
-        out = self._attempt(inv)
-        while out.rerun:
-            self.rt.stop_event.wait(out.delay)  # the app's stop cuts the wait short
-            with self.lock:
-                out = core.resume(out.rerun)
-                if out.actions:
-                    self.send(core.generation, out.actions)
-            if not out.rerun:
-                return
-            inv = inv.again(out.rerun)
-            out = self._attempt(inv)
+            answer = None
+            kind = type(req)
+            if kind is Ask:
+                with lock:
+                    answer = req.fn(*req.args)
+                    if answer.actions:
+                        self.send(core.generation, answer.actions)
+            elif kind is Call:
+                answer = self._call(req.inv)
+            elif kind is Pause:
+                self.rt.stop_event.wait(req.seconds)
+            elif kind is Failed:
+                self.failures.failed(self.spec.name, req.inv, req.exc)
+            elif kind is Stop:
+                exc = req.exc
+                self.rt.fail(exc, f"{self.spec.name}: handler raised {type(exc).__name__}")
+            elif kind is LookUp:
+                assert self.tx is not None
+                answer = self.tx.look_up(req.delivery)
+            elif kind is Down:
+                assert self.tx is not None
+                self.tx.down(req.inv, req.exc)
 
-    def _attempt(self, inv: Invocation) -> Outcome:
-        """Call the handler once, then carry out what the core makes of it."""
-        result: object = None
-        exc: BaseException | None = None
-        ds = inv.deliveries
-        done = self.probe(ds) if self.probe is not None and ds else None
+    def _call(self, inv: Invocation) -> Called:
+        """Call the handler once (in the inbox's transaction, with one)."""
         self.in_handler += 1
         try:
-            if ds:
-                tx = self.tx
-                result = self.binding.fn(*inv.args()) if tx is None else tx.call(inv)
+            if not inv.deliveries:
+                return RETURNED
+            tx = self.tx
+            result = self.binding.fn(*inv.args()) if tx is None else tx.call(inv)
         except BaseException as e:  # SystemExit and KeyboardInterrupt too: settled, then stop
-            exc = e  # the core formats the traceback if it dead-letters
+            return Called(exc=e)  # the core formats the traceback if it dead-letters
         finally:
             self.in_handler -= 1
-        if done is not None:
-            done(exc)
-        return self.conclude(inv, result, exc)
-
-    def conclude(self, inv: Invocation, result: object, exc: BaseException | None) -> Outcome:
-        """Carry out what the core makes of a handler's result or exception."""
-        if isinstance(exc, DatabaseDown) and self.tx is not None:
-            return self.tx.down(inv, exc)  # returned unstarted, the listener paused
-        if exc is not None:
-            self.failures.failed(self.spec.name, inv, exc)  # before the core moves attempt
-        with self.lock:
-            out = inv.outcome(self.core, result, exc)
-            if out.actions:
-                self.send(self.core.generation, out.actions)
-        if out.stop is not None:
-            self.rt.fail(out.stop, f"{self.spec.name}: handler raised {type(out.stop).__name__}")
-        return out
+        return RETURNED if result is None else Called(result)
 
     def publish_message(self, msg: Outgoing) -> None:
         """`Delivery.publish()` / `reply()` from a handler: confirmed, on the app's publisher

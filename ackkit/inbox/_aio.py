@@ -11,14 +11,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._app.invocation import Invocation
 from .._connection.salvage import describe
-from .._core.inbox import probe_delay, retention_batches
+from .._core.inbox import DatabaseDown, probe_delay, retention_batches
 from .._core.outcome import Outcome, succeeded
 from .._messages.publish import Outgoing
 from ._options import Inbox
 from ._outbox import arelay_once, to_row
 from ._run import (
     BatchTry,
-    DatabaseDown,
     Duplicate,
     duplicate,
     guard_key,
@@ -47,7 +46,7 @@ _CURRENT: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
 
 
 class _Unrecorded(Exception):
-    """Rolls back a look-up's transaction (`AsyncInbox.recorded`)."""
+    """Rolls back a look-up's transaction (`AsyncInbox.look_up`)."""
 
 
 class AsyncInbox:
@@ -177,37 +176,21 @@ class AsyncInbox:
             self._kick.set()
         return result
 
-    async def duplicate_before_start(self, d: DeliveryBase) -> bool:
-        """See `SyncInbox.duplicate_before_start`."""
-        from .._async.handlers import conclude
-
-        c = self.c
-        if not c.core.lost.look_up_first(d._tracked):
-            return False
-        exc: BaseException | None = None
-        try:
-            if not await self.recorded(d):
-                return False
-        except DatabaseDown as e:
-            exc = e
-        except Exception as e:  # a broken inbox table: the run will meet it too
-            log.warning("%s: inbox look-up failed: %s", self.name, describe(e))
-            return False
-        await conclude(c, Invocation(c.binding, [d]), None, exc, None)
-        return True
-
-    async def recorded(self, d: DeliveryBase) -> bool:
-        """See `SyncInbox.recorded`."""
+    async def look_up(self, d: DeliveryBase) -> str | DatabaseDown | None:
+        """See `SyncInbox.look_up`."""
         self.started()
         key = look_up_key(self.inbox, d)
         if key is None:
-            return False
+            return None
         try:
             await self._retrying(lambda tx_ref: self._look_up(key, tx_ref))
         except Duplicate:
-            duplicate(self.c.core, self.name, d, key)
-            return True
-        return False
+            return key
+        except DatabaseDown as e:
+            return e
+        except Exception as e:  # a broken inbox table: the run will meet it too
+            log.warning("%s: inbox look-up failed: %s", self.name, describe(e))
+        return None
 
     async def _retrying(self, once: Callable[[list[Any]], Awaitable[T]]) -> T:
         """`await once(tx_ref)` (it opens a transaction), tried again after a transient

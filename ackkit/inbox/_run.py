@@ -13,6 +13,7 @@ from .._core.inbox import (
     TRANSACTION_RETRY,
     BatchEnd,
     BatchKeys,
+    DatabaseDown,
     Fault,
     KeyVerdict,
     UnusableKey,
@@ -29,11 +30,6 @@ if TYPE_CHECKING:
     from .._messages.delivery import DeliveryBase
 
 log = logging.getLogger("ackkit.inbox")
-
-
-class DatabaseDown(Exception):
-    """The inbox's database cannot be reached: the runtime returns the deliveries
-    unstarted (not an attempt) and pauses the listener until it answers."""
 
 
 class Duplicate(Exception):

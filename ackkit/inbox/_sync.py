@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._app.invocation import Invocation
 from .._connection.salvage import describe
-from .._core.inbox import probe_delay, retention_batches
+from .._core.inbox import DatabaseDown, probe_delay, retention_batches
 from .._core.outcome import Outcome, succeeded
 from .._messages.publish import Outgoing
 from ._options import Inbox
@@ -19,7 +19,6 @@ from ._outbox import relay_once, to_row
 from ._relay import RELAY_POLL, relay_connection
 from ._run import (
     BatchTry,
-    DatabaseDown,
     Duplicate,
     duplicate,
     guard_key,
@@ -38,7 +37,7 @@ T = TypeVar("T")
 
 
 class _Unrecorded(Exception):
-    """Rolls back a look-up's transaction (`SyncInbox.recorded`)."""
+    """Rolls back a look-up's transaction (`SyncInbox.look_up`)."""
 
 
 def _store(inbox: Inbox) -> tuple[Any, Any]:
@@ -156,42 +155,26 @@ class SyncInbox:
             self._kick.set()
         return result
 
-    def duplicate_before_start(self, d: Delivery) -> bool:
-        """A redelivery the core would charge or dead-letter: is its key recorded
-        (`LostRuns.look_up_first`)? Then it is finished as a duplicate (or returned
-        unstarted, the database down): True. Else `start` decides."""
-        c = self.c
-        with c.lock:
-            if not c.core.lost.look_up_first(d._tracked):
-                return False
-        exc: BaseException | None = None
-        try:
-            if not self.recorded(d):
-                return False
-        except DatabaseDown as e:
-            exc = e
-        except Exception as e:  # a broken inbox table: the run will meet it too
-            log.warning("%s: inbox look-up failed: %s", self.name, describe(e))
-            return False
-        c.conclude(Invocation(c.binding, [d]), None, exc)
-        return True
-
-    def recorded(self, d: Delivery) -> bool:
-        """Is `d`'s key recorded already (`LostRuns.look_up_first`, before `start`)?
-        Then it is counted and logged as a duplicate. The key is claimed in a
-        transaction rolled back at once, so a twin's transaction holding it is waited
-        for, as the handler's claim would. False when it has no key to look up;
-        DatabaseDown when the database cannot be reached."""
+    def look_up(self, d: Delivery) -> str | DatabaseDown | None:
+        """A redelivery the core would charge or dead-letter (`LostRuns.look_up_first`):
+        is its key recorded already? The key when it is (the attempt loop finishes `d`
+        as a duplicate); None when it is not, when `d` has no key to look up, or when the
+        look-up failed otherwise (the run meets that too); the DatabaseDown when the
+        database cannot be reached. The key is claimed in a transaction rolled back at
+        once, so a twin's transaction holding it is waited for, as the handler's claim
+        would be."""
         key = look_up_key(self.inbox, d)
         if key is None:
-            return False
+            return None
         try:
             self._retrying(lambda tx_ref: self._look_up(key, tx_ref))
         except Duplicate:
-            with self.c.lock:
-                duplicate(self.c.core, self.name, d, key)
-            return True
-        return False
+            return key
+        except DatabaseDown as e:
+            return e
+        except Exception as e:  # a broken inbox table: the run will meet it too
+            log.warning("%s: inbox look-up failed: %s", self.name, describe(e))
+        return None
 
     def _retrying(self, once: Callable[[list[Any]], T]) -> T:
         """`once(tx_ref)` (it opens a transaction), tried again after a transient error."""
