@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._core.listener import ListenerCore, Tracked
-from .._core.outcome import Outcome
+from .._core.step import Step
 from .._messages.delivery import DeliveryBase
 from .handler import Binding
 
@@ -85,7 +85,7 @@ class Invocation:
         result: object,
         exc: BaseException | None,
         traceback: str | None = None,
-    ) -> Outcome:
+    ) -> Step:
         """What the call came to, decided by the core (call with the core's lock held)."""
         if not self.binding.batch:  # one delivery (the hot path: no lists to build)
             return core.handled((self.deliveries[0]._tracked,), result, exc, traceback=traceback)

@@ -50,6 +50,7 @@ from .._core.consume import RETRY_DELAY, Consuming
 from .._core.events import Observer
 from .._core.listener import ListenerCore
 from .._core.policy import AckMode
+from .._core.step import Step
 from .._messages.delivery import Delivery, DeliveryBase
 from .._messages.publish import Outgoing
 from .._telemetry.logs import FailureLog, log_cancel, short
@@ -185,7 +186,7 @@ class AsyncConsumer(ChannelSettler):
         self.consumer_tag = ok.consumer_tag
         refusals.consume_ok(self)
         if not self.core.gating.consuming:  # paused while the broker answered: no cancel went
-            await self.execute(self.core.generation, [Consume(False)])  # out (no tag yet)
+            await self.execute(Step(self.core.generation, [Consume(False)]))  # (no tag yet)
 
     def _on_channel_closed(self, ch: AbstractChannel, fut: asyncio.Future[Any]) -> None:
         reason = None if fut.cancelled() else fut.exception()
@@ -268,7 +269,7 @@ class AsyncConsumer(ChannelSettler):
             self.originals.put(t.generation, t.tag, d)
             if t.verdict is not None:
                 if t.verdict:
-                    await self.execute(t.generation, t.verdict)
+                    await self.execute(Step(t.generation, t.verdict))
                     if self.no_ack:  # the broker settled it on send: its copy has its original
                         self.originals.drop(t.generation, t.tag)
             elif self.running < self.limit and self.batcher is None:
@@ -322,11 +323,12 @@ class AsyncConsumer(ChannelSettler):
         self.rt.spawn(self._start_held(d))
 
     async def _start_held(self, d: DeliveryBase) -> None:
-        acts = self.core.gating.admit(d._tracked)  # through the flow gate
+        t = d._tracked
+        acts = self.core.gating.admit(t)  # through the flow gate
         if acts is None:
             await self._admit(d)
         elif acts:
-            await self.execute(self.core.generation, acts)
+            await self.execute(Step(t.generation, acts))
 
     async def switch_consumer(self, on: bool) -> None:
         await flowing.switch(self, on)
@@ -393,7 +395,7 @@ class AsyncConsumer(ChannelSettler):
         """The app stops: the core starts nothing from now on; its held acks go out."""
         acts = self.core.shutdown.stop()
         if acts:
-            await self.execute(self.core.generation, acts)
+            await self.execute(acts)
 
     async def release_unstarted(self) -> None:
         """Shutdown: the deliveries that never reached a handler go back to the queue."""
@@ -404,4 +406,4 @@ class AsyncConsumer(ChannelSettler):
         for one go back to the queue as they are."""
         acts = self.core.shutdown.give_back()
         if acts:
-            await self.execute(self.core.generation, acts)
+            await self.execute(acts)

@@ -69,14 +69,14 @@ async def _return_backlog(c: AsyncConsumer) -> None:
         kept = [d for d in (u if isinstance(u, list) else [u]) if id(d._tracked) in stay]
         if kept:
             c.backlog.append(kept if isinstance(u, list) else kept[0])
-    await c._execute(c.core.generation, acts)  # the settle lock is held already
+    await c._execute(acts)  # the settle lock is held already
 
 
 async def set_paused(c: AsyncConsumer, paused: bool) -> None:
     """Pause or resume the listener by hand."""
     acts = c.core.gating.set_paused(paused)
     if acts:
-        await c.execute(c.core.generation, acts)
+        await c.execute(acts)
 
 
 def waiting(c: AsyncConsumer) -> list[DeliveryBase]:

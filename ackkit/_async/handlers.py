@@ -20,7 +20,6 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 from .._app.invocation import Invocation
-from .._core.actions import Action
 from .._interpreter.attempts import (
     RETURNED,
     Ask,
@@ -66,7 +65,7 @@ async def handle(c: AsyncConsumer, ds: list[DeliveryBase]) -> None:
             if kind is Ask:
                 answer = req.fn(*req.args)
                 if answer.actions:
-                    await c.execute(core.generation, answer.actions)
+                    await c.execute(answer.actions)
             elif kind is Call:
                 answer = await call(c, req.inv)
                 if answer.interruption is not None:
@@ -119,12 +118,9 @@ def _call(fn: Any, args: Any) -> Any:
 async def release(c: AsyncConsumer, ds: list[DeliveryBase], *, started: bool = False) -> None:
     """Hand the core deliveries whose handler never ran to the end (`started`: cancelled),
     or never ran (unstarted at shutdown); it returns them to their queue."""
-    core = c.core
-    acts: list[Action] = []
-    for d in ds:
-        acts.extend(core.shutdown.release(d._tracked, started=started))
-    if acts:
-        await c.execute(core.generation, acts)
+    step = c.core.shutdown.release_all([d._tracked for d in ds], started=started)
+    if step:
+        await c.execute(step)
 
 
 async def release_unstarted(c: AsyncConsumer) -> None:

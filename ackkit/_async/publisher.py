@@ -17,9 +17,10 @@ from typing import Protocol
 import aiormq.exceptions
 from aiormq.abc import AbstractChannel, AbstractConnection
 
-from .._core.actions import Action, Republish
+from .._core.actions import Republish
 from .._core.errors import PublishNotConfirmed
 from .._core.listener import ListenerCore
+from .._core.step import Step
 from .._messages.delivery import DeliveryBase
 from .._messages.publish import Outgoing, failure, not_confirmed
 from .._telemetry.logs import short
@@ -86,12 +87,12 @@ class AsyncPublisher:
                     raise
 
     async def _publish(self, c: ChannelSettler, a: Republish, original: DeliveryBase) -> None:
-        acts = await self.copy(c.core, a, original)
-        if acts:
-            await c.execute(c.core.generation, acts)  # a copy sent once more: its original kept
+        step = await self.copy(c.core, a, original)
+        if step:
+            await c.execute(step)  # a copy sent once more: its original kept
         c.originals.answered(a.token)
 
-    async def copy(self, core: ListenerCore, a: Republish, original: DeliveryBase) -> list[Action]:
+    async def copy(self, core: ListenerCore, a: Republish, original: DeliveryBase) -> Step:
         """Publish the copy `a` of `original`, one of `core`'s deliveries, confirmed; what
         the core answers (`ListenerCore.republished`) is the caller's to carry out."""
         ok = unroutable = False

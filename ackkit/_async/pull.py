@@ -25,11 +25,11 @@ from .._connection.io import ConnectFailed
 from .._connection.tls import TLS, client_tls
 from .._connection.url import check_url, mask_url
 from .._core import checks as C
-from .._core.actions import Action
 from .._core.brokers import traits_of
 from .._core.errors import PublishNotConfirmed, SettleNotAllowed
 from .._core.listener import ListenerCore
 from .._core.policy import DLQ_DEFAULT, ListenerPolicy
+from .._core.step import Step
 from .._messages.delivery import DeliveryBase
 from .._messages.publish import Outgoing, apublishes
 from . import _frames as frames
@@ -257,7 +257,7 @@ class AsyncPullConnection:
                 q.originals.put(t.generation, t.tag, d)
                 if t.verdict is None:
                     return d
-                await self._carry(q, t.generation, t.verdict)  # e.g. a forged attempt header
+                await self._carry(q, Step(t.generation, t.verdict))  # e.g. a forged attempt header
                 skipped += 1
                 if skipped >= max_skip or time.monotonic() >= deadline:
                     log.warning(
@@ -291,7 +291,7 @@ class AsyncPullConnection:
             t = delivery._tracked
             acts = q.core.settle(t, kind, requeue=requeue, multiple=multiple)
             if acts:  # decided for its own channel: a stale delivery gets none
-                await self._carry(q, t.generation, acts)
+                await self._carry(q, acts)
             elif not q.core.current(t.generation):
                 log.warning(
                     "%s of delivery tag %d not sent: its channel closed and the broker requeued it",
@@ -299,10 +299,10 @@ class AsyncPullConnection:
                     delivery.delivery_tag,
                 )
 
-    async def _carry(self, q: _Queue, gen: int, acts: list[Action]) -> None:
+    async def _carry(self, q: _Queue, step: Step) -> None:
         """Carry out what `q`'s core decided, and wait for the copies it published (and
         what their confirms settle)."""
-        await q.execute(gen, acts)
+        await q.execute(step)
         while self._copies.pending:
             await asyncio.wait(set(self._copies.pending))
 

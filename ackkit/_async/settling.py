@@ -39,6 +39,7 @@ from aiormq.abc import AbstractChannel
 from .._core import actions as A
 from .._core.actions import Action, Consume, Fence, Republish, Run, Start, TxCommit, TxSelect
 from .._core.listener import ListenerCore
+from .._core.step import Step
 from .._messages.delivery import DeliveryBase, Originals
 from .._telemetry.logs import short
 from ._amqp import CHANNEL_GONE
@@ -126,19 +127,20 @@ class ChannelSettler:
         # tag -> the Delivery; token -> the original of a copy in flight
         self.originals: Originals[DeliveryBase] = Originals()
 
-    async def execute(self, gen: int, acts: list[Action]) -> None:
-        """Carry out actions on the channel of generation `gen`, or drop them.
+    async def execute(self, step: Step) -> None:
+        """Carry out `step`'s actions on the channel of its generation, or drop them.
 
         One at a time, in decision order: a straggler's single ack overtaken (while it
         waits for room in the connection's write queue) by a later multiple-ack that
         covers it is an unknown delivery tag, and the broker closes the channel.
         """
-        self.originals.decided(gen, acts)  # right after the core decided them
+        self.originals.decided(step.generation, step.actions)  # right after the core decided
         async with self.settling:
-            await self._execute(gen, acts)
+            await self._execute(step)
 
-    async def _execute(self, gen: int, acts: list[Action]) -> None:
+    async def _execute(self, step: Step) -> None:
         core = self.core
+        gen, acts = step.generation, step.actions
         ch = self.channel
         for i, a in enumerate(acts):
             if ch is None or ch is not self.channel or ch.is_closed or not core.current(gen):
@@ -210,9 +212,9 @@ class ChannelSettler:
     ) -> None:
         """`await AsyncDelivery.ack()/nack()/reject()` (AsyncSettler protocol)."""
         core = self.core
-        acts = core.settle(delivery._tracked, kind, requeue=requeue, multiple=multiple)
-        if acts:
-            await self.execute(core.generation, acts)
+        step = core.settle(delivery._tracked, kind, requeue=requeue, multiple=multiple)
+        if step:
+            await self.execute(step)
 
     def _settle(self, delivery: DeliveryBase, kind: str, requeue: bool, multiple: bool) -> None:
         """`Delivery.ack()` from a `def` handler in the thread pool (Settler protocol)."""
@@ -236,12 +238,11 @@ class ChannelSettler:
         core = self.core
         if self.channel is None or not core.open:
             return
-        acts = core.tick()
-        if acts:
-            await self.execute(core.generation, acts)
+        step = core.tick()
+        if step:
+            await self.execute(step)
 
     async def drain(self) -> None:
-        core = self.core
-        acts = core.drain()
-        if acts:
-            await self.execute(core.generation, acts)
+        step = self.core.drain()
+        if step:
+            await self.execute(step)

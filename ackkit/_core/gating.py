@@ -30,9 +30,9 @@ from .actions import Action, Consume, Nack, Run
 from .events import Stage
 from .gate import Admission, Flow, FlowStep
 from .ledger import Ledger
-from .outcome import Go
 from .policy import AckMode
 from .report import Report
+from .step import Step
 from .tracked import Tracked
 
 
@@ -83,46 +83,49 @@ class Gating:
         self._emit(Stage.RETURNED, t, why)
         return [Nack(t.tag, requeue=True)]
 
-    def start(self, go: list[Tracked], acts: list[Action], waited: bool) -> Go:
+    def start(self, go: list[Tracked], acts: list[Action], waited: bool) -> Step:
         """`begin`'s part with flow control on: the rate limit's wait, then the deliveries
         the gate no longer lets start go back (their keys freed)."""
         flow = self.flow
         if flow.bucket is not None and not waited:
             wait = flow.reserve(len(go))
             if wait > 0:
-                return Go(go, acts, wait)
+                return Step(self._ledger.generation, acts, go, wait)
         if flow.gated:
             back = [t for t in go if not flow.may_start(t)]
             if back:
                 go = [t for t in go if t not in back]
                 acts.extend(self._give_back(back))
-        return Go(go, acts)
+        return Step(self._ledger.generation, acts, go)
 
-    def withdraw(self, ts: Sequence[Tracked]) -> tuple[list[Tracked], list[Action]]:
+    def withdraw(self, ts: Sequence[Tracked]) -> tuple[list[Tracked], Step]:
         """The consumer was cancelled while `ts` waited for a handler: those that may
         still start stay queued (the first list); the others go back now rather than
         when a handler is free (the actions)."""
         back = [t for t in ts if not self.flow.may_start(t)]
+        gen = self._ledger.generation
         if not back:
-            return list(ts), []
+            return list(ts), Step(gen)
         keep = [t for t in ts if t not in back]
-        return keep, self._give_back(back, consumer=False)
+        return keep, Step(gen, self._give_back(back, consumer=False))
 
     def set_paused(
         self, paused: bool, why: str | None = None, returning: Sequence[Tracked] = ()
-    ) -> list[Action]:
+    ) -> Step:
         """Pause (by hand, or the inbox's database is down) or resume the listener.
         `returning`: deliveries whose handler call gave up (unstarted): they go back
         with what the pause returns."""
         flow = self.flow
         if not paused:
-            return self._actions(flow.resume(why or "resumed by hand"))
+            return Step(
+                self._ledger.generation, self._actions(flow.resume(why or "resumed by hand"))
+            )
         step = flow.pause(why or "paused by hand")
         if returning:
             more = flow.done(returning, None) if flow.active else FlowStep()
             step.returned[:0] = returning
             step.returned.extend(more.returned)
-        return self._actions(step)
+        return Step(self._ledger.generation, self._actions(step))
 
     def tick(self) -> list[Action]:
         """The gate's periodic part (a breaker's wait, a refusal's pause and wait)."""

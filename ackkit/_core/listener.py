@@ -28,7 +28,6 @@ a surface of its own: `queues` (declaring), `gating` (the flow gate), `shutdown`
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ from typing import Any
 
 from . import headers as H
 from . import outcome as _outcome
-from .actions import Action, TxSelect
+from .actions import TxSelect
 from .arrival import Arrival, arrival
 from .brokers import UNKNOWN, BrokerTraits, CountSource
 from .errors import BadPayload
@@ -47,20 +46,20 @@ from .gate import Flow
 from .gating import Gating
 from .ledger import Ledger
 from .lost import LostRuns, Requeues
-from .outcome import Go, Outcome
 from .policy import AckMode, ListenerPolicy
 from .report import Report
 from .republish import MAX_LOST_COPIES, Confirms
 from .shutdown import Shutdown
+from .step import Step
 from .topology import Queues, QueueSpec, missing_queue
 from .tracked import Tracked
 
 __all__ = [
     "MAX_LOST_COPIES",
     "Gauges",
-    "Go",
     "ListenerCore",
     "QueueSpec",
+    "Step",
     "Tracked",
     "missing_queue",
 ]
@@ -163,9 +162,12 @@ class ListenerCore:
 
     # -- channel lifecycle -----------------------------------------------
 
-    def channel_opened(self) -> list[Action]:
+    def channel_opened(self) -> Step:
+        """The listener's channel is open: a new generation (its first frames, if any)."""
         self._ledger.opened()
-        return [TxSelect()] if self._mode is AckMode.TRANSACTED else []
+        return Step(
+            self._ledger.generation, [TxSelect()] if self._mode is AckMode.TRANSACTED else None
+        )
 
     def consumer_cancelled(self) -> int:
         """The broker cancelled the listener's consumer (basic.cancel from the server).
@@ -307,12 +309,13 @@ class ListenerCore:
         is_batch: bool = False,
         undecodable: Sequence[tuple[Tracked, BaseException]] = (),
         traceback: str | None = None,
-    ) -> Outcome:
+    ) -> Step:
         """A handler ran for `batch` (one delivery, or a batch) and returned `result` or
         raised `exc` (any exception, interpreter-exit signals included): what it comes
         to (see `outcome.handled`), with what the flow gate makes of it at the end of
-        `Outcome.actions` (a `Consume`, returns, a `Run` for each delivery it lets through)."""
+        `Step.actions` (a `Consume`, returns, a `Run` for each delivery it lets through)."""
         out = _outcome.handled(
+            self._ledger.generation,
             self._fates,
             self.shutdown,
             batch,
@@ -324,8 +327,7 @@ class ListenerCore:
         )
         if not self._flow.active:
             return out
-        more = self.gating.done([*batch, *(t for t, _ in undecodable)], exc, out.rerun)
-        return dataclasses.replace(out, actions=[*out.actions, *more]) if more else out
+        return out.then(self.gating.done([*batch, *(t for t, _ in undecodable)], exc, out.run))
 
     def current(self, generation: int) -> bool:
         """Do actions decided for channel generation `generation` still belong on the
@@ -334,33 +336,34 @@ class ListenerCore:
         led = self._ledger
         return generation == led.generation and led.open
 
-    def begin(self, ts: Sequence[Tracked], *, waited: bool = False) -> Go:
-        """A worker is about to run the handler for `ts`: which of them run (`Go.run`),
-        after how long a wait for the rate limit (`Go.wait`), and the actions for the
+    def begin(self, ts: Sequence[Tracked], *, waited: bool = False) -> Step:
+        """A worker is about to run the handler for `ts`: which of them run (`Step.run`),
+        after how long a wait for the rate limit (`Step.delay`), and the actions for the
         others (see `Shutdown.begin`)."""
         return self.shutdown.begin(ts, waited=waited)
 
-    def resume(self, rerun: Sequence[Tracked]) -> Outcome:
+    def resume(self, rerun: Sequence[Tracked]) -> Step:
         """The wait before running a handler again for `rerun` (in-process retry) is over,
         or was cut short because the app stops: which of them run again now
-        (`Outcome.rerun`), and the actions for the others (released when stopping)."""
+        (`Step.run`), and the actions for the others (released when stopping)."""
         return self.shutdown.resume(rerun)
 
     def finish(
         self, t: Tracked, exc: BaseException | None = None, traceback: str | None = None
-    ) -> list[Action]:
+    ) -> Step:
         """The handler for `t` returned (exc None) or raised `exc` (see `Fates.finish`)."""
-        return self._fates.finish(t, exc, traceback)
+        return Step(self._ledger.generation, self._fates.finish(t, exc, traceback))
 
-    def finish_all(self, ts: Sequence[Tracked]) -> list[Action]:
+    def finish_all(self, ts: Sequence[Tracked]) -> Step:
         """`finish(t)` for each of `ts` in order, each a success (see `Fates.finish_all`)."""
-        return self._fates.finish_all(ts)
+        return Step(self._ledger.generation, self._fates.finish_all(ts))
 
     def settle(
         self, t: Tracked, kind: str, *, requeue: bool = False, multiple: bool = False
-    ) -> list[Action]:
+    ) -> Step:
         """The handler settles `t` itself: kind is a SettleKind ('ack', 'nack' or 'reject')."""
-        return self._fates.settle(t, kind, requeue=requeue, multiple=multiple)
+        acts = self._fates.settle(t, kind, requeue=requeue, multiple=multiple)
+        return Step(self._ledger.generation, acts)
 
     # -- copies awaiting the broker's confirm ------------------------------
 
@@ -382,7 +385,7 @@ class ListenerCore:
         unroutable: bool = False,
         error: str | None = None,
         lost: str | None = None,
-    ) -> list[Action]:
+    ) -> Step:
         """The broker confirmed (ok) or refused a Republish: settle the original.
 
         `unroutable`: the copy came back with basic.return (no queue bound): if
@@ -402,11 +405,11 @@ class ListenerCore:
         acts = self._confirms.confirmed(token, ok, unroutable, error, lost)
         # a copy's slot is free: the next unstarted delivery's copy
         acts.extend(self.shutdown.return_next())
-        return acts
+        return Step(self._ledger.generation, acts)
 
     # -- time and shutdown -------------------------------------------------
 
-    def tick(self) -> list[Action]:
+    def tick(self) -> Step:
         """Call periodically (e.g. every 50 ms): sends acks held longer than the interval,
         and starts a redelivery that waited for the charge slot once it is free; the flow
         gate's wait for a breaker or a refusal ends (`Consume`)."""
@@ -415,11 +418,11 @@ class ListenerCore:
             acts.extend(self.lost.start_waiting())
         if self._flow.ticking:
             acts.extend(self.gating.tick())
-        return acts
+        return Step(self._ledger.generation, acts)
 
-    def drain(self) -> list[Action]:
+    def drain(self) -> Step:
         """Send every pending ack now (before basic.cancel and channel close)."""
-        return self._ledger.drain()
+        return Step(self._ledger.generation, self._ledger.drain())
 
     def gauges(self) -> Gauges:
         """How much the listener holds now (deliveries, acks, copies), for metrics."""

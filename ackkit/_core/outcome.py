@@ -2,23 +2,24 @@
 
 A runtime runs a handler (for one delivery, or a batch) and hands whatever
 happened to `handled()`: the return value, or the exception, whatever its
-type. The answer is an `Outcome`: channel actions to carry out now, in
-order; deliveries to run again after `delay` seconds (in-process retry); and,
+type. The answer is a `Step`: channel actions to carry out now, in
+order; deliveries to run again after `delay` seconds (in-process retry, `run`); and,
 when the handler raised an interpreter-exit signal, the exception the app must
-stop with once those actions are carried out. Every runtime's attempt loop is
-then the same few lines (tenacity's `iter()` is the model): call, ask, do,
-maybe sleep and call again.
+stop with once those actions are carried out (`stop`). The attempt loop
+(`ackkit._interpreter.attempts`) is then the same few lines for every runtime
+(tenacity's `iter()` is the model): call, ask, do, maybe sleep and call again.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from .actions import Action
 from .errors import RequeueMessage
 from .policy import AckMode
+from .step import Step
 from .tracked import Tracked
 
 
@@ -93,37 +94,6 @@ def released(i: Interruption) -> bool:
     return i.ours or i.stopping or i.asked is True
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """The core's answer to one handler invocation."""
-
-    actions: list[Action]
-    """Carry these out now, in order, on the listener's current channel (the flow gate's
-    come last: see `ListenerCore.handled`)."""
-    rerun: tuple[Tracked, ...] = ()
-    """Run the handler again for these (in-process retry), after `delay` seconds: wait on
-    something the app's stop interrupts, then ask `ListenerCore.resume` which still run."""
-    delay: float = 0.0
-    stop: BaseException | None = None
-    """The handler raised an interpreter-exit signal: stop the app with it (after the
-    actions are carried out)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Go:
-    """The core's answer to "a worker is about to run these" (`ListenerCore.begin`)."""
-
-    run: list[Tracked]
-    """Run the handler for these (one delivery, or a batch), once `wait` is over."""
-    actions: list[Action] = field(default_factory=list)
-    """Carry these out first, in order, on the listener's current channel: what becomes
-    of the deliveries that do not run (a stopping core's returns, a stale one's nothing,
-    the gate's returns with the consumer before them)."""
-    wait: float = 0.0
-    """Above 0: the rate limit wants this many seconds before `run` starts. Wait on
-    something the app's stop cuts short, then ask `begin(run, waited=True)` again."""
-
-
 def succeeded(result: object, size: int, batch: bool) -> int:
     """How many of `size` deliveries a handler that returned `result` settled as done.
 
@@ -139,11 +109,8 @@ def succeeded(result: object, size: int, batch: bool) -> int:
     return max(-1, min(index, size - 1)) + 1
 
 
-_NOTHING = Outcome([])
-"""The outcome with nothing to do now (shared: runtimes only read an Outcome)."""
-
-
 def handled(
+    generation: int,
     core: Finisher,
     shutdown: Stopper,
     batch: Sequence[Tracked],
@@ -153,8 +120,9 @@ def handled(
     is_batch: bool = False,
     undecodable: Sequence[tuple[Tracked, BaseException]] = (),
     traceback: str | None = None,
-) -> Outcome:
-    """Decide what `batch` comes to after its handler returned `result` or raised `exc`.
+) -> Step:
+    """Decide what `batch` comes to after its handler returned `result` or raised `exc`
+    (a step for the channel of `generation`).
 
     `undecodable`: deliveries of the same batch whose body could not be decoded (the
     handler never saw them); they fail with their own BadPayload.
@@ -162,8 +130,7 @@ def handled(
     if exc is None and not is_batch and not undecodable and len(batch) == 1:
         # The hot path: one delivery, its handler returned (usually an ack held for the
         # next multiple-ack frame, so nothing to send now).
-        done = core.finish(batch[0])
-        return Outcome(done) if done else _NOTHING
+        return Step(generation, core.finish(batch[0]))
     stop: BaseException | None = None
     acts: list[Action] = []
     if exc is None:
@@ -184,7 +151,7 @@ def handled(
         acts.extend(core.finish(t, e, None))
     rerun = tuple(t for t in batch if t.again is not None)
     if not rerun:
-        return Outcome(acts, stop=stop)
+        return Step(generation, acts, stop=stop)
     delay = 0.0
     for t in rerun:
         assert t.again is not None
@@ -194,5 +161,5 @@ def handled(
     if shutdown.stopping:  # no retry waits out a shutdown: back to the queue instead
         for t in rerun:
             rest.extend(shutdown.release(t))
-        return Outcome(rest, stop=stop)
-    return Outcome(rest, rerun, delay, stop)
+        return Step(generation, rest, stop=stop)
+    return Step(generation, rest, rerun, delay, stop)

@@ -37,10 +37,10 @@ from .fates import Fates
 from .gating import Gating
 from .ledger import Ledger
 from .lost import LostRuns
-from .outcome import Go, Outcome
 from .policy import AckMode, ListenerPolicy
 from .report import Report
 from .republish import Confirms
+from .step import Step
 from .tracked import Tracked
 
 STOP_COPIES = 256
@@ -115,30 +115,31 @@ class Shutdown:
             return self._gating.leave(t)
         return None
 
-    def begin(self, ts: Sequence[Tracked], *, waited: bool = False) -> Go:
-        """A worker is about to run the handler for `ts`: which of them run (`Go.run`),
-        after how long a wait for the rate limit (`Go.wait`), and the actions for the
+    def begin(self, ts: Sequence[Tracked], *, waited: bool = False) -> Step:
+        """A worker is about to run the handler for `ts`: which of them run (`Step.run`),
+        after how long a wait for the rate limit (`Step.delay`), and the actions for the
         others (see `start`; the flow gate returns those it no longer lets start).
         `waited`: asked again after the rate limit's wait (it is not booked twice)."""
         gating = self._gating
         if len(ts) == 1 and not gating.gated:  # the common case, without the lists
             a = self.start(ts[0])
-            return Go(list(ts)) if a is None else Go([], a)
+            gen = self._ledger.generation
+            return Step(gen, None, ts) if a is None else Step(gen, a)
         go, acts = self._startable(ts)
         flow = gating.flow
         if go and gating.gated and (flow.gated or flow.bucket is not None):
             out = gating.start(go, acts, waited)
-            if out.wait <= 0:
+            if out.delay <= 0:
                 flow.started(out.run)
             return out
-        return Go(go, acts)
+        return Step(self._ledger.generation, acts, go)
 
-    def resume(self, rerun: Sequence[Tracked]) -> Outcome:
+    def resume(self, rerun: Sequence[Tracked]) -> Step:
         """The wait before running a handler again for `rerun` (in-process retry) is over,
         or was cut short because the app stops: which of them run again now
-        (`Outcome.rerun`), and the actions for the others (released when stopping)."""
+        (`Step.run`), and the actions for the others (released when stopping)."""
         go, acts = self._startable(rerun)
-        return Outcome(acts, tuple(go))
+        return Step(self._ledger.generation, acts, go)
 
     def _startable(self, ts: Sequence[Tracked]) -> tuple[list[Tracked], list[Action]]:
         """`start` for each of `ts`: those that go ahead, and the others' actions."""
@@ -178,6 +179,13 @@ class Shutdown:
             return leave
         return [self._copy_back(t), *leave]
 
+    def release_all(self, ts: Sequence[Tracked], *, started: bool = False) -> Step:
+        """`release(t, started=started)` for each of `ts`, in order."""
+        acts: list[Action] = []
+        for t in ts:
+            acts.extend(self.release(t, started=started))
+        return Step(self._ledger.generation, acts)
+
     def _copy_back(self, t: Tracked) -> Republish:
         """The copy that returns unstarted `t` keeping its attempt (its original is acked
         once the copy is confirmed)."""
@@ -196,7 +204,7 @@ class Shutdown:
                 acts.append(self._copy_back(t))
         return acts
 
-    def give_back(self) -> list[Action]:
+    def give_back(self) -> Step:
         """The stop has no time left to wait for more copies (call before its last wait
         for the copies in flight): the unstarted deliveries still waiting for one go back
         to their queue as they are, with basic.nack requeue. The broker counts that
@@ -204,7 +212,7 @@ class Shutdown:
         in the queue unconfirmed next to its requeued original (twice)."""
         self._given_back = True
         waiting, self._returning = self._returning, deque()
-        return self._as_it_is(waiting)
+        return Step(self._ledger.generation, self._as_it_is(waiting))
 
     def _as_it_is(self, ts: Sequence[Tracked]) -> list[Action]:
         """Unstarted `ts` back to their queue without a copy (`give_back`)."""
@@ -219,13 +227,13 @@ class Shutdown:
             acts.append(TxCommit())
         return acts
 
-    def stop(self) -> list[Action]:
+    def stop(self) -> Step:
         """The app stops (call once its consumer is cancelled, or as the cancel goes
         out): from now on no handler starts (`start` releases the delivery), and a
         delivery waiting to be retried in process is released instead (`handled`,
         `resume`). Returns the acks held back, to send now."""
         self.stopping = True
-        return self._ledger.drain()
+        return Step(self._ledger.generation, self._ledger.drain())
 
     def interrupted(self, fact: _outcome.Interruption) -> bool:
         """A cancellation reached a running handler: True to release its deliveries

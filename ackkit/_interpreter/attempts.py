@@ -38,8 +38,9 @@ from .._app.handler import Binding
 from .._app.invocation import HandlerProbe, Invocation
 from .._core.actions import Action
 from .._core.inbox import DatabaseDown
-from .._core.listener import ListenerCore
-from .._core.outcome import Interruption, Outcome
+from .._core.listener import ListenerCore, Tracked
+from .._core.outcome import Interruption
+from .._core.step import Step
 from .._messages.delivery import DeliveryBase
 from ..inbox._run import duplicate
 
@@ -165,9 +166,9 @@ def attempts(
             return
     # may they start? (not once stopping, not after their channel closed, the flow gate)
     go = yield Ask(core.begin, [d._tracked for d in ds])
-    while go.wait > 0:  # the rate limit's
-        yield Pause(go.wait)
-        go = yield Ask(core.begin, go.run, True)
+    while go.delay > 0:  # the rate limit's
+        yield Pause(go.delay)
+        go = yield Ask(_begin_again, core, go.run)
     if not go.run:
         return
     if len(go.run) < len(ds):
@@ -175,12 +176,12 @@ def attempts(
     inv = Invocation(binding, ds)
     try:
         out = yield from _attempt(core, inv, inbox, probe)
-        while out.rerun:
+        while out.run:
             yield Pause(out.delay)  # the app's stop cuts the wait short
-            out = yield Ask(core.resume, out.rerun)
-            if not out.rerun:
+            out = yield Ask(core.resume, out.run)
+            if not out.run:
                 return
-            inv = inv.again(out.rerun)
+            inv = inv.again(out.run)
             out = yield from _attempt(core, inv, inbox, probe)
     except Interrupted:  # shutdown or a lost channel: requeued, not a failure
         yield Ask(_release, core, inv.deliveries, True)
@@ -214,7 +215,7 @@ def _duplicates_apart(
 
 def _attempt(
     core: ListenerCore, inv: Invocation, inbox: bool, probe: HandlerProbe | None
-) -> Generator[Request, Any, Outcome]:
+) -> Generator[Request, Any, Step]:
     """Call the handler once; what the core makes of it is carried out."""
     ds = inv.deliveries
     done = probe(ds) if probe is not None and ds else None
@@ -227,7 +228,7 @@ def _attempt(
     if exc is None:
         if done is not None:
             done(None)
-        ok: Outcome = yield Ask(inv.outcome, core, called.result, None, None)
+        ok: Step = yield Ask(inv.outcome, core, called.result, None, None)
         return ok
     if inbox and isinstance(exc, DatabaseDown):
         if done is not None:
@@ -237,13 +238,14 @@ def _attempt(
     yield Failed(inv, exc)  # before the core moves the attempt on
     if done is not None:
         done(exc)
-    out: Outcome = yield Ask(inv.outcome, core, called.result, exc, called.traceback)
+    out: Step = yield Ask(inv.outcome, core, called.result, exc, called.traceback)
     if out.stop is not None:
         yield Stop(out.stop)
     return out
 
 
-_NOTHING = Outcome([])
+_NOTHING = Step(0)
+"""Nothing to carry out, nothing to run (after the inbox returned the deliveries)."""
 
 
 class _Answer:
@@ -266,14 +268,16 @@ def _look_up_first(core: ListenerCore, d: DeliveryBase) -> _Answer:
     return _YES if core.lost.look_up_first(d._tracked) else _NO
 
 
-def _release(core: ListenerCore, ds: Sequence[DeliveryBase], started: bool) -> _Answer:
-    acts: list[Action] = []
-    for d in ds:
-        acts.extend(core.shutdown.release(d._tracked, started=started))
-    return _Answer(acts)
+def _begin_again(core: ListenerCore, run: Sequence[Tracked]) -> Step:
+    """`begin` once more after the rate limit's wait (not booked twice)."""
+    return core.begin(run, waited=True)
 
 
-def _duplicate(core: ListenerCore, binding: Binding, d: DeliveryBase, key: str) -> Outcome:
+def _release(core: ListenerCore, ds: Sequence[DeliveryBase], started: bool) -> Step:
+    return core.shutdown.release_all([d._tracked for d in ds], started=started)
+
+
+def _duplicate(core: ListenerCore, binding: Binding, d: DeliveryBase, key: str) -> Step:
     """`d`'s key is recorded: counted and logged as a duplicate, then finished as a
     handler that returned (acked, its flow gate told)."""
     duplicate(core, core.policy.name, d, key)

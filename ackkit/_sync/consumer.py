@@ -23,6 +23,7 @@ from .._core.consume import Consuming
 from .._core.events import Observer
 from .._core.listener import ListenerCore
 from .._core.policy import AckMode
+from .._core.step import Step
 from .._interpreter.attempts import (
     RETURNED,
     Ask,
@@ -216,7 +217,7 @@ class Consumer(Executor):
         with self.lock:
             self.originals.put(t.generation, t.tag, d)
             if t.verdict:
-                self.queue(t.generation, t.verdict)
+                self.queue(Step(t.generation, t.verdict))
                 if self.no_ack:  # the broker settled it on send: its copy has its original
                     self.originals.drop(t.generation, t.tag)
         if t.verdict is not None:  # decided, or held (by the flow gate, too)
@@ -228,9 +229,10 @@ class Consumer(Executor):
     def _start(self, held: Delivery) -> None:
         """A delivery the core held starts (`Start`): through the flow gate."""
         with self.lock:
-            acts = self.core.gating.admit(held._tracked)
+            t = held._tracked
+            acts = self.core.gating.admit(t)
             if acts:
-                self.send(self.core.generation, acts)
+                self.send(Step(t.generation, acts))
         if acts is None:
             self.inbox.put(held)
 
@@ -254,7 +256,7 @@ class Consumer(Executor):
         with self.lock:
             acts = self.core.settle(delivery._tracked, kind, requeue=requeue, multiple=multiple)
             if acts:
-                self.send(self.core.generation, acts)
+                self.send(acts)
 
     def start_workers(self) -> None:
         if self.tx is not None:
@@ -338,7 +340,7 @@ class Consumer(Executor):
                 with lock:
                     answer = req.fn(*req.args)
                     if answer.actions:
-                        self.send(core.generation, answer.actions)
+                        self.send(answer.actions)
             elif kind is Call:
                 answer = self._call(req.inv)
             elif kind is Pause:

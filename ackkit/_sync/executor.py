@@ -39,6 +39,7 @@ from .._core.actions import (
     TxSelect,
 )
 from .._core.listener import ListenerCore
+from .._core.step import Step
 from .._messages.delivery import Originals
 
 
@@ -64,43 +65,44 @@ class Executor:
         self.log = log
         self.lock = threading.Lock()
         self.channel: Any = None
-        # Decided actions wait here for the I/O thread, in decision order (see send()).
-        self.outbox: deque[tuple[int, list[Action]]] = deque()
+        # Decided steps wait here for the I/O thread, in decision order (see send()).
+        self.outbox: deque[Step] = deque()
         self._flushing = False
-        # (generation, the actions after a Fence) while its basic.qos-ok is awaited
-        self._fenced: tuple[int, list[Action]] | None = None
+        # the actions after a Fence (of its step's generation) while its basic.qos-ok is
+        # awaited
+        self._fenced: Step | None = None
         # tag -> the runtime's object for the delivery; token -> the original of a copy
         self.originals: Originals[Any] = Originals()
 
     # -- any thread -------------------------------------------------------------
 
-    def send(self, gen: int, acts: list[Action]) -> None:
-        """From any thread, holding `self.lock` right after the core decided `acts`:
-        queue them for the I/O thread.
+    def send(self, step: Step) -> None:
+        """From any thread, holding `self.lock` right after the core decided `step`:
+        queue it for the I/O thread.
 
         Frames must reach the channel in the order the core decided them: a straggler's
         single ack overtaken by a later multiple-ack that covers it would be an unknown
         delivery tag to the broker (it closes the channel), and a requeue overtaken by
         such an ack would ack a message that was meant to go back to the queue.
         """
-        self.originals.decided(gen, acts)
-        self.outbox.append((gen, acts))
+        self.originals.decided(step.generation, step.actions)
+        self.outbox.append(step)
         self.io.call_soon(self.flush)
 
-    def queue(self, gen: int, acts: list[Action]) -> None:
-        """Holding `self.lock` right after the core decided `acts`: into the outbox (the
+    def queue(self, step: Step) -> None:
+        """Holding `self.lock` right after the core decided `step`: into the outbox (the
         caller flushes it, or has the I/O thread do it)."""
-        self.originals.decided(gen, acts)
-        self.outbox.append((gen, acts))
+        self.originals.decided(step.generation, step.actions)
+        self.outbox.append(step)
 
     # -- I/O thread -------------------------------------------------------------
 
-    def decide(self, ask: Callable[[], list[Action]]) -> None:
+    def decide(self, ask: Callable[[], Step]) -> None:
         """Ask the core (under the lock) and carry out what it decides, in order."""
         with self.lock:
-            acts = ask()
-            if acts:
-                self.queue(self.core.generation, acts)
+            step = ask()
+            if step:
+                self.queue(step)
         self.flush()
 
     def republished(
@@ -126,14 +128,14 @@ class Executor:
         try:
             while True:
                 if self._fenced is not None:
-                    if self.valid(self._fenced[0]):
+                    if self.valid(self._fenced.generation):
                         return  # the broker's answer to the fence resumes (`_passed`)
                     self._fenced = None  # its channel is gone, and the answer with it
                 with self.lock:
                     if not self.outbox:
                         return
-                    gen, acts = self.outbox.popleft()
-                self.execute(gen, acts)
+                    step = self.outbox.popleft()
+                self.execute(step)
         finally:
             self._flushing = False
 
@@ -151,8 +153,9 @@ class Executor:
             and self.core.current(gen)
         )
 
-    def execute(self, gen: int, acts: list[Action]) -> None:
-        """Carry out actions on the channel of generation `gen`, or drop them."""
+    def execute(self, step: Step) -> None:
+        """Carry out `step`'s actions on the channel of its generation, or drop them."""
+        gen, acts = step.generation, step.actions
         if not self.valid(gen):
             with self.lock:
                 for a in acts:
@@ -184,7 +187,7 @@ class Executor:
                 elif type(a) is TxSelect:
                     ch.tx_select()
                 elif type(a) is Fence:
-                    self._fence(gen, ch, acts[i + 1 :])
+                    self._fence(ch, Step(gen, acts[i + 1 :]))
                     return
                 elif type(a) is Start:
                     held = originals.get(gen, a.tag)
@@ -210,10 +213,10 @@ class Executor:
                 if d is not None:
                     self._run_ready(d)
 
-    def _fence(self, gen: int, ch: Any, rest: list[Action]) -> None:
+    def _fence(self, ch: Any, rest: Step) -> None:
         """Carry out `rest` once the broker has answered a round trip sent after every
         frame before it on `ch` (see `Fence`); the outbox waits meanwhile (`flush`)."""
-        self._fenced = (gen, rest)
+        self._fenced = rest
         try:
             # Asynchronous: pika calls back from its I/O loop when basic.qos-ok arrives.
             ch.basic_qos(
@@ -229,7 +232,7 @@ class Executor:
         if fenced is None or ch is not self.channel:
             return
         self._fenced = None
-        self.execute(*fenced)  # checks that its generation is still the channel's
+        self.execute(fenced)  # checks that its generation is still the channel's
         self.flush()
 
     # -- what subclasses say ------------------------------------------------------

@@ -55,7 +55,7 @@ def _return_inbox(c: Consumer) -> None:
     with c.lock:
         keep, acts = c.core.gating.withdraw([d._tracked for d in waiting if d is not None])
         if acts:
-            c.send(c.core.generation, acts)
+            c.send(acts)
     stay = {id(t) for t in keep}
     for d in waiting:
         if d is None or id(d._tracked) in stay:
@@ -67,7 +67,7 @@ def set_paused(c: Consumer, paused: bool) -> None:
     with c.lock:
         acts = c.core.gating.set_paused(paused)
         if acts:
-            c.send(c.core.generation, acts)
+            c.send(acts)
 
 
 def waiting(c: Consumer) -> list[Delivery]:

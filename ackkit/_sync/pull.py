@@ -26,11 +26,12 @@ from .._connection.io import FatalConnectError
 from .._connection.tls import TLS, client_tls, tls_failure
 from .._connection.url import check_url, mask_text, mask_url
 from .._core import checks as C
-from .._core.actions import Action, Republish
+from .._core.actions import Republish
 from .._core.brokers import traits_of
 from .._core.errors import SettleNotAllowed
 from .._core.listener import ListenerCore
 from .._core.policy import DLQ_DEFAULT, ListenerPolicy
+from .._core.step import Step
 from .._messages.delivery import Delivery, DeliveryBase
 from .._messages.publish import Outgoing, not_confirmed, publishes
 from . import _frames as frames
@@ -255,7 +256,7 @@ class PullConnection:
                     q.originals.put(t.generation, t.tag, d)
                     if t.verdict is None:
                         return d
-                    q.queue(t.generation, t.verdict)
+                    q.queue(Step(t.generation, t.verdict))
                 q.flush()
                 skipped += 1
                 if skipped >= max_skip or time.monotonic() >= deadline:
@@ -280,7 +281,7 @@ class PullConnection:
             with q.lock:
                 acts = q.core.settle(t, kind, requeue=requeue, multiple=multiple)
                 if acts:  # decided for its own channel: a stale delivery gets none
-                    q.queue(t.generation, acts)
+                    q.queue(acts)
             q.flush()
             if not acts and not q.core.current(t.generation):
                 log.warning(
@@ -393,7 +394,7 @@ class _Queue(Executor):
     def _publish(self, gen: int, a: Republish) -> None:
         self.pull._copies.publish(self, gen, a)
 
-    def _fence(self, gen: int, ch: Any, rest: list[Action]) -> None:
+    def _fence(self, ch: Any, rest: Step) -> None:
         """A blocking basic.qos round trip (a pull core holds no copies: never asked)."""
         ch.basic_qos(prefetch_count=0)
-        self.execute(gen, rest)
+        self.execute(rest)

@@ -157,7 +157,7 @@ class Runtime(Engine):
             with c.lock:
                 acts = c.core.shutdown.stop()
                 if acts:
-                    c.send(c.core.generation, acts)
+                    c.send(acts)
         self.stop_event.set()  # cuts in-process retry waits short
         if live:
             for c in self.consumers:
@@ -316,9 +316,9 @@ class Runtime(Engine):
             left.extend(flowing.waiting(c))  # held by the flow gate (a busy key, probing)
             if left:
                 with c.lock:  # the stopping core releases each
-                    acts = c.core.begin([d._tracked for d in left]).actions
-                    if acts:
-                        c.send(c.core.generation, acts)
+                    step = c.core.begin([d._tracked for d in left])
+                    if step:
+                        c.send(step)
             if time.monotonic() >= deadline - LAST_COPIES:
                 c.decide(c.core.shutdown.give_back)  # no copy more: what waits for one goes back
             c.decide(c.core.drain)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .._app.invocation import Invocation
 from .._connection.salvage import describe
 from .._core.inbox import DatabaseDown, probe_delay, retention_batches
-from .._core.outcome import Outcome, succeeded
+from .._core.outcome import succeeded
 from .._messages.publish import Outgoing
 from ._options import Inbox
 from ._outbox import arelay_once, to_row
@@ -147,7 +147,7 @@ class AsyncInbox:
         c = self.c
         acts = b.apart(c.core, self.name, inv)
         if acts:
-            await c.execute(c.core.generation, acts)
+            await c.execute(acts)
 
     async def _once_batch(self, inv: Invocation, b: BatchTry, tx_ref: list[Any]) -> object:
         b.begin()
@@ -293,7 +293,7 @@ class AsyncInbox:
 
     # -- the database is down ---------------------------------------------------------
 
-    async def down(self, inv: Invocation, why: BaseException) -> Outcome:
+    async def down(self, inv: Invocation, why: BaseException) -> None:
         """Return `inv`'s deliveries unstarted, pause the listener, probe until the
         database answers, then resume."""
         c = self.c
@@ -313,8 +313,7 @@ class AsyncInbox:
             )
             self._probe = c.rt.spawn(self._probe_loop())
         if acts:
-            await c.execute(c.core.generation, acts)
-        return Outcome([])
+            await c.execute(acts)
 
     async def _probe_loop(self) -> None:
         n = 0
@@ -327,7 +326,7 @@ class AsyncInbox:
                 if mine:
                     core = self.c.core
                     acts = core.gating.set_paused(False, "inbox database answers again")
-                    await self.c.execute(core.generation, acts)
+                    await self.c.execute(acts)
                 return
 
     # -- retention ------------------------------------------------------------------------

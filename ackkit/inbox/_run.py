@@ -7,7 +7,6 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from .._connection.salvage import describe
-from .._core.actions import Action
 from .._core.errors import DeadLetterMessage
 from .._core.inbox import (
     TRANSACTION_RETRY,
@@ -27,6 +26,7 @@ from ._options import Inbox
 if TYPE_CHECKING:
     from .._app.invocation import Invocation
     from .._core.listener import ListenerCore
+    from .._core.step import Step
     from .._messages.delivery import DeliveryBase
 
 log = logging.getLogger("ackkit.inbox")
@@ -148,16 +148,15 @@ class BatchTry:
         self.end = end_batch(self.plan, self.recorded, self.run, done)
         return self.end
 
-    def apart(self, core: ListenerCore, name: str, inv: Invocation) -> list[Action]:
+    def apart(self, core: ListenerCore, name: str, inv: Invocation) -> Step:
         """Settle the duplicates apart (acked, counted, logged); leave `inv` with what the
         listener's rules settle (the dead-lettered as failures of their own). The
         transaction has ended: committed (`returned`) or rolled back (the handler raised)."""
         end = self.end or end_batch(self.plan, self.recorded, self.run, None)
         ds = inv.deliveries
-        acts: list[Action] = []
         for i in end.duplicates:
             duplicate(core, name, ds[i], self.plan.keys[i] or "")
-            acts.extend(core.finish(ds[i]._tracked))
+        acts = core.finish_all([ds[i]._tracked for i in end.duplicates])
         dead = [(ds[i], DeadLetterMessage(why)) for i, why in self.plan.dead]
         inv.narrow(end.settled, dead)
         return acts

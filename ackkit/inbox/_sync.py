@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .._app.invocation import Invocation
 from .._connection.salvage import describe
 from .._core.inbox import DatabaseDown, probe_delay, retention_batches
-from .._core.outcome import Outcome, succeeded
+from .._core.outcome import succeeded
 from .._messages.publish import Outgoing
 from ._options import Inbox
 from ._outbox import relay_once, to_row
@@ -129,7 +129,7 @@ class SyncInbox:
         with c.lock:
             acts = b.apart(c.core, self.name, inv)
             if acts:
-                c.send(c.core.generation, acts)
+                c.send(acts)
 
     def _once_batch(self, inv: Invocation, b: BatchTry, tx_ref: list[Any]) -> object:
         b.begin()
@@ -253,7 +253,7 @@ class SyncInbox:
 
     # -- the database is down ---------------------------------------------------------
 
-    def down(self, inv: Invocation, why: BaseException) -> Outcome:
+    def down(self, inv: Invocation, why: BaseException) -> None:
         """Return `inv`'s deliveries unstarted, pause the listener, probe until the
         database answers, then resume."""
         c = self.c
@@ -263,7 +263,7 @@ class SyncInbox:
                 self.paused_by_db = True
             acts = c.core.gating.set_paused(True, f"inbox database down: {why}", returning=ts)
             if acts:
-                c.queue(c.core.generation, acts)  # in decision order; the I/O thread sends
+                c.queue(acts)  # in decision order; the I/O thread sends
             # Decided with the pause, under the lock the probe resumes under: a probe that
             # resumed already, and is only finishing, no longer counts (it left a down()
             # after its resume paused with no probe, deliveries held for ever).
@@ -281,7 +281,6 @@ class SyncInbox:
             self._probe.start()
         if acts:
             c.rt.call_soon(c.flush)
-        return Outcome([])
 
     def _probe_loop(self) -> None:
         n = 0
@@ -295,10 +294,10 @@ class SyncInbox:
                     acts = (
                         self.c.core.gating.set_paused(False, "inbox database answers again")
                         if mine
-                        else []
+                        else None
                     )
                     if acts:
-                        self.c.queue(self.c.core.generation, acts)
+                        self.c.queue(acts)
                 if acts:
                     self.c.rt.call_soon(self.c.flush)
                 return

@@ -123,7 +123,7 @@ class RunnerConsumer(SourceConsumer):
         with self.lock:
             acts = self.core.drain()
             if acts:
-                self.queue(self.core.generation, acts)
+                self.queue(acts)
         if acts:
             self.flushed(timeout)
 

@@ -21,7 +21,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pika
@@ -35,6 +35,7 @@ from .._core.brokers import traits_of
 from .._core.errors import AckkitError, TopologyConflict
 from .._core.listener import ListenerCore
 from .._core.policy import NO_RETRY, AckMode, ListenerPolicy
+from .._core.step import Step
 from .._sync import _frames as frames
 from .._sync._pika import declare_queues, parameters
 from .._sync.engine import Engine
@@ -181,7 +182,7 @@ class SourceConsumer(SourceChannel, Engine, Executor):
         if plan.rows:
             seal([items[i] for i in plan.rows], plan)
         if plan.actions:
-            self.send(self.core.generation, plan.actions)
+            self.send(Step(self.core.generation, plan.actions))
         return plan
 
     def _raise_fatal(self) -> None:
@@ -208,7 +209,7 @@ class SourceConsumer(SourceChannel, Engine, Executor):
         with self.lock:
             w = self.ledger.written(end)
             if w.actions:
-                self.queue(self.core.generation, w.actions)
+                self.queue(Step(self.core.generation, w.actions))
         sent = self.flushed(timeout) if w.actions else True
         return {
             "acked": w.acked,
@@ -342,7 +343,7 @@ class SourceConsumer(SourceChannel, Engine, Executor):
                 wire_headers=getattr(props, "wire_headers", None),
             )
             self.received += 1
-            acts: list[Action] | None = t.verdict
+            acts: Sequence[Action] | None = t.verdict
             if acts is None and error is not None:
                 self.invalid += 1
                 acts = self.ledger.invalid(t, error)
@@ -360,7 +361,7 @@ class SourceConsumer(SourceChannel, Engine, Executor):
                 # delivery on the I/O thread).
                 self.originals.put(t.generation, t.tag, (props, body))
                 if acts:
-                    self.queue(t.generation, acts)
+                    self.queue(Step(t.generation, list(acts)))
         if acts:  # (actions queued by other threads come with a call_soon(flush) of their own)
             self.flush()
 

@@ -69,7 +69,7 @@ def test_a_settle_stuck_on_a_dead_connection_is_given_up_when_its_channel_closes
         core = c.core
         core.channel_opened()
         t = core.receive(1)
-        stuck = asyncio.ensure_future(c.execute(core.generation, core.finish(t, None)))
+        stuck = asyncio.ensure_future(c.execute(core.finish(t, None)))
         await asyncio.sleep(0.05)
         waited = not stuck.done()  # for room in the write queue
         ch.lose()  # the broker restarted: the channel closes, the queue stays full
@@ -82,7 +82,7 @@ def test_a_settle_stuck_on_a_dead_connection_is_given_up_when_its_channel_closes
         c.channel = LiveChannel(broker)  # type: ignore[assignment]
         core.channel_opened()
         t2 = core.receive(2)
-        await asyncio.wait_for(c.execute(core.generation, core.finish(t2, None)), 2.0)
+        await asyncio.wait_for(c.execute(core.finish(t2, None)), 2.0)
         return waited, True, list(broker.acked)
 
     waited, given_up, acked = asyncio.run(main())

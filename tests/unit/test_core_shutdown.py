@@ -71,7 +71,7 @@ def test_a_retry_decided_while_stopping_becomes_a_release() -> None:
     assert c.shutdown.start(t) is None
     c.shutdown.stop()
     out = c.handled([t], exc=ValueError("boom"))
-    assert out.rerun == ()
+    assert out.run == ()
     given_back(c, out.actions, 1, 2)  # attempt 1 ran: it comes back as attempt 2
     assert c.shutdown.quiescent
 
@@ -80,14 +80,14 @@ def test_a_retry_waiting_when_the_stop_comes_is_released() -> None:
     c = core(retry=IN_PROCESS)
     t = c.receive(1)
     out = c.handled([t], exc=ValueError("boom"))
-    assert out.rerun == (t,) and out.delay > 0 and out.actions == []
-    go = c.resume(out.rerun)  # the wait ended normally: run it again
-    assert go.rerun == (t,) and go.actions == []
+    assert out.run == (t,) and out.delay > 0 and out.actions == []
+    go = c.resume(out.run)  # the wait ended normally: run it again
+    assert go.run == (t,) and go.actions == []
     out = c.handled([t], exc=ValueError("boom again"))
-    assert out.rerun == (t,)
+    assert out.run == (t,)
     c.shutdown.stop()  # the stop cut the wait short
-    go = c.resume(out.rerun)
-    assert go.rerun == ()
+    go = c.resume(out.run)
+    assert go.run == ()
     given_back(c, go.actions, 1, 3)  # attempts 1 and 2 ran
 
 
@@ -95,10 +95,10 @@ def test_transacted_in_process_retry_runs_again_then_releases_at_stop() -> None:
     c = core(mode=AckMode.TRANSACTED, retry=IN_PROCESS)
     t = c.receive(1)
     out = c.handled([t], exc=ValueError("boom"))
-    assert out.rerun == (t,)  # the failed delivery is run again, not left unacked
+    assert out.run == (t,)  # the failed delivery is run again, not left unacked
     c.shutdown.stop()
-    go = c.resume(out.rerun)
-    assert go.rerun == ()
+    go = c.resume(out.run)
+    assert go.run == ()
     given_back(c, go.actions, 1, 2)
 
 
@@ -166,7 +166,7 @@ def test_every_delivery_is_settled_once_whenever_the_stop_comes(
             continue
         out = c.handled([t], exc=None if fate == "ok" else ValueError("x"))
         take(out.actions)
-        reruns.extend(out.rerun)
+        reruns.extend(out.run)
     if not c.shutdown.stopping:
         take(c.shutdown.stop())
     take(c.resume(tuple(reruns)).actions)

@@ -12,6 +12,7 @@ from typing import Any
 
 from ackkit import App, AsyncApp, Consumer, Delivery, FlushPolicy
 from ackkit._core.actions import Ack, Republish
+from ackkit._core.step import Step
 from tests.unit._fakes import RETRY3, Broker, FakeChannel
 
 
@@ -100,7 +101,7 @@ def test_sync_runtime_ignores_a_queued_callback_after_the_flush() -> None:
     c.core.channel_opened()
     with c.lock:
         c.core.receive(1)
-        c.send(c.core.generation, [Ack(1)])
+        c.send(Step(c.core.generation, [Ack(1)]))
     c.flush()
     queued[0]()
     assert broker.acked == [1]
@@ -143,12 +144,12 @@ def test_async_runtime_sends_frames_in_decision_order() -> None:
         def finish(t: Any, fails: bool) -> None:
             acts = core.finish(t, ValueError("x") if fails else None)
             token.extend(a.token for a in acts if isinstance(a, Republish))
-            tasks.append(asyncio.ensure_future(c.execute(core.generation, acts)))
+            tasks.append(asyncio.ensure_future(c.execute(acts)))
 
         _scenario(c, deliver, finish)
         acts = core.republished(token[0], True)
         assert acts == [Ack(4, multiple=True)]
-        tasks.append(asyncio.ensure_future(c.execute(core.generation, acts)))
+        tasks.append(asyncio.ensure_future(c.execute(acts)))
         await asyncio.gather(*tasks)
         return broker
 
@@ -191,7 +192,7 @@ def test_threads_deciding_concurrently_still_send_in_decision_order() -> None:
             with c.lock:
                 acts = c.core.finish(t)
                 if acts:
-                    c.send(c.core.generation, acts)
+                    c.send(acts)
 
     def io_thread(stop: threading.Event) -> None:
         while not stop.is_set():

@@ -27,7 +27,7 @@ def test_a_queued_delivery_of_a_closed_channel_frees_its_key() -> None:
     t1 = recv(c, 1, "a")
     assert t1.verdict is None  # runs: it holds key a
     reconnect(c)  # before a worker began it
-    assert c.begin([t1]).run == []  # stale: never runs
+    assert c.begin([t1]).run == ()  # stale: never runs
     again = recv(c, 1, "a", redelivered=True)  # the broker's redelivery
     assert again.verdict is None, again.verdict  # runs, not held behind t1
 
@@ -36,11 +36,11 @@ def test_a_run_that_came_too_late_frees_its_key() -> None:
     c = gated_core(SERIAL)
     t1, t2 = recv(c, 1, "a"), recv(c, 2, "a")
     assert t1.verdict is None and t2.verdict == []  # t2 waits behind t1
-    assert c.begin([t1]).run == [t1]
+    assert c.begin([t1]).run == (t1,)
     out = c.handled([t1], None)
     assert Run(2) in out.actions  # t2 takes the key...
     reconnect(c)  # ...but its channel closed before the Run was carried out
-    assert c.begin([t2]).run == []  # the executor still handed it to a worker: stale
+    assert c.begin([t2]).run == ()  # the executor still handed it to a worker: stale
     again = recv(c, 1, "a", redelivered=True)
     assert again.verdict is None, again.verdict
 
@@ -48,7 +48,7 @@ def test_a_run_that_came_too_late_frees_its_key() -> None:
 def test_a_running_holder_keeps_its_key_until_it_ends() -> None:
     c = gated_core(SERIAL)
     t1 = recv(c, 1, "a")
-    assert c.begin([t1]).run == [t1]  # its handler runs on
+    assert c.begin([t1]).run == (t1,)  # its handler runs on
     reconnect(c)
     again = recv(c, 1, "a", redelivered=True)
     assert again.verdict == []  # serial: waits for the running one

@@ -88,7 +88,7 @@ def test_without_the_gate_a_core_never_holds_or_returns() -> None:
     c.gating.flow.copy_refused("dlq", "full")
     ts = [c.receive(i, headers={"k": "a"}) for i in (1, 2)]
     assert [t.verdict for t in ts] == [None, None]
-    assert c.begin(ts).run == ts
+    assert c.begin(ts).run == tuple(ts)
     assert c.tick() == []
 
 
@@ -96,12 +96,12 @@ def test_begin_waits_for_the_rate_limit_once() -> None:
     clock = Clock()
     c = gated_core(FlowPolicy(rate_limit=RateLimit(2.0)), clock)
     t1, t2 = c.receive(1), c.receive(2)
-    assert c.begin([t1]).wait == 0  # the burst's token
+    assert c.begin([t1]).delay == 0  # the burst's token
     go = c.begin([t2])
-    assert go.run == [t2] and go.wait == pytest.approx(0.5) and go.actions == []
-    clock.now += go.wait
+    assert go.run == (t2,) and go.delay == pytest.approx(0.5) and go.actions == []
+    clock.now += go.delay
     again = c.begin(go.run, waited=True)  # not booked a second time
-    assert again.run == [t2] and again.wait == 0
+    assert again.run == (t2,) and again.delay == 0
 
 
 def test_begin_returns_what_may_no_longer_start() -> None:
@@ -110,8 +110,8 @@ def test_begin_returns_what_may_no_longer_start() -> None:
     assert t.verdict is None
     c.gating.set_paused(True)  # between the inbox and the worker
     go = c.begin([t])
-    assert go.run == [] and go.actions == [Consume(False), Nack(1)]
-    assert c.begin([c.receive(2)]).run == []  # returned at once by receive
+    assert go.run == () and go.actions == [Consume(False), Nack(1)]
+    assert c.begin([c.receive(2)]).run == ()  # returned at once by receive
 
 
 def test_a_stopping_core_releases_instead_of_waiting() -> None:
@@ -119,7 +119,7 @@ def test_a_stopping_core_releases_instead_of_waiting() -> None:
     ts = [c.receive(1), c.receive(2)]
     c.shutdown.stop()
     go = c.begin(ts)
-    assert go.run == [] and go.wait == 0 and len(go.actions) == 2
+    assert go.run == () and go.delay == 0 and len(go.actions) == 2
 
 
 def test_resume_consumes_again_and_pause_twice_is_nothing() -> None:
@@ -185,7 +185,7 @@ def test_a_delivery_of_a_closed_channel_is_never_let_through() -> None:
     c = gated_core(SERIAL)
     t1 = c.receive(1, headers={"k": "a"})
     t2 = c.receive(2, headers={"k": "a"})
-    assert c.begin([t1]).run == [t1]  # its handler runs through the close
+    assert c.begin([t1]).run == (t1,)  # its handler runs through the close
     c.channel_closed()
     c.channel_opened()
     t3 = c.receive(1, headers={"k": "a"})  # tag 1 again, on the new channel

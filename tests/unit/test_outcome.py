@@ -150,12 +150,12 @@ def test_every_outcome_settles_every_delivery(
     assert not parked or mode is AckMode.CLIENT
     if isinstance(raised, SystemExit | KeyboardInterrupt):
         assert out.stop is raised
-        assert not out.rerun
+        assert not out.run
     else:
         assert out.stop is None
     for t in ts:
-        assert t.settled or t in out.rerun or t.parked, f"{t} left undecided"
-    if out.rerun:
+        assert t.settled or t in out.run or t.parked, f"{t} left undecided"
+    if out.run:
         assert retry.strategy is RetryStrategy.IN_PROCESS
         assert math.isfinite(out.delay) and 0 <= out.delay <= 24 * 3600
     # The broker confirms (or refuses) every copy; then all is flushed.
@@ -168,7 +168,7 @@ def test_every_outcome_settles_every_delivery(
         broker.apply(c.republished(a.token, confirm))
     assert not broker.copies, "copies kept coming"
     broker.apply(c.drain())
-    left = {t.tag for t in out.rerun} | parked
+    left = {t.tag for t in out.run} | parked
     assert broker.outstanding == left, "a delivery is neither settled nor being retried"
 
 
@@ -199,7 +199,7 @@ def test_transacted_with_in_process_retry_reruns_the_failed_delivery() -> None:
     broker.apply(c.handled([ok]).actions)  # settled in the open transaction
     out = c.handled([bad], None, ValueError("boom"))
     broker.apply(out.actions)
-    assert out.rerun == (bad,) and out.delay == pytest.approx(0.1)
+    assert out.run == (bad,) and out.delay == pytest.approx(0.1)
     assert broker.requeued == {1}  # the transaction rolled back: its ack became a requeue
     out = c.handled([bad])
     broker.apply(out.actions + c.drain())

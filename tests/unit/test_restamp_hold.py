@@ -31,6 +31,7 @@ from ackkit import Consumer as ConsumerOptions
 from ackkit._async.consumer import AsyncConsumer
 from ackkit._core import headers as H
 from ackkit._core.actions import Ack, Action, CopyPurpose, Fence, Reject, Republish, Start
+from ackkit._core.step import Step
 from ackkit._core.brokers import V3
 from ackkit._core.listener import ListenerCore
 from ackkit._core.policy import ListenerPolicy
@@ -417,7 +418,7 @@ def test_the_pika_consumer_drops_the_copys_start_when_the_channel_closes_first()
     new = c.channel = Channel(log)  # type: ignore[assignment]
     c.core.channel_opened()
     pika_deliver(c, 1, False, None)
-    c.send(c.core.generation, [Ack(1)])  # the outbox does not wait for the old fence
+    c.send(Step(c.core.generation, [Ack(1)]))  # the outbox does not wait for the old fence
     assert log == ["ack 1", f"qos {PREFETCH}", "start 1", "ack 1"] and not new.answers
 
 
@@ -475,11 +476,9 @@ def test_the_aio_pika_consumer_starts_the_copy_once_the_broker_answered_a_fence(
         if copy_arrives == "before the confirm":
             await aio_deliver(c, 2, False, copy_headers(act))  # held
             assert log == []
-            task = asyncio.create_task(
-                c.execute(core.generation, core.republished(act.token, True))
-            )
+            task = asyncio.create_task(c.execute(core.republished(act.token, True)))
         else:
-            await c.execute(core.generation, core.republished(act.token, True))
+            await c.execute(core.republished(act.token, True))
             assert log == ["ack 1"]
             task = asyncio.create_task(aio_deliver(c, 2, False, copy_headers(act)))
         await settle_down()

@@ -29,7 +29,7 @@ def test_without_flow_control_the_answers_carry_no_flow_action() -> None:
     t = c.receive(1)
     assert t.verdict is None
     go = c.begin([t])
-    assert go.run == [t] and go.actions == [] and go.wait == 0
+    assert go.run == (t,) and go.actions == [] and go.delay == 0
     out = c.handled((t,), None, None)
     assert out.actions == [] and c.drain()
 
@@ -52,7 +52,7 @@ def test_a_call_ending_frees_its_key_and_tells_the_breaker(
     t1 = arrive(c, 1, "a")
     t2 = arrive(c, 2, "a")
     assert (t1.verdict, t2.verdict) == (None, [])  # 2 is held behind 1's key
-    assert c.begin([t1]).run == [t1]
+    assert c.begin([t1]).run == (t1,)
     out = c.handled((t1,), None, exc)
     assert out.actions[-len(gate) :] == gate
     assert c.gating.flow.state is (FlowState.CONSUMING if exc is None else FlowState.TRIPPED)
@@ -70,7 +70,7 @@ def test_an_in_process_retry_keeps_its_key() -> None:
     t2 = arrive(c, 2, "a")
     assert t2.verdict == []
     out = c.handled((t1,), None, ValueError("x"))
-    assert out.rerun == (t1,)
+    assert out.run == (t1,)
     assert not any(type(a) is Run for a in out.actions)  # the key stays taken, 2 waits
     out = c.handled((t1,), None, None)
     assert out.actions == [Run(t2.tag)]

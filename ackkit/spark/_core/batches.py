@@ -32,6 +32,7 @@ from ..._core.actions import Action
 from ..._core.errors import BadPayload
 from ..._core.listener import ListenerCore, Tracked
 from ..._core.policy import FlushPolicy
+from ..._core.step import Step
 
 
 class OnInvalid(str, Enum):
@@ -119,7 +120,7 @@ class BatchLedger:
 
     # -- rows that do not validate ------------------------------------------
 
-    def invalid(self, t: Tracked, error: str) -> list[Action] | None:
+    def invalid(self, t: Tracked, error: str) -> Step | None:
         """Delivery `t`'s body does not validate (`error`). With OnInvalid.DEAD_LETTER it
         is dead-lettered now (the actions to carry out); with FAIL it stays a row of its
         batch and fails the query there (None)."""
