@@ -31,10 +31,10 @@ from ackkit import Consumer as ConsumerOptions
 from ackkit._async.consumer import AsyncConsumer
 from ackkit._core import headers as H
 from ackkit._core.actions import Ack, Action, CopyPurpose, Fence, Reject, Republish, Start
-from ackkit._core.step import Step
 from ackkit._core.brokers import V3
 from ackkit._core.listener import ListenerCore
 from ackkit._core.policy import ListenerPolicy
+from ackkit._core.step import Step
 from ackkit._sync.consumer import Consumer
 
 RETRY3 = Retry(max_attempts=3, initial_interval=0.2)
