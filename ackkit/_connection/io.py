@@ -1,20 +1,22 @@
 """What both runtimes share about talking to a broker, whatever the client library.
 
 The connect errors (retried with backoff, or fatal), the reconnect backoff and
-its log line, and the tick period of time-based ack flushing.
+its log line, connecting to the first of several node addresses that answers, and
+the tick period of time-based ack flushing.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from tenacity import wait_exponential, wait_random
 from tenacity.wait import wait_base
 
 from .._core.errors import AckkitError
-from .url import mask_text
+from .addresses import Rotation
+from .url import mask_text, mask_url
 
 log = logging.getLogger("ackkit")
 
@@ -48,3 +50,41 @@ def reconnect_logger(safe_url: str | Callable[[], str]) -> Callable[[Any], None]
         )
 
     return before_sleep
+
+
+T = TypeVar("T")
+
+
+def connect_in_turn(
+    rotation: Rotation,
+    connect: Callable[[str], T],
+    *,
+    final: tuple[type[BaseException], ...] = (),
+    what: str = "",
+) -> T:
+    """`connect(url)` to the rotation's current node address, and when that raises, to
+    each next one in turn, once around; the last error is raised when none answered.
+
+    For the tools that connect once per session (dead-letter commands, the console, the
+    outbox relay, the Spark sources' side connections): an error of a type in `final`
+    (wrong credentials, a refused virtual host: the same on every node) is raised at
+    once. Every failure but the last is logged, passwords masked (`what` names the
+    connection in the line). The rotation is left on the address that answered."""
+    label = f"{what}: " if what else ""
+    for tries_left in range(len(rotation.urls) - 1, -1, -1):
+        url = rotation.current
+        try:
+            return connect(url)
+        except Exception as exc:
+            if not tries_left or isinstance(exc, final):
+                raise
+            log.warning(
+                "%sconnecting to %s (node address %d of %d) failed: %s; trying the next one",
+                label,
+                mask_url(url),
+                rotation.index + 1,
+                len(rotation.urls),
+                mask_text(f"{type(exc).__name__}: {exc}"),
+            )
+            rotation.advance()
+    raise AssertionError("unreachable")  # pragma: no cover

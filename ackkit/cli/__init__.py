@@ -12,7 +12,10 @@
     ackkit outbox relay --dsn DSN [--url URL] [--table T] [--once]
     ackkit --version
 
-The broker URL comes from --url or AMQP_URL; passwords are masked in all output.
+The broker URL comes from --url or AMQP_URL; passwords are masked in all output. A
+cluster's nodes: --url once per node, or the comma form of one URL
+(amqp://u:p@h1:5672,h2:5672/vhost), or AMQP_URL holding either (URLs separated by
+spaces); the first address is tried first, then the next (docs/reference/configuration.md).
 Listings are a table on a terminal and TSV when piped (--format chooses).
 typer and rich come with the `cli` extra: pip install 'ackkit[cli]'.
 """
@@ -22,9 +25,11 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
+from .._connection import addresses
 from .._connection.url import mask_text, mask_url
 from ._console import add_console
 from ._outbox import add_outbox
@@ -48,15 +53,26 @@ DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2f"
 INSTALL_HINT = "the ackkit command needs typer and rich: pip install 'ackkit[cli]'"
 
 
-def _secrets(url: str) -> list[str]:
-    pw = urlsplit(url).password
-    if not pw:
-        return []
-    return [s for s in {pw, unquote(pw)} if s and s != "guest"]
+def _secrets(url: str | Sequence[str]) -> list[str]:
+    out: set[str] = set()
+    for u in [url] if isinstance(url, str) else url:
+        try:
+            pw = urlsplit(u).password
+        except ValueError:
+            continue  # cannot be split: mask_url still masks its user:password@
+        if pw:
+            out |= {pw, unquote(pw)}
+    return [s for s in out if s and s != "guest"]
 
 
-def _safe(text: str, url: str) -> str:
+def _safe(text: str, url: str | Sequence[str]) -> str:
     return mask_text(text, *_secrets(url))
+
+
+def node_urls(given: str | Sequence[str]) -> tuple[str, ...]:
+    """The node addresses of --url / AMQP_URL: each value one URL or the comma form
+    (`ackkit._connection.addresses`); ValueError / TypeError, passwords masked."""
+    return addresses.parse(given if isinstance(given, str) else list(given))
 
 
 def _flow_printer(console: Any) -> Any:
@@ -123,7 +139,12 @@ def build_cli() -> typer.Typer:
     ) -> None:
         """ackkit: RabbitMQ acknowledgement tools."""
 
-    url_opt = typer.Option(DEFAULT_URL, "--url", envvar="AMQP_URL", help="AMQP URL.")
+    url_opt = typer.Option(
+        [DEFAULT_URL],
+        "--url",
+        envvar="AMQP_URL",
+        help="AMQP URL; for a cluster, once per node or h1:5672,h2:5672 in one URL.",
+    )
     format_opt = typer.Option(
         OutputFormat.AUTO,
         "--format",
@@ -131,13 +152,19 @@ def build_cli() -> typer.Typer:
         help="table (fits the terminal), tsv or json; auto: table on a terminal, tsv when piped.",
     )
 
-    def fail(msg: str, url: str, code: int = 1) -> typer.Exit:
+    def fail(msg: str, url: str | Sequence[str], code: int = 1) -> typer.Exit:
         err().print(f"[red]error:[/red] {escape(_safe(msg, url))}", markup=True)
         return typer.Exit(code)
 
-    def emit(text: str, url: str) -> None:
+    def emit(text: str, url: str | Sequence[str]) -> None:
         sys.stdout.write(_safe(text, url))
         sys.stdout.flush()
+
+    def nodes(url: Sequence[str]) -> tuple[str, ...]:
+        try:
+            return node_urls(url)
+        except (TypeError, ValueError) as exc:
+            raise fail(f"--url: {exc}", url, 2) from None
 
     def width() -> int:
         return Console().width  # the terminal's, or COLUMNS, or 80
@@ -148,11 +175,12 @@ def build_cli() -> typer.Typer:
         limit: int = typer.Option(20, "--limit", "-n", min=0, help="Messages to show (0: all)."),
         fmt: OutputFormat = format_opt,
         as_json: bool = typer.Option(False, "--json", help="The same as --format json."),
-        url: str = url_opt,
+        url: list[str] = url_opt,
     ) -> None:
         """Count and list dead letters (read and put back: nothing is removed)."""
+        urls = nodes(url)
         try:
-            with DeadLetterQueue(url, queue, connection_name="ackkit-cli") as q:
+            with DeadLetterQueue(urls, queue, connection_name="ackkit-cli") as q:
                 count = q.count()
                 letters = q.inspect(limit or None)
         except Exception as exc:
@@ -189,12 +217,13 @@ def build_cli() -> typer.Typer:
         ),
         limit: int = typer.Option(0, "--limit", "-n", min=0, help="Replay at most N (0: all)."),
         as_json: bool = typer.Option(False, "--json", help="JSON report."),
-        url: str = url_opt,
+        url: list[str] = url_opt,
     ) -> None:
         """Publish dead letters back (confirmed) and only then remove them from the DLQ."""
         flt = ReplayFilter(error_type, reason_contains, frozenset(message_id))
+        urls = nodes(url)
         try:
-            with DeadLetterQueue(url, queue, connection_name="ackkit-cli") as q:
+            with DeadLetterQueue(urls, queue, connection_name="ackkit-cli") as q:
                 report = q.replay(to=to, select=flt, limit=limit or None)
         except Exception as exc:
             raise fail(safe_error(exc, url), url) from None
@@ -228,21 +257,22 @@ def build_cli() -> typer.Typer:
         verbose: bool = typer.Option(
             False, "--verbose", "-v", help="Also say which sources failed before one answered."
         ),
-        url: str = url_opt,
+        url: list[str] = url_opt,
     ) -> None:
         """Queue counts (name, ready, unacked, total, consumers) like rabbitmqctl list_queues.
         Exits 1 when a queue named on the command line does not exist."""
         if source not in SOURCES:
             raise fail(f"--source must be one of {', '.join(SOURCES)}", url, 2)
+        urls = nodes(url)
         try:
             listing = list_queues(
-                url, names or (), source=source, management_url=management_url, node=node
+                urls, names or (), source=source, management_url=management_url, node=node
             )
         except (QueueSourceError, Exception) as exc:
             raise fail(safe_error(exc, url), url) from None
         fmt = resolve(fmt, as_json=as_json, tty=sys.stdout.isatty())
         if fmt is OutputFormat.JSON:
-            emit(json_text({"url": mask_url(url), **listing.to_dict()}) + "\n", url)
+            emit(json_text({"url": addresses.describe(urls), **listing.to_dict()}) + "\n", url)
             return
         keys = ("name", "ready", "unacked", "total", "consumers")
         rows = [[r.to_dict()[k] for k in keys] for r in listing.rows]
@@ -250,7 +280,8 @@ def build_cli() -> typer.Typer:
             emit(tsv(keys, rows), url)
         else:
             cols = [Column("name", 12), *(Column(k, 5, numeric=True) for k in keys[1:])]
-            title = f"queues of {mask_url(url)} (source: {listing.source})\n"
+            where = listing.node or addresses.describe(urls)
+            title = f"queues of {where} (source: {listing.source})\n"
             emit(title + table(cols, rows, width()), url)
         for note in listing.notes:
             # A source that did not answer before another did is not news on every call.
@@ -262,8 +293,11 @@ def build_cli() -> typer.Typer:
     @cli.command("run")
     def run(
         target: str = typer.Argument(..., help="module:app (an App or AsyncApp, or a factory)."),
-        url: str | None = typer.Option(
-            None, "--url", envvar="AMQP_URL", help="Broker URL (default: the app's own URL)."
+        url: list[str] | None = typer.Option(  # noqa: B008 - typer's way
+            None,
+            "--url",
+            envvar="AMQP_URL",
+            help="Broker URL, once per node of a cluster (default: the app's own URL).",
         ),
         workers: int = typer.Option(1, "--workers", "-w", min=1, help="Processes to run."),
         startup_timeout: float | None = typer.Option(
@@ -303,12 +337,12 @@ def build_cli() -> typer.Typer:
         try:
             app = load_app(target)
             if url:
-                app.url = url
+                app.url = list(url)
             if startup_timeout is not None:
                 set_startup_timeout(app, startup_timeout)
         except Exception as exc:
             raise fail(f"cannot load {target}: {exc}", url or "") from None
-        shown = mask_url(str(getattr(app, "url", "")))
+        shown = str(getattr(app, "safe_url", "")) or mask_url(str(getattr(app, "url", "")))
         if metrics_port is not None:
             try:
                 from ..metrics import PrometheusMetrics
@@ -325,7 +359,7 @@ def build_cli() -> typer.Typer:
         except KeyboardInterrupt:
             pass
         except Exception as exc:
-            raise fail(f"{type(exc).__name__}: {exc}", str(getattr(app, "url", ""))) from None
+            raise fail(f"{type(exc).__name__}: {exc}", getattr(app, "urls", "")) from None
         if hasattr(app, "stats"):
             err().print(stopped_line(target, app.stats()), markup=False)
 

@@ -19,7 +19,12 @@ def add_console(cli: typer.Typer, *, err: Callable[[], Any], fail: Callable[...,
 
     @cli.command("console")
     def console(
-        url: str | None = typer.Option(None, "--url", envvar="AMQP_URL", help="AMQP URL."),
+        url: list[str] | None = typer.Option(  # noqa: B008 - typer's way
+            None,
+            "--url",
+            envvar="AMQP_URL",
+            help="AMQP URL; for a cluster, once per node or h1:5672,h2:5672 in one URL.",
+        ),
         dlq_names: list[str] = typer.Option(  # noqa: B008 - typer's way
             [], "--dlq", help="A dead-letter queue to show (repeatable)."
         ),
@@ -53,7 +58,7 @@ def add_console(cli: typer.Typer, *, err: Callable[[], Any], fail: Callable[...,
                 read_only=read_only,
             )
         except Exception as exc:
-            raise fail(str(exc), url or "", 2) from None
+            raise fail(str(exc), url or (), 2) from None
         stderr = err()
         try:  # the address is printed once it answers there, not before
             serve(

@@ -18,7 +18,6 @@ def add_outbox(cli: typer.Typer, url_default: str, fail: Callable[..., Any]) -> 
     masked error exit)."""
     import typer
 
-    from .._connection.url import mask_url
     from ._run import LOG_LEVELS, configure_logging
 
     outbox = typer.Typer(help="The inbox's outbox (see ackkit.inbox).", no_args_is_help=True)
@@ -26,7 +25,12 @@ def add_outbox(cli: typer.Typer, url_default: str, fail: Callable[..., Any]) -> 
 
     @outbox.command("relay")
     def relay(
-        url: str = typer.Option(url_default, "--url", envvar="AMQP_URL", help="AMQP URL."),
+        url: list[str] = typer.Option(  # noqa: B008 - typer's way
+            [url_default],
+            "--url",
+            envvar="AMQP_URL",
+            help="AMQP URL; for a cluster, once per node or h1:5672,h2:5672 in one URL.",
+        ),
         dsn: str = typer.Option(
             ..., "--dsn", envvar="ACKKIT_OUTBOX_DSN", help="PostgreSQL DSN of the outbox."
         ),
@@ -41,7 +45,7 @@ def add_outbox(cli: typer.Typer, url_default: str, fail: Callable[..., Any]) -> 
     ) -> None:
         """Send the outbox's messages (confirmed, oldest first, then deleted) until
         SIGINT/SIGTERM; --once: send what is there and exit."""
-        from .._connection.url import check_url
+        from .._connection import addresses
         from ..inbox import Inbox
         from ..inbox._relay import run_relay
 
@@ -49,7 +53,7 @@ def add_outbox(cli: typer.Typer, url_default: str, fail: Callable[..., Any]) -> 
         if level not in LOG_LEVELS:
             raise fail(f"--log-level must be one of {', '.join(LOG_LEVELS)}", url, 2)
         try:
-            check_url(url)
+            urls = addresses.parse(list(url))
             inbox = Inbox(dsn, outbox_table=table, retention=None)
             if inbox.in_memory:
                 raise ValueError("--dsn must be a PostgreSQL DSN (the relay reads its table)")
@@ -60,10 +64,10 @@ def add_outbox(cli: typer.Typer, url_default: str, fail: Callable[..., Any]) -> 
         if not once and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, lambda _n, _f: stop.set())
-        where = f"{mask_url(url)} from {inbox.safe_dsn} ({table})"
+        where = f"{addresses.describe(urls)} from {inbox.safe_dsn} ({table})"
         print(f"ackkit: outbox relay to {where}", file=sys.stderr)
         try:
-            sent = run_relay(url, inbox, once=once, stop=stop, poll=poll)
+            sent = run_relay(urls, inbox, once=once, stop=stop, poll=poll)
         except Exception as exc:
             raise fail(f"{type(exc).__name__}: {exc}", url) from None
         print(f"ackkit: outbox relay stopped: {sent} sent", file=sys.stderr)

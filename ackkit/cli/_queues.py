@@ -7,7 +7,8 @@ messages consumers`, from whichever source answers:
 3. AMQP itself: a passive declare per named queue gives ready and consumers only
    (AMQP cannot list queues, nor count unacknowledged messages).
 
-Every answer says which source it came from.
+Every answer says which source it came from. Given several node addresses (a
+cluster), each source asks the nodes in the given order until one answers.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._connection.url import mask_text
+from .._connection import addresses
+from .._connection.url import mask_text, mask_url
 
 SOURCES = ("auto", "management", "rabbitmqctl", "amqp")
 _SBIN = ("/usr/sbin", "/usr/local/sbin", "/sbin", "/usr/lib/rabbitmq/bin", "/opt/homebrew/sbin")
@@ -61,6 +63,8 @@ class QueueListing:
     notes: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     """Queues asked for by name that do not exist (`ackkit queues` exits 1)."""
+    node: str = ""
+    """The node address that answered, password masked."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -103,7 +107,7 @@ def _mask(text: str, t: _Target) -> str:
 
 
 def list_queues(
-    url: str,
+    url: str | Sequence[str],
     names: Sequence[str] = (),
     *,
     source: str = "auto",
@@ -111,44 +115,69 @@ def list_queues(
     node: str | None = None,
     timeout: float = 5.0,
 ) -> QueueListing:
-    """Counts of the vhost's queues (or only `names`), from the first source that answers."""
+    """Counts of the vhost's queues (or only `names`), from the first source that answers.
+
+    `url`: one URL, the comma form or a list (`ackkit._connection.addresses`); each
+    source asks the nodes in order until one answers."""
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}")
-    t = _Target.parse(url)
+    urls = addresses.parse(url)
+    several = len(urls) > 1
     notes: list[str] = []
     order = ["management", "rabbitmqctl", "amqp"] if source == "auto" else [source]
     for src in order:
-        try:
-            if src == "management":
-                rows = _management(t, management_url, timeout)
-            elif src == "rabbitmqctl":
-                rows = _rabbitmqctl(t, node, timeout=max(timeout, 30.0))
-            else:
-                if not names:
-                    raise QueueSourceError(
-                        "AMQP cannot list queues: name the queues to count "
-                        "(ready and consumers only; AMQP does not count unacked messages)"
-                    )
-                rows = _amqp(url, names)
-                missing = [r.name for r in rows if r.ready is None]
-                if missing:
-                    notes.append(f"not found: {', '.join(missing)}")
-                return QueueListing("amqp", rows, notes, missing)
-        except QueueSourceError as exc:
-            if source != "auto":
-                raise
-            notes.append(f"{src}: {_mask(str(exc), t)}")
-            continue
-        missing = []
-        if names:
-            wanted = set(names)
-            missing = [n for n in names if n not in {r.name for r in rows}]
-            rows = [r for r in rows if r.name in wanted]
-            rows += [QueueRow(n, None, None, None, None) for n in missing]
+        if src == "amqp":
+            if not names:
+                exc = QueueSourceError(
+                    "AMQP cannot list queues: name the queues to count "
+                    "(ready and consumers only; AMQP does not count unacked messages)"
+                )
+                if source != "auto":
+                    raise exc
+                notes.append(f"amqp: {exc}")
+                continue
+            answered, rows = _amqp(urls, names)
+            missing = [r.name for r in rows if r.ready is None]
             if missing:
                 notes.append(f"not found: {', '.join(missing)}")
-        return QueueListing(src, sorted(rows, key=lambda r: r.name), notes, missing)
+            return QueueListing("amqp", rows, notes, missing, answered)
+        asked: set[object] = set()
+        for u in urls:
+            t = _Target.parse(u)
+            key = (management_url or t.host) if src == "management" else (t.host, t.port)
+            if key in asked:  # one management API serves every node of a host
+                continue
+            asked.add(key)
+            try:
+                if src == "management":
+                    rows = _management(t, management_url, timeout)
+                else:
+                    rows = _rabbitmqctl(t, node, timeout=max(timeout, 30.0))
+            except QueueSourceError as exc:
+                if source != "auto" and not several:
+                    raise
+                where = f"{mask_url(u)}: " if several else ""
+                notes.append(f"{src}: {where}{_mask(str(exc), t)}")
+                continue
+            return _listing(src, rows, names, notes, mask_url(u))
+        if source != "auto":
+            raise QueueSourceError("; ".join(notes))
     raise QueueSourceError("no source answered: " + "; ".join(notes))
+
+
+def _listing(
+    src: str, rows: list[QueueRow], names: Sequence[str], notes: list[str], node: str
+) -> QueueListing:
+    """The listing of `rows` from `src`, only `names` when given (the missing ones too)."""
+    missing = []
+    if names:
+        wanted = set(names)
+        missing = [n for n in names if n not in {r.name for r in rows}]
+        rows = [r for r in rows if r.name in wanted]
+        rows += [QueueRow(n, None, None, None, None) for n in missing]
+        if missing:
+            notes.append(f"not found: {', '.join(missing)}")
+    return QueueListing(src, sorted(rows, key=lambda r: r.name), notes, missing, node)
 
 
 def _management(t: _Target, management_url: str | None, timeout: float) -> list[QueueRow]:
@@ -257,14 +286,25 @@ def _rabbitmqctl(t: _Target, node: str | None, timeout: float) -> list[QueueRow]
     return [_row(d) for d in data if isinstance(d, dict) and "name" in d]
 
 
-def _amqp(url: str, names: Sequence[str]) -> list[QueueRow]:
+def _amqp(urls: Sequence[str], names: Sequence[str]) -> tuple[str, list[QueueRow]]:
+    """The node that answered (masked) and a passive declare's counts per queue."""
     import pika
     import pika.exceptions
 
+    from .._connection.io import connect_in_turn
     from .._sync._pika import blocking_connection, parameters, passive_declare
 
     rows: list[QueueRow] = []
-    conn = blocking_connection(parameters(url, name="ackkit-queues"))  # memory:// too
+    rotation = addresses.Rotation(urls)
+    conn = connect_in_turn(  # memory:// too
+        rotation,
+        lambda u: blocking_connection(parameters(u, name="ackkit-queues")),
+        final=(
+            pika.exceptions.ProbableAuthenticationError,
+            pika.exceptions.ProbableAccessDeniedError,
+        ),
+        what="ackkit queues",
+    )
     try:
         for name in names:
             ch = conn.channel()
@@ -279,4 +319,4 @@ def _amqp(url: str, names: Sequence[str]) -> list[QueueRow]:
     finally:
         with contextlib.suppress(pika.exceptions.AMQPError):
             conn.close()
-    return rows
+    return mask_url(rotation.current), rows

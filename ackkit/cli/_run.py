@@ -89,7 +89,7 @@ def stopped_line(target: str, stats: dict[str, dict[str, int]]) -> str:
 def run_workers(
     target: str,
     workers: int,
-    url: str | None,
+    url: str | Sequence[str] | None,
     metrics_port: int | None = None,
     metrics_addr: str = "127.0.0.1",
     options: Sequence[str] = (),
@@ -97,10 +97,11 @@ def run_workers(
     """Run `target` in `workers` processes; SIGINT/SIGTERM stop them all gracefully.
 
     With `metrics_port`, worker i serves its metrics on `metrics_port + i`; `options`
-    are passed on to each worker's `ackkit run`."""
+    are passed on to each worker's `ackkit run`; `url`: one or several node addresses,
+    each passed on as a --url of its own."""
     cmd = [sys.executable, "-m", "ackkit.cli", "run", target, "--workers", "1", *options]
-    if url:
-        cmd += ["--url", url]
+    for u in [url] if isinstance(url, str) else url or ():
+        cmd += ["--url", u]
 
     def worker_cmd(i: int) -> list[str]:
         if metrics_port is None:

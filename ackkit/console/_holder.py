@@ -12,6 +12,9 @@ and leaves the counts right. Actions settle one held delivery each:
   (the DLQ tool's rule, as `ackkit dlq replay` does it, a window of copies at a time);
 - delete: ack.
 
+Given several node addresses (a cluster), the holder connects to the first that
+answers and, after a lost connection, to the next one in turn.
+
 The hold is bounded: at most `max_held` per DLQ, on channels whose prefetch is
 at most SLOT_MAX each (prefetch is a 16-bit count). Everything pika does runs
 on the holder's own thread; the web pages submit work and wait for a Future.
@@ -26,7 +29,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
@@ -34,7 +37,9 @@ from typing import Any, TypeVar
 
 import pika.exceptions
 
-from .._connection.url import check_url, mask_text, mask_url
+from .._connection import addresses
+from .._connection.io import connect_in_turn
+from .._connection.url import mask_text, mask_url
 from .._core import checks as C
 from .._sync import _frames as frames
 from .._sync._pika import blocking_connection, copy_properties, parameters
@@ -166,14 +171,18 @@ class Holder:
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         dlqs: Iterable[str],
         store: Store,
         *,
         max_held: int = 100_000,
         name: str = "ackkit-console",
     ) -> None:
-        self.url = check_url(url)
+        self.urls = addresses.parse(url)
+        """Every node's URL (one URL, the comma form or a list), in the order tried."""
+        self._rotation = addresses.Rotation(self.urls)
+        self.url = self.urls[0]
+        """The node address of the current (or the next) connection."""
         self.dlqs = [C.queue_name("dlq", q, declared=False) for q in dlqs]
         if not self.dlqs:
             raise ValueError("the console needs at least one dead-letter queue")
@@ -231,12 +240,16 @@ class Holder:
             self.stop()
             raise self.failure
 
+    @property
+    def safe_url(self) -> str:
+        """Every node address, passwords masked (for the pages)."""
+        return addresses.describe(self.urls)
+
     def waiting_for(self) -> str:
         """What starting is waiting for, in words (the broker URL's password masked)."""
-        where = mask_url(self.url)
         if not self._connected:
-            return f"connecting to {where} (waiting for the broker)"
-        return f"connected to {where} ({self._phase})"
+            return f"connecting to {self.safe_url} (waiting for the broker)"
+        return f"connected to {mask_url(self.url)} ({self._phase})"
 
     def stop(self, timeout: float = 600.0) -> None:
         """Close the connection: the broker returns every held dead letter to its queue.
@@ -435,6 +448,7 @@ class Holder:
                     return
                 log.warning("ackkit console: connection lost (%s); reconnecting", text)
                 self.store.error(f"connection lost: {text}")
+                self._rotation.advance()  # the next node address first (one: the same)
             finally:
                 self._close()
                 for q, slots in self._slots.items():
@@ -445,7 +459,16 @@ class Holder:
 
     def _session(self) -> None:
         self._connected = False
-        self._conn = blocking_connection(parameters(self.url, name=self.name))
+        self._conn = connect_in_turn(
+            self._rotation,
+            lambda u: blocking_connection(parameters(u, name=self.name)),
+            final=(
+                pika.exceptions.ProbableAuthenticationError,
+                pika.exceptions.ProbableAccessDeniedError,
+            ),
+            what="ackkit console",
+        )
+        self.url = self._rotation.current
         self._phase = "checking that the dead-letter queues exist"
         self._connected = True
         probe = self._conn.channel()

@@ -7,7 +7,7 @@ import socket
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._connection.url import mask_url
+from .._connection import addresses
 from ._holder import Holder
 from ._security import Access
 from ._store import Store
@@ -27,7 +27,7 @@ def dlqs_of_app(app: Any) -> list[str]:
 
 
 def serve(
-    url: str,
+    url: str | Sequence[str],
     dlqs: Sequence[str],
     *,
     access: Access,
@@ -41,7 +41,10 @@ def serve(
 
     `say` gets the lines for the person who started it: what it waits for while it
     connects (every few seconds), then the console's address once it answers there
-    (never before: under load the broker can take minutes to start delivering)."""
+    (never before: under load the broker can take minutes to start delivering).
+
+    `url`: one URL, the comma form or a list of a cluster's node addresses (the holder
+    connects to the first that answers, and after a lost connection to the next)."""
     try:
         import uvicorn
 
@@ -56,7 +59,7 @@ def serve(
     tell = say or (lambda line: log.info("%s", line))
     store = Store(dlqs)
     holder = Holder(url, dlqs, store, max_held=max_held)
-    shown = mask_url(url)
+    shown = holder.safe_url
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -79,22 +82,24 @@ def serve(
 
 def from_options(
     *,
-    url: str | None,
+    url: str | Sequence[str] | None,
     dlqs: Sequence[str],
     app_target: str | None,
     host: str,
     token: str | None,
     basic_auth: str | None,
     read_only: bool,
-) -> tuple[str, list[str], Access]:
-    """The broker URL, DLQs and access rules of `ackkit console`'s options (ValueError
-    with what to change when they do not fit together)."""
+) -> tuple[str | tuple[str, ...], list[str], Access]:
+    """The broker URL (a tuple of node URLs for several), DLQs and access rules of
+    `ackkit console`'s options (ValueError with what to change when they do not fit
+    together). `url`: --url's values (each one URL or the comma form), else the app's
+    addresses."""
     names = list(dlqs)
     if app_target:
         from ..cli._run import load_app
 
         app = load_app(app_target)
-        url = url or str(app.url)
+        url = url or tuple(getattr(app, "urls", ())) or str(app.url)
         names += [q for q in dlqs_of_app(app) if q not in names]
         if not names:
             raise ValueError(f"{app_target} has no listener with a dead-letter queue; give --dlq")
@@ -108,4 +113,6 @@ def from_options(
         if not sep:
             raise ValueError("--basic-auth must be USER:PASSWORD")
         basic = (user, pw)
-    return url, names, Access(host=host, token=token, basic=basic, read_only=read_only)
+    urls = addresses.parse(url)  # checked now: a bad address fails before anything starts
+    access = Access(host=host, token=token, basic=basic, read_only=read_only)
+    return (urls[0] if len(urls) == 1 else urls), names, access

@@ -61,11 +61,11 @@ class HttpError(Exception):
 
 def create_app(holder: Any, access: Access | None = None, *, title: str = "") -> Starlette:
     """The console's ASGI app over a holder (`Holder`, or any object with its `store`,
-    `replay`, `delete`, `dry_run`, `ready_counts` and `url`)."""
+    `replay`, `delete`, `dry_run`, `ready_counts` and `url`; `safe_url` if it has one)."""
     access = access or Access()
     env = _env()
     store = holder.store
-    shown_url = mask_url(holder.url)
+    shown_url = getattr(holder, "safe_url", None) or mask_url(holder.url)  # every node
 
     def counts(q: str) -> Any:
         if hasattr(holder, "counts"):

@@ -19,12 +19,14 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import pika
 import pika.exceptions
 
+from .._connection import addresses
+from .._connection.io import connect_in_turn
 from .._connection.url import check_url, mask_text
 from .._core import checks as C
 from .._core import wire
@@ -46,6 +48,12 @@ def _now() -> str:
 
 # -- pika I/O ------------------------------------------------------------------------
 
+_REFUSED = (
+    pika.exceptions.ProbableAuthenticationError,
+    pika.exceptions.ProbableAccessDeniedError,
+)
+"""Connect errors no other node address would fix (same user, same virtual host)."""
+
 
 class DeadLetterQueue:
     """One dead-letter queue on a broker: count, inspect, replay.
@@ -57,11 +65,22 @@ class DeadLetterQueue:
     ```
     """
 
-    def __init__(self, url: str, queue: str, *, connection_name: str = "ackkit-dlq") -> None:
-        self.url = check_url(url)
+    def __init__(
+        self, url: str | Sequence[str], queue: str, *, connection_name: str = "ackkit-dlq"
+    ) -> None:
+        self.urls = addresses.parse(url)
+        """Every node's URL (one URL, the comma form or a list), in the order tried."""
         self.queue = C.queue_name("queue", queue, declared=False)
+        rotation = addresses.Rotation(self.urls)
         # reads what pika cannot decode as salvaged properties (see _sync/_frames.py)
-        self._conn: Any = blocking_connection(parameters(url, name=connection_name))
+        self._conn: Any = connect_in_turn(
+            rotation,
+            lambda u: blocking_connection(parameters(check_url(u), name=connection_name)),
+            final=_REFUSED,
+            what=connection_name,
+        )
+        self.url = rotation.current
+        """The node address the connection is to."""
 
     def __enter__(self) -> DeadLetterQueue:
         return self
@@ -252,14 +271,16 @@ def _limit(limit: object) -> None:
         C.integer("limit", limit, 0)
 
 
-def inspect_dead_letters(url: str, queue: str, limit: int | None = None) -> list[DeadLetter]:
+def inspect_dead_letters(
+    url: str | Sequence[str], queue: str, limit: int | None = None
+) -> list[DeadLetter]:
     """The dead letters at the head of `queue` (nothing is removed)."""
     with DeadLetterQueue(url, queue) as dlq:
         return dlq.inspect(limit)
 
 
 def replay_dead_letters(
-    url: str,
+    url: str | Sequence[str],
     queue: str,
     *,
     to: str | None = None,
@@ -282,9 +303,13 @@ def replay_dead_letters(
         return dlq.replay(to=to, select=flt, limit=limit)
 
 
-def safe_error(exc: BaseException, url: str) -> str:
-    """An error message for humans, with the URL's password masked."""
+def safe_error(exc: BaseException, url: str | Sequence[str]) -> str:
+    """An error message for humans, with the passwords of `url` (one URL, the comma
+    form or several) masked."""
     from urllib.parse import unquote, urlsplit
 
-    pw = urlsplit(url).password
-    return mask_text(f"{type(exc).__name__}: {exc}", *([unquote(pw), pw] if pw else []))
+    secrets = []
+    for u in [url] if isinstance(url, str) else url:
+        pw = urlsplit(u).password
+        secrets += [unquote(pw), pw] if pw else []
+    return mask_text(f"{type(exc).__name__}: {exc}", *secrets)

@@ -1,14 +1,18 @@
 """The outbox relay on its own (`ackkit outbox relay`): the rounds of `relay_once` over
 one PostgreSQL connection and one confirming AMQP connection, until told to stop, or
 one round (`once`). Failures are logged and retried with backoff: rows stay in the
-outbox until the broker confirmed them."""
+outbox until the broker confirmed them. Given several node addresses (a cluster), the
+relay connects to the first that answers; after a failure, its next connection starts
+with the next address, so a dead node is not the first one tried again."""
 
 from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Sequence
 from typing import Any
 
+from .._connection import addresses
 from .._connection.salvage import describe
 from .._core.inbox import probe_delay
 from ._options import Inbox
@@ -37,7 +41,7 @@ def relay_connection(inbox: Inbox) -> Any:
 
 
 def run_relay(
-    url: str,
+    url: str | Sequence[str],
     inbox: Inbox,
     *,
     once: bool = False,
@@ -46,9 +50,13 @@ def run_relay(
 ) -> int:
     """Send `inbox`'s outbox rows to the broker at `url` with confirms until `stop` is
     set (after the round in progress), or send what is there and return (`once`: a
-    failure then raises). Returns how many messages were sent."""
+    failure then raises). Returns how many messages were sent.
+
+    `url`: one URL, the comma form or a list of a cluster's node addresses
+    (`ackkit._connection.addresses`)."""
     from .._sync.pull import PullConnection
 
+    rotation = addresses.Rotation(addresses.parse(url))
     halt = stop if stop is not None else threading.Event()
     db: Any = None
     amqp: PullConnection | None = None
@@ -59,7 +67,9 @@ def run_relay(
                 if db is None or db.closed or db.broken:
                     db = relay_connection(inbox)
                 if amqp is None:
-                    amqp = PullConnection(url)
+                    # every address, once around, from the rotation's current one
+                    at = rotation.index
+                    amqp = PullConnection(rotation.urls[at:] + rotation.urls[:at])
                 n = relay_once(db, inbox.outbox_table, amqp.publish_message, halt.is_set)
                 total += n
                 fails = 0
@@ -74,6 +84,7 @@ def run_relay(
                     with contextlib.suppress(Exception):
                         amqp.close()
                     amqp = None
+                rotation.advance()  # any node serves: start with the next one next time
             if once or halt.wait(probe_delay(fails) if fails else poll):
                 break
     finally:

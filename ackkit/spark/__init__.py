@@ -112,7 +112,7 @@ from ._deploy import (
     source_order,
 )
 from ._ipc import request
-from ._options import KeyFrom, OnInvalid, SourceOptions, ipc_address, wal_dir
+from ._options import KeyFrom, OnInvalid, SourceOptions, ipc_address, url_option, wal_dir
 from ._schema import RowSchema, model_path
 from ._sink import AckAfterCommit, ack_after_commit, parquet_batches
 from ._source import RabbitMQDataSource, RabbitMQStreamReader
@@ -135,7 +135,7 @@ def register(spark: Any) -> None:
 def read_stream_source(
     spark: Any,
     *,
-    url: str,
+    url: str | Sequence[str],
     checkpoint: str | os.PathLike[str],
     stream: str | None = None,
     super_stream: str | None = None,
@@ -151,11 +151,14 @@ def read_stream_source(
     "dead_letter"), `dead_letter_queue` ("<name>.dlq"), `store_offsets_as` (a consumer
     name to store committed positions under on the broker, for other tools; never read
     back), `probe_timeout_ms` (1000), `read_timeout_ms` (120000). The offsets in the
-    checkpoint name their partition streams. See docs/guide/spark-streams.md."""
+    checkpoint name their partition streams. See docs/guide/spark-streams.md.
+
+    `url`: one URL, the comma form or a list of a cluster's node addresses (the first
+    stream connection tries the nodes' hosts in order, on `stream_port`)."""
     if (stream is None) == (super_stream is None):
         raise ValueError("give one of stream= or super_stream=")
     register(spark)
-    r = spark.readStream.format(STREAM_FORMAT).option("url", url)
+    r = spark.readStream.format(STREAM_FORMAT).option("url", url_option(url))
     r = r.option("checkpoint", os.fspath(checkpoint))
     r = r.option("super_stream" if super_stream else "stream", super_stream or stream)
     if model is not None:
@@ -168,7 +171,7 @@ def read_stream_source(
 def read_stream(
     spark: Any,
     *,
-    url: str,
+    url: str | Sequence[str],
     checkpoint: str | os.PathLike[str],
     queue: str | None = None,
     queues: Sequence[str] | None = None,
@@ -192,7 +195,12 @@ def read_stream(
     given in any order; adding or removing a queue, or changing `shards=`, raises
     `DeploymentChanged` before anything is declared on the broker, and so do shard
     queues beyond `shards=` left on the broker by a layout with more shards (they would
-    keep receiving messages this query never reads)."""
+    keep receiving messages this query never reads).
+
+    `url`: one URL, the comma form or a list of a cluster's node addresses: each source
+    connects to the first that answers and, after a lost connection, to the next one
+    (docs/reference/configuration.md); shard queues are declared through the first."""
+    url = url_option(url)
     if exchange is not None or shards is not None:
         if exchange is None or shards is None or queue is not None or queues is not None:
             raise ValueError("give exchange= and shards= together, without queue/queues")
@@ -211,7 +219,7 @@ def read_stream(
         raise ValueError("read_stream needs queue=, queues= or exchange= with shards=")
     # Bad option values fail here, before anything is declared or started (Spark would
     # report them only from the source's first use).
-    SourceOptions.parse(
+    checked = SourceOptions.parse(
         {
             **{k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in options.items()},
             "url": url,
@@ -230,9 +238,10 @@ def read_stream(
     where = masked(store.location)
     if exchange is not None and shards is not None:
         names = shard_order(exchange, names, rec, checkpoint=where)
-        extra = [ShardQueue(*q) for q in shards_beyond(url, exchange, shards)]
+        first = checked.url  # the first node address: shards.py takes one URL
+        extra = [ShardQueue(*q) for q in shards_beyond(first, exchange, shards)]
         check_extra_shards(exchange, shards, extra)
-        declare_shards(url, exchange, shards, kind=shard_kind)
+        declare_shards(first, exchange, shards, kind=shard_kind)
     else:
         names = source_order(names, rec, checkpoint=where, by_name=by_name)
     if options.get("wal_location"):

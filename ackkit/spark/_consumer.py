@@ -84,7 +84,8 @@ class SourceConsumer(SourceChannel, Engine, Executor):
             # acks are left for the periodic flush.
             flush=BatchLedger.flush_policy(opts.prefetch),
         )
-        Engine.__init__(self, opts.url, mask_url(opts.url), max_interval=5.0)
+        # several node addresses: each connection after a failed or lost one uses the next
+        Engine.__init__(self, opts.url, mask_url(opts.url), max_interval=5.0, urls=opts.urls)
         Executor.__init__(self, policy.name, ListenerCore(policy), self, log)
         self.ledger = BatchLedger(self.core, written_upto=written_upto, on_invalid=opts.on_invalid)
         self.cond = threading.Condition(self.lock)
@@ -244,7 +245,8 @@ class SourceConsumer(SourceChannel, Engine, Executor):
 
     def parameters(self) -> Any:
         o = self.opts
-        return parameters(o.url, heartbeat=o.heartbeat, name=f"ackkit-spark:{o.queue}")
+        # the engine's url: the rotation's current node address
+        return parameters(self.url, heartbeat=o.heartbeat, name=f"ackkit-spark:{o.queue}")
 
     def declare(self, conn: pika.BlockingConnection) -> None:
         with self.lock:

@@ -6,11 +6,11 @@ import hashlib
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from .._connection.url import check_url
+from .._connection import addresses
 from .._core.policy import DLQ_DEFAULT
 from ._core.batches import OnInvalid as OnInvalid
 from ._store import check_location, child_location, is_local, normalize_location
@@ -36,6 +36,18 @@ def _flag(value: str) -> bool:
     if v in ("0", "false", "no", "off"):
         return False
     raise ValueError(f"not a boolean: {value!r}")
+
+
+def node_urls(value: str) -> tuple[str, ...]:
+    """The node addresses of a source's `url` option (Spark options are strings): one
+    URL, the comma form ``amqp://u:p@h1:5672,h2:5672/vhost``, or URLs separated by
+    spaces; checked by `ackkit._connection.addresses` (ValueError, passwords masked)."""
+    return addresses.parse(value.split())
+
+
+def url_option(url: str | Sequence[str]) -> str:
+    """The `url` option's string for one URL, the comma form or a list of URLs."""
+    return url if isinstance(url, str) else " ".join(url)
 
 
 def local_path(location: str) -> str:
@@ -70,6 +82,7 @@ class SourceOptions:
     """Options of `spark.readStream.format("rabbitmq")`, validated."""
 
     url: str
+    """The first node's URL (the only one for a single node)."""
     queue: str
     checkpoint: str
     """The query's checkpointLocation: a local path or a URI (s3a://, gs://, abfss://...)."""
@@ -103,6 +116,12 @@ class SourceOptions:
     exclusive_wait: float = 60.0
     """Seconds to wait while another consumer holds the queue exclusively (a previous
     runner shutting down, or another query) before the query fails."""
+    urls: tuple[str, ...] = ()
+    """Every node's URL in the order they are tried (`url` alone when not given)."""
+
+    def __post_init__(self) -> None:
+        if not self.urls:
+            object.__setattr__(self, "urls", (self.url,))
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
@@ -150,8 +169,10 @@ class SourceOptions:
             raise ValueError(f"prefetch must be in 1..{MAX_PREFETCH}")
         # A batch never waits for more than the broker may have in flight: cap it.
         max_batch = min(max_batch, prefetch)
+        urls = node_urls(opts["url"])
         return cls(
-            url=check_url(opts["url"]),
+            url=urls[0],
+            urls=urls,
             queue=opts["queue"],
             checkpoint=check_location(opts["checkpoint"]),
             max_batch=max_batch,

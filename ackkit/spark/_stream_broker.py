@@ -89,13 +89,38 @@ class Link:
             if self._locator is None or not self._locator.is_connection_alive():
                 if self._locator is not None:
                     await discard(self._locator)
-                pool = self._pool_()
-                self._locator = await pool.new(
+                self._locator = await self._first_locator()
+            return self._locator
+
+    async def _first_locator(self) -> Any:
+        """The locator connection to the first node that answers: the options' hosts
+        in order (several node addresses), else the one host."""
+        pool = self._pool_()
+        hosts = list(dict.fromkeys(self.conn.get("hosts") or ()))
+        if len(hosts) < 2:
+            return await pool.new(
+                connection_name="ackkit-stream:locator",
+                addr=pool.addr,
+                connection_closed_handler=closed,
+            )
+        port = self.conn.get("port", 5552)
+        for i, host in enumerate(hosts):
+            try:
+                return await pool.new(
                     connection_name="ackkit-stream:locator",
-                    addr=pool.addr,
+                    addr=rstream().client.Addr(host, port),
                     connection_closed_handler=closed,
                 )
-            return self._locator
+            except (TimeoutError, OSError) as exc:
+                if i == len(hosts) - 1:
+                    raise
+                log.warning(
+                    "ackkit.spark: stream connection to %s:%s failed (%s); trying the next node",
+                    host,
+                    port,
+                    f"{type(exc).__name__}: {exc}",
+                )
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def _data_for(self, stream: str) -> tuple[Any, set[int], int]:
         """A data connection to a node holding `stream` (a replica if there is one, as

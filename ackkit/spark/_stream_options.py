@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .._connection.url import check_url
 from ..streams import stream_connection
 from ._core.batches import OnInvalid
 from ._core.stream_offsets import StartFrom, StartingPosition
-from ._options import _flag, _int
+from ._options import _flag, _int, node_urls
 from ._store import check_location
 
 STREAM_PORT = 5552
@@ -20,8 +20,8 @@ class StreamSourceOptions:
     """Options of `spark.readStream.format("rabbitmq-stream")`, validated."""
 
     url: str
-    """The broker's AMQP URL: host, credentials and virtual host of the stream connection
-    (and the connection that dead-letters invalid records)."""
+    """The broker's AMQP URL (the first node's): host, credentials and virtual host of
+    the stream connection (and the connection that dead-letters invalid records)."""
     checkpoint: str
     """The query's checkpointLocation (the source keeps its starting positions there)."""
     stream: str | None = None
@@ -48,6 +48,12 @@ class StreamSourceOptions:
     partition as empty."""
     read_timeout: float = 120.0
     """Seconds an executor waits for more of its range before failing the task."""
+    urls: tuple[str, ...] = ()
+    """Every node's URL in the order they are tried (`url` alone when not given)."""
+
+    def __post_init__(self) -> None:
+        if not self.urls:
+            object.__setattr__(self, "urls", (self.url,))
 
     @property
     def name(self) -> str:
@@ -60,8 +66,13 @@ class StreamSourceOptions:
 
     @property
     def connection(self) -> dict[str, object]:
-        """Keyword arguments of an rstream Consumer/Producer for this broker."""
-        return stream_connection(self.url, self.stream_port)
+        """Keyword arguments of an rstream Consumer/Producer for this broker; with
+        several node addresses, `hosts` lists every node's host in order (the stream
+        port is `stream_port` on each): the first connection tries them in turn."""
+        conn = stream_connection(self.url, self.stream_port)
+        if len(self.urls) > 1:
+            conn["hosts"] = tuple(urllib.parse.urlsplit(u).hostname or "" for u in self.urls)
+        return conn
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> StreamSourceOptions:
@@ -96,8 +107,10 @@ class StreamSourceOptions:
         if bool(opts.get("stream")) == bool(opts.get("super_stream")):
             raise ValueError("the rabbitmq-stream source needs one of stream= or super_stream=")
         limit = opts.get("max_messages_per_trigger")
+        urls = node_urls(opts["url"])
         return cls(
-            url=check_url(opts["url"]),
+            url=urls[0],
+            urls=urls,
             checkpoint=check_location(opts["checkpoint"]),
             stream=opts.get("stream") or None,
             super_stream=opts.get("super_stream") or None,

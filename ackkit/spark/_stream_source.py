@@ -254,8 +254,20 @@ def _dead_letter(opts: StreamSourceOptions, bad: Sequence[Record]) -> None:
     again (the stream keeps them; their `x-stream`/`x-stream-offset` headers identify
     the copies)."""
     import pika
+    import pika.exceptions
 
-    conn = pika.BlockingConnection(pika.URLParameters(opts.url))
+    from .._connection import addresses
+    from .._connection.io import connect_in_turn
+
+    conn = connect_in_turn(  # several node addresses: the first that answers
+        addresses.Rotation(opts.urls),
+        lambda u: pika.BlockingConnection(pika.URLParameters(u)),
+        final=(
+            pika.exceptions.ProbableAuthenticationError,
+            pika.exceptions.ProbableAccessDeniedError,
+        ),
+        what="ackkit.spark dead letters",
+    )
     try:
         ch = conn.channel()
         ch.confirm_delivery()
