@@ -47,7 +47,8 @@ ONCE := $(filter-out tests/integration/test_testkit_cluster.py, \
 # The modules that start a 3-node cluster of the kit's own (a minute or more each, most of
 # it the nodes' start): the 4.3 leg runs them, both runtimes (production clusters run 4.x);
 # make test-matrix runs them on every version.
-CLUSTER := tests/integration/test_testkit_cluster.py tests/integration/test_cluster_failover.py
+CLUSTER := tests/integration/test_testkit_cluster.py tests/integration/test_cluster_failover.py \
+           tests/integration/test_cluster_tools.py
 # The environment of a leg on RabbitMQ $(1): 3.10 keeps AMQP_URL as given.
 leg_env = $(if $(filter 3.10,$(1)),,env -u AMQP_URL) ACKKIT_TEST_RABBITMQ=$(1)
 RESULTS_SUFFIX := $(if $(filter 3.10,$(RABBITMQ)),,-$(RABBITMQ))
