@@ -143,6 +143,7 @@ def build_cli() -> typer.Typer:
         [DEFAULT_URL],
         "--url",
         envvar="AMQP_URL",
+        metavar="URL",
         help="AMQP URL; for a cluster, once per node or h1:5672,h2:5672 in one URL.",
     )
     format_opt = typer.Option(
@@ -297,6 +298,7 @@ def build_cli() -> typer.Typer:
             None,
             "--url",
             envvar="AMQP_URL",
+            metavar="URL",
             help="Broker URL, once per node of a cluster (default: the app's own URL).",
         ),
         workers: int = typer.Option(1, "--workers", "-w", min=1, help="Processes to run."),

@@ -23,6 +23,7 @@ def add_console(cli: typer.Typer, *, err: Callable[[], Any], fail: Callable[...,
             None,
             "--url",
             envvar="AMQP_URL",
+            metavar="URL",
             help="AMQP URL; for a cluster, once per node or h1:5672,h2:5672 in one URL.",
         ),
         dlq_names: list[str] = typer.Option(  # noqa: B008 - typer's way

@@ -29,6 +29,7 @@ def add_outbox(cli: typer.Typer, url_default: str, fail: Callable[..., Any]) -> 
             [url_default],
             "--url",
             envvar="AMQP_URL",
+            metavar="URL",
             help="AMQP URL; for a cluster, once per node or h1:5672,h2:5672 in one URL.",
         ),
         dsn: str = typer.Option(

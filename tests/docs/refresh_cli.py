@@ -14,7 +14,9 @@ INTRO = """# CLI reference
 
 The `ackkit` command comes with the `cli` extra (`pip install 'ackkit[cli]'`). Every
 command that talks to a broker takes `--url`, or the `AMQP_URL` environment variable;
-passwords are masked in everything it prints. What each command does is described
+passwords are masked in everything it prints. For a cluster, give `--url` once per node
+or one URL in the comma form ([the forms and the order nodes are tried
+in](configuration.md#the-tools-take-the-same-addresses)). What each command does is described
 where the task is: [`ackkit run`](../guide/running.md),
 [`ackkit dlq`](../guide/failures.md#inspecting-and-replaying) and `ackkit queues`
 (same section), [`ackkit docs`](asyncapi.md).
