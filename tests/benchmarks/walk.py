@@ -1,6 +1,7 @@
-"""The walk: one delivery traced call by call on the in-memory broker.
+"""The walk: one delivery traced call by call on the in-memory broker, and the
+average delivery of a run of many.
 
-    python -m tests.benchmarks.walk
+    python -m tests.benchmarks.walk [--deliveries N] [-v]
 
 For the pika App and for AsyncApp: one message (a warm-up message first, so the
 connection, the channel and the consumer are set up before tracing), a handler that
@@ -21,12 +22,34 @@ The publish and the wait (the test kit's helpers) are left out.
 Pull mode (`ackkit.connect`, `ackkit.aconnect`) is walked the same way: one
 `get()` and the delivery's `ack()`, after a warm-up message got and acked (the
 connection, the channel and the queue's core set up before tracing).
+
+The average (`--deliveries N`, default 2000): each walk again with N messages
+instead of one (published in one go by the kit, after the same warm-up), traced until
+the broker shows all N acked; in pull mode N `get()`s and `ack()`s. Divided by N:
+
+- calls/d: ackkit function calls (calls, not distinct functions; the same frames left
+  out as above, and the tick's apart);
+- core/d: core calls as above (from a runtime into `ackkit/_core`);
+- tick/d: core calls of the tick.
+
+A call is a function starting: a generator or coroutine resuming (each `await` that
+suspended, each `next()`) is not counted again.
+
+What varies from run to run: the single delivery's figures do not, but for the tick
+column (timing). Of the averages, pull mode's are exact (the same calls for each
+`get()` and `ack()`); App's and AsyncApp's move by a few hundredths to tenths of a
+call from run to run, because what a runtime does once per wake-up (a read from the
+connection, a pass of its loop, a flush of acks) is shared by however many deliveries
+arrived together, which depends on the threads' timing; tick/d depends on how long the
+run took (the tick runs on a clock), i.e. on the machine's load.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dis
+import inspect
 import os
 import sys
 import threading
@@ -47,6 +70,22 @@ SKIP = (ROOT + "testing" + os.sep, os.path.join(ROOT, "_connection", "inmemory.p
 # frames of the test kit's publish and wait: what runs under them is not the delivery's
 HELPERS = tuple(ROOT + "testing" + os.sep + f for f in ("_helpers.py", "_memory.py", "_handle.py"))
 TICKS = {"tick", "_tick", "_tick_forever"}
+RESUMABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+RESUME = dis.opmap.get("RESUME")
+
+
+def starts(frame: FrameType) -> bool:
+    """Whether a profiler "call" event is the function starting, not a generator or
+    coroutine resuming. From 3.11 every code object starts with RESUME 0 and every
+    resumption point is a RESUME with a nonzero argument; where that cannot be read,
+    the event counts as a call."""
+    code = frame.f_code
+    if not code.co_flags & RESUMABLE or RESUME is None:
+        return True
+    raw, i = code.co_code, frame.f_lasti
+    if i < 0 or i + 1 >= len(raw) or raw[i] != RESUME:
+        return True
+    return raw[i + 1] == 0
 
 
 def ours(path: str) -> bool:
@@ -58,6 +97,8 @@ class Walk:
     functions: set[tuple[str, int, str]] = field(default_factory=set)
     core: Counter[str] = field(default_factory=Counter)
     tick_core: Counter[str] = field(default_factory=Counter)
+    calls: int = 0  # ackkit calls (starts), the tick's left out
+    tick_calls: int = 0  # ackkit calls made under the tick
     on: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -85,9 +126,15 @@ class Walk:
             and not caller.f_code.co_filename.startswith(CORE)
         )
         name = f"{os.path.relpath(path, ROOT)}:{code.co_qualname}"
+        start = starts(frame)
         with self.lock:
-            if into_core:
-                (self.tick_core if ticking else self.core)[name] += 1
+            if start:
+                if ticking:
+                    self.tick_calls += 1
+                else:
+                    self.calls += 1
+                if into_core:
+                    (self.tick_core if ticking else self.core)[name] += 1
             self.functions.add((path, code.co_firstlineno, code.co_qualname))
 
     @property
@@ -120,7 +167,16 @@ def _run_async(w: Walk, scenario: Callable[[InMemoryBroker], Awaitable[None]]) -
     return w
 
 
-def walk_sync() -> Walk:
+def _bodies(n: int) -> list[bytes]:
+    return [b"one"] if n == 1 else [b"%d" % i for i in range(n)]
+
+
+def _timeout(n: int) -> float:
+    """How long the wait for N acks may take, traced (well above what it takes)."""
+    return 10.0 + 0.05 * n
+
+
+def walk_sync(n: int = 1) -> Walk:
     w = Walk()
     with InMemoryBroker() as broker:
         app = App(broker.url, shutdown_timeout=2)
@@ -136,15 +192,15 @@ def walk_sync() -> Walk:
                 broker.wait_for("walk", ready=0, unacked=0)
                 time.sleep(0.2)
                 w.on = True
-                broker.publish("walk", b"one")
-                broker.wait_for("walk", ready=0, unacked=0)
+                broker.publish_many("walk", _bodies(n))
+                broker.wait_for("walk", ready=0, unacked=0, timeout=_timeout(n))
                 w.on = False
         finally:
             _remove()
     return w
 
 
-def walk_async() -> Walk:
+def walk_async(n: int = 1) -> Walk:
     w = Walk()
 
     async def scenario(broker: InMemoryBroker) -> None:
@@ -159,74 +215,111 @@ def walk_async() -> Walk:
             await broker.wait_for_async("walk", ready=0, unacked=0)
             await asyncio.sleep(0.2)
             w.on = True
-            broker.publish("walk", b"one")
-            await broker.wait_for_async("walk", ready=0, unacked=0)
+            broker.publish_many("walk", _bodies(n))
+            await broker.wait_for_async("walk", ready=0, unacked=0, timeout=_timeout(n))
             w.on = False
 
     return _run_async(w, scenario)
 
 
-def walk_pull() -> Walk:
+def walk_pull(n: int = 1) -> Walk:
     w = Walk()
     with InMemoryBroker() as broker, ackkit.connect(broker.url) as conn:
         conn.declare_queue("walk")
         _install(w)
         try:
-            for body in (b"warm-up", b"one"):
-                broker.publish("walk", body)
-                w.on = body == b"one"
+            broker.publish("walk", b"warm-up")
+            d = conn.get("walk")
+            assert d is not None
+            d.ack()
+            broker.publish_many("walk", _bodies(n))
+            w.on = True
+            for _ in range(n):
                 d = conn.get("walk")
                 assert d is not None
                 d.ack()
-                w.on = False
-            broker.wait_for("walk", ready=0, unacked=0)
+            broker.wait_for("walk", ready=0, unacked=0, timeout=_timeout(n))
+            w.on = False
         finally:
             _remove()
     return w
 
 
-def walk_apull() -> Walk:
+def walk_apull(n: int = 1) -> Walk:
     w = Walk()
 
     async def scenario(broker: InMemoryBroker) -> None:
         async with ackkit.aconnect(broker.url) as conn:
             await conn.declare_queue("walk")
-            for body in (b"warm-up", b"one"):
-                broker.publish("walk", body)
-                w.on = body == b"one"
+            broker.publish("walk", b"warm-up")
+            d = await conn.get("walk")
+            assert d is not None
+            await d.ack()
+            broker.publish_many("walk", _bodies(n))
+            w.on = True
+            for _ in range(n):
                 d = await conn.get("walk")
                 assert d is not None
                 await d.ack()
-                w.on = False
-            await broker.wait_for_async("walk", ready=0, unacked=0)
+            await broker.wait_for_async("walk", ready=0, unacked=0, timeout=_timeout(n))
+            w.on = False
 
     return _run_async(w, scenario)
 
 
+KINDS: list[tuple[str, Callable[[int], Walk]]] = [
+    ("App (pika)", walk_sync),
+    ("AsyncApp", walk_async),
+    ("connect", walk_pull),
+    ("aconnect", walk_apull),
+]
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.benchmarks.walk", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.benchmarks.walk",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="list the functions")
+    parser.add_argument(
+        "--deliveries",
+        type=int,
+        default=2000,
+        metavar="N",
+        help="messages in the run the averages are taken over (default 2000)",
+    )
     args = parser.parse_args(argv)
-    rows = [
-        ("App (pika)", walk_sync()),
-        ("AsyncApp", walk_async()),
-        ("connect", walk_pull()),
-        ("aconnect", walk_apull()),
-    ]
-    print(f"{'runtime':12} {'ackkit calls':>12} {'files':>6} {'core calls':>10} {'tick':>5}")
-    for name, w in rows:
+    if args.deliveries < 1:
+        parser.error("--deliveries must be at least 1")
+    n = args.deliveries
+    rows = [(name, run(1), run(n)) for name, run in KINDS]
+    print(
+        f"{'runtime':12} {'ackkit calls':>12} {'files':>6} {'core calls':>10} {'tick':>5}"
+        f" {'calls/d':>8} {'core/d':>7} {'tick/d':>7}"
+    )
+    for name, w, avg in rows:
         print(
             f"{name:12} {len(w.functions):12} {len(w.files):6} "
             f"{sum(w.core.values()):10} {sum(w.tick_core.values()):5}"
+            f" {avg.calls / n:8.2f} {sum(avg.core.values()) / n:7.2f}"
+            f" {sum(avg.tick_core.values()) / n:7.3f}"
         )
-    for name, w in rows:
+    print(f"(calls/d, core/d, tick/d: per delivery, over a run of {n})")
+    for name, w, avg in rows:
         print(f"\n{name}: core calls")
-        for fn, n in sorted(w.core.items()):
-            print(f"  {n} x {fn}")
+        for fn, count in sorted(w.core.items()):
+            print(f"  {count} x {fn}")
+        print(f"{name}: core calls per delivery over {n}")
+        for fn, count in sorted(avg.core.items()):
+            print(f"  {count / n:.3f} x {fn}")
         if args.verbose:
             print(f"{name}: core calls of the tick")
-            for fn, n in sorted(w.tick_core.items()):
-                print(f"  {n} x {fn}")
+            for fn, count in sorted(w.tick_core.items()):
+                print(f"  {count} x {fn}")
+            print(f"{name}: core calls of the tick over {n} ({avg.tick_calls} ackkit calls)")
+            for fn, count in sorted(avg.tick_core.items()):
+                print(f"  {count} x {fn}")
             print(f"{name}: functions")
             for path, line, qual in sorted(w.functions):
                 print(f"  {os.path.relpath(path, ROOT)}:{line} {qual}")
