@@ -53,7 +53,7 @@ CLUSTER := tests/integration/test_testkit_cluster.py tests/integration/test_clus
 leg_env = $(if $(filter 3.10,$(1)),,env -u AMQP_URL) ACKKIT_TEST_RABBITMQ=$(1)
 RESULTS_SUFFIX := $(if $(filter 3.10,$(RABBITMQ)),,-$(RABBITMQ))
 
-.PHONY: demo docs docs-serve test test-matrix test-docker unit fuzz check bench bench-quick chaos soak clean
+.PHONY: demo docs docs-serve test coverage test-matrix test-docker unit fuzz check bench bench-quick chaos soak clean
 
 $(STAMP): pyproject.toml testkit/pyproject.toml .ci/bootstrap
 	bash .ci/bootstrap
@@ -74,6 +74,12 @@ docs-serve: $(STAMP)
 test: $(STAMP)
 	PYTEST=$(PYTEST) BROKER_SUITES="$(BROKER_SUITES)" SPARK310="$(SPARK310)" SPARK43="$(SPARK43)" \
 	    ONCE="$(ONCE)" CLUSTER="$(CLUSTER)" bash .ci/test-legs
+
+# make test's legs with line and branch coverage of ackkit/ (every Python process they
+# start, Spark's workers too), combined at the end: the figures in the last lines, the
+# report in .test-logs/coverage/ (docs/development.md). Same as ACKKIT_COVERAGE=1 make test.
+coverage: $(STAMP)
+	ACKKIT_COVERAGE=1 $(MAKE) --no-print-directory test
 
 # contract + test-kit tests against RabbitMQ containers (skipped without Docker)
 test-docker: $(STAMP)
