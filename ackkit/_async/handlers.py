@@ -64,8 +64,8 @@ async def handle(c: AsyncConsumer, ds: list[DeliveryBase]) -> None:
         try:
             if kind is Ask:
                 answer = req.fn(*req.args)
-                if answer.actions:
-                    await c.execute(answer.actions)
+                if answer:  # a Step with actions
+                    await c.execute(answer)
             elif kind is Call:
                 answer = await call(c, req.inv)
                 if answer.interruption is not None:

@@ -32,15 +32,29 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar
 
 from aiormq.abc import AbstractChannel
 
 from .._core import actions as A
-from .._core.actions import Action, Consume, Fence, Republish, Run, Start, TxCommit, TxSelect
+from .._core.actions import Action, Republish
 from .._core.listener import ListenerCore
 from .._core.step import Step
-from .._messages.delivery import DeliveryBase, Originals
+from .._interpreter.dispatch import (
+    CONSUME,
+    FENCE,
+    PUBLISH,
+    RUN,
+    SETTLE,
+    START,
+    TX_COMMIT,
+    TX_SELECT,
+    operations,
+    settles,
+    stale,
+)
+from .._interpreter.originals import Originals
+from .._messages.delivery import DeliveryBase
 from .._telemetry.logs import short
 from ._amqp import CHANNEL_GONE
 
@@ -140,58 +154,50 @@ class ChannelSettler:
 
     async def _execute(self, step: Step) -> None:
         core = self.core
-        gen, acts = step.generation, step.actions
         ch = self.channel
-        for i, a in enumerate(acts):
-            if ch is None or ch is not self.channel or ch.is_closed or not core.current(gen):
-                if any(type(x) is not Republish for x in acts):
-                    log.info(
-                        "%s: dropped %d settle actions for a closed channel",
-                        self.name,
-                        len(acts),
-                    )
-                # dropped Runs still go to a handler task: `begin` finds them stale
-                # and frees the serial keys they hold
-                for r in acts[i:]:
-                    if type(r) is Run:
-                        stale = self.originals.get(gen, r.tag)
-                        if stale is not None:
-                            self.run_ready(stale)
-                return
-            ta = type(a)
-            try:
-                if ta is Republish:
-                    r = cast(Republish, a)
-                    original = self.originals.copy(r.token)
-                    if original is not None:
-                        self.copies.submit(self, r, original)
-                elif ta is TxCommit:
-                    await until_closed(ch, ch.tx_commit())
-                elif ta is TxSelect:
-                    await until_closed(ch, ch.tx_select())
-                elif ta is Fence:
-                    # the check above, repeated after it, drops the rest if the channel
-                    # closed meanwhile (a closing channel also fails this call)
-                    await ch.basic_qos(prefetch_count=core.policy.prefetch)
-                elif ta is Start:
-                    held = self.originals.get(gen, cast(Start, a).tag)
-                    if held is not None:
-                        self.start_held(held)
-                elif ta is Consume:
-                    await self.switch_consumer(cast(Consume, a).on)
-                elif ta is Run:
-                    ready = self.originals.get(gen, cast(Run, a).tag)
-                    if ready is not None:
-                        self.run_ready(ready)
-                else:
+        gen = step.generation
+        try:
+            for i, op, x in operations(step, self.originals):
+                # asked before every operation: each send may await
+                if ch is None or ch is not self.channel or ch.is_closed or not core.current(gen):
+                    self._drop(Step(gen, step.actions[i:]), len(step))
+                    return
+                if op is SETTLE:
                     if has_room(ch):  # the usual case: the frame is queued at once
-                        await send_settle(ch, a)
+                        await send_settle(ch, x)
                     else:
-                        await until_closed(ch, send_settle(ch, a))
-                    self.originals.settled(gen, a)  # type: ignore[arg-type]
-            except CHANNEL_GONE as exc:
-                log.info("%s: channel lost while settling: %s", self.name, short(exc))
-                return
+                        await until_closed(ch, send_settle(ch, x))
+                elif op is PUBLISH:
+                    original = self.originals.copy(x.token)
+                    if original is not None:
+                        self.copies.submit(self, x, original)
+                elif op is RUN:
+                    self.run_ready(x)
+                elif op is START:
+                    self.start_held(x)
+                elif op is CONSUME:
+                    await self.switch_consumer(x)
+                elif op is FENCE:
+                    # a round trip answered after every frame sent before it; the rest
+                    # goes on checked as above (a closing channel also fails this call)
+                    await ch.basic_qos(prefetch_count=core.policy.prefetch)
+                    await self._execute(x)
+                elif op is TX_COMMIT:
+                    await until_closed(ch, ch.tx_commit())
+                elif op is TX_SELECT:
+                    await until_closed(ch, ch.tx_select())
+        except CHANNEL_GONE as exc:
+            log.info("%s: channel lost while settling: %s", self.name, short(exc))
+
+    def _drop(self, rest: Step, decided: int) -> None:
+        """What is left of a step (`rest`) is for a channel that is gone: nothing goes
+        out; its Runs still go to a handler task (`begin` finds them stale and frees the
+        serial keys they hold)."""
+        runs, _ = stale(rest, self.originals)
+        if settles(rest):
+            log.info("%s: dropped %d settle actions for a closed channel", self.name, decided)
+        for d in runs:
+            self.run_ready(d)
 
     def start_held(self, d: DeliveryBase) -> None:
         """Start the handler of `d`, a delivery the core held (consumers only)."""

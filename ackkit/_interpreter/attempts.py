@@ -7,7 +7,8 @@ means and sends back the answer, as tenacity's `Retrying.iter()` hands out "call
 "sleep" or "return":
 
 - `Ask(fn, *args)`: ask the core (`begin`, `handled`, `resume`, a release); the answer
-  has `actions`. The driver asks under the listener's lock where there is one, and hands
+  is a `Step` (true when it has actions). The driver asks under the listener's lock
+  where there is one, and hands
   the actions to its channel side in the same breath (decision order is frame order);
   the answer goes back to the loop.
 - `Call(inv)`: run the handler for the invocation (through the inbox's transaction when
@@ -249,18 +250,21 @@ _NOTHING = Step(0)
 
 
 class _Answer:
-    """A core answer made here: a release's or a duplicate's actions, or whether to look
-    a key up first (`yes`, nothing to carry out)."""
+    """Whether to look a key up first (`yes`): an answer with nothing to carry out (false,
+    as a Step without actions is)."""
 
     __slots__ = ("actions", "yes")
 
-    def __init__(self, actions: list[Action], yes: bool = False) -> None:
-        self.actions = actions
+    def __init__(self, yes: bool) -> None:
+        self.actions: list[Action] = []
         self.yes = yes
 
+    def __bool__(self) -> bool:
+        return False
 
-_YES = _Answer([], yes=True)
-_NO = _Answer([])
+
+_YES = _Answer(True)
+_NO = _Answer(False)
 
 
 def _look_up_first(core: ListenerCore, d: DeliveryBase) -> _Answer:

@@ -339,8 +339,8 @@ class Consumer(Executor):
             if kind is Ask:
                 with lock:
                     answer = req.fn(*req.args)
-                    if answer.actions:
-                        self.send(answer.actions)
+                    if answer:  # a Step with actions
+                        self.send(answer)
             elif kind is Call:
                 answer = self._call(req.inv)
             elif kind is Pause:

@@ -25,22 +25,23 @@ from typing import Any, Protocol
 
 import pika.exceptions
 
-from .._core.actions import (
-    Ack,
-    Action,
-    Consume,
-    Fence,
-    Nack,
-    Reject,
-    Republish,
-    Run,
-    Start,
-    TxCommit,
-    TxSelect,
-)
+from .._core.actions import Ack, Reject, Republish
 from .._core.listener import ListenerCore
 from .._core.step import Step
-from .._messages.delivery import Originals
+from .._interpreter.dispatch import (
+    CONSUME,
+    FENCE,
+    PUBLISH,
+    RUN,
+    SETTLE,
+    START,
+    TX_COMMIT,
+    TX_SELECT,
+    operations,
+    settles,
+    stale,
+)
+from .._interpreter.originals import Originals
 
 
 class IoThread(Protocol):
@@ -154,64 +155,54 @@ class Executor:
         )
 
     def execute(self, step: Step) -> None:
-        """Carry out `step`'s actions on the channel of its generation, or drop them."""
-        gen, acts = step.generation, step.actions
-        if not self.valid(gen):
-            with self.lock:
-                for a in acts:
-                    if type(a) is Republish:
-                        self.originals.answered(a.token)  # never sent, never answered
-            self._stale_runs(gen, acts)
-            if any(not isinstance(a, Republish) for a in acts):
-                self.log.info(
-                    "%s: dropped %d settle actions for a closed channel", self.name, len(acts)
-                )
+        """Carry out `step`'s actions on the channel of its generation, or drop them
+        (the one dispatch: `ackkit._interpreter.dispatch`)."""
+        if not self.valid(step.generation):
+            self._drop(step)
             return
         ch = self.channel
-        originals = self.originals
         try:
-            for i, a in enumerate(acts):
-                if type(a) is Ack:
-                    ch.basic_ack(a.tag, a.multiple)
-                    originals.settled(gen, a)
-                elif type(a) is Reject:
-                    ch.basic_reject(a.tag, a.requeue)
-                    originals.settled(gen, a)
-                elif type(a) is Nack:
-                    ch.basic_nack(a.tag, a.multiple, a.requeue)
-                    originals.settled(gen, a)
-                elif type(a) is Republish:
-                    self._publish(gen, a)
-                elif type(a) is TxCommit:
+            for _, op, x in operations(step, self.originals):
+                if op is SETTLE:
+                    t = type(x)
+                    if t is Ack:
+                        ch.basic_ack(x.tag, x.multiple)
+                    elif t is Reject:
+                        ch.basic_reject(x.tag, x.requeue)
+                    else:
+                        ch.basic_nack(x.tag, x.multiple, x.requeue)
+                elif op is PUBLISH:
+                    self._publish(step.generation, x)
+                elif op is RUN:
+                    self._run_ready(x)
+                elif op is START:
+                    self._start(x)
+                elif op is CONSUME:
+                    self._switch_consumer(x)
+                elif op is FENCE:
+                    self._fence(ch, x)
+                elif op is TX_COMMIT:
                     ch.tx_commit()
-                elif type(a) is TxSelect:
+                elif op is TX_SELECT:
                     ch.tx_select()
-                elif type(a) is Fence:
-                    self._fence(ch, Step(gen, acts[i + 1 :]))
-                    return
-                elif type(a) is Start:
-                    held = originals.get(gen, a.tag)
-                    if held is not None:
-                        self._start(held)
-                elif type(a) is Consume:
-                    self._switch_consumer(a.on)
-                elif type(a) is Run:
-                    ready = originals.get(gen, a.tag)
-                    if ready is not None:
-                        self._run_ready(ready)
         except (pika.exceptions.ChannelWrongStateError, pika.exceptions.ConnectionWrongStateError):
             # Closed under us: the broker requeues what was not settled; the close
             # callback that follows marks the generation stale.
             self.log.info("%s: channel closed while settling", self.name)
 
-    def _stale_runs(self, gen: int, acts: list[Action]) -> None:
-        """Runs dropped with their closed channel still go to a worker: it asks the core
-        (`begin`), which finds them stale and frees the serial keys they hold."""
-        for a in acts:
-            if type(a) is Run:
-                d = self.originals.get(gen, a.tag)
-                if d is not None:
-                    self._run_ready(d)
+    def _drop(self, step: Step) -> None:
+        """`step`'s channel is gone: its copies are forgotten (never sent, never
+        answered), its Runs still go to a worker (see `dispatch.stale`)."""
+        with self.lock:
+            runs, tokens = stale(step, self.originals)
+            for token in tokens:
+                self.originals.answered(token)
+        for d in runs:
+            self._run_ready(d)
+        if settles(step):
+            self.log.info(
+                "%s: dropped %d settle actions for a closed channel", self.name, len(step)
+            )
 
     def _fence(self, ch: Any, rest: Step) -> None:
         """Carry out `rest` once the broker has answered a round trip sent after every

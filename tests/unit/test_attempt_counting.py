@@ -15,7 +15,7 @@ import pytest
 from ackkit import Retry
 from ackkit._core import headers as H
 from ackkit._core.actions import Ack, Republish
-from ackkit._messages.delivery import Originals
+from ackkit._interpreter.originals import Originals
 from tests.unit._fakes import RETRY3, core
 
 

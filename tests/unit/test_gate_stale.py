@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ackkit._core.actions import Run
 from ackkit._core.listener import ListenerCore
+from ackkit._core.step import Step
 from ackkit._core.tracked import Tracked
 from tests.unit.test_gating import SERIAL, gated_core
 
@@ -68,5 +69,5 @@ def test_the_pika_executor_hands_a_run_of_a_closed_channel_to_a_worker() -> None
     ch.is_open = False
     with c.lock:
         c.core.channel_closed()
-    c.execute(gen, [Run(1)])
+    c.execute(Step(gen, [Run(1)]))
     assert log == ["start 1", "start 1"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from ackkit._core.actions import Ack, Action, Nack, Reject, Republish
-from ackkit._messages.delivery import KEPT_GENERATIONS, Originals
+from ackkit._interpreter.originals import KEPT_GENERATIONS, Originals
 
 
 def filled(gen: int = 1, tags: range = range(1, 6)) -> Originals[str]:
