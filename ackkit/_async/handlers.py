@@ -20,19 +20,7 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 from .._app.invocation import Invocation
-from .._interpreter.attempts import (
-    RETURNED,
-    Ask,
-    Call,
-    Called,
-    Down,
-    Failed,
-    Interrupted,
-    LookUp,
-    Pause,
-    Stop,
-    attempts,
-)
+from .._interpreter import attempts as A
 from . import cancels, flowing
 
 if TYPE_CHECKING:
@@ -47,9 +35,9 @@ async def handle(c: AsyncConsumer, ds: list[DeliveryBase]) -> None:
     order). A cancellation of this task (shutdown, a lost channel) is thrown into the
     loop, which releases the deliveries; then it is raised again."""
     core = c.core
-    loop = attempts(core, c.binding, ds, inbox=c.tx is not None, probe=c.probe)
+    loop = A.attempts(core, c.binding, ds, inbox=c.tx is not None, probe=c.probe)
     answer: Any = None
-    throw: Interrupted | None = None
+    throw: A.Interrupted | None = None
     cancelled: BaseException | None = None
     req: Any
     while True:
@@ -57,41 +45,41 @@ async def handle(c: AsyncConsumer, ds: list[DeliveryBase]) -> None:
             req = loop.send(answer) if throw is None else loop.throw(throw)
         except StopIteration:
             return
-        except Interrupted:
+        except A.Interrupted:
             raise cancelled or asyncio.CancelledError() from None
         answer = throw = None
         kind = type(req)
         try:
-            if kind is Ask:
+            if kind is A.Ask:
                 answer = req.fn(*req.args)
                 if answer:  # a Step with actions
                     await c.execute(answer)
-            elif kind is Call:
+            elif kind is A.Call:
                 answer = await call(c, req.inv)
                 if answer.interruption is not None:
                     cancelled = answer.exc  # raised again if the core releases the call
-            elif kind is Pause:
+            elif kind is A.Pause:
                 await c.rt.pause(req.seconds)
-            elif kind is Failed:
+            elif kind is A.Failed:
                 c.failures.failed(c.spec.name, req.inv, req.exc)
-            elif kind is Stop:
+            elif kind is A.Stop:
                 exc = req.exc
                 c.rt.fail(exc, f"{c.spec.name}: handler raised {type(exc).__name__}")
-            elif kind is LookUp:
+            elif kind is A.LookUp:
                 assert c.tx is not None
                 answer = await c.tx.look_up(req.delivery)
-            elif kind is Down:
+            elif kind is A.Down:
                 assert c.tx is not None
                 await c.tx.down(req.inv, req.exc)
         except asyncio.CancelledError as e:  # shutdown or a lost channel
-            cancelled, throw = e, Interrupted()
+            cancelled, throw = e, A.Interrupted()
 
 
-async def call(c: AsyncConsumer, inv: Invocation) -> Called:
+async def call(c: AsyncConsumer, inv: Invocation) -> A.Called:
     """Call the handler once: on the loop, on the consumer's thread pool for a `def`
     handler, or in the inbox's transaction."""
     if not inv.deliveries:
-        return RETURNED
+        return A.RETURNED
     b = c.binding
     try:
         if c.tx is not None:
@@ -105,10 +93,10 @@ async def call(c: AsyncConsumer, inv: Invocation) -> Called:
         # the handler's own CancelledError (nobody cancelled its task) is a failure like
         # any other: released, it would come straight back, for ever with max_attempts=1.
         why = cancels.interruption(asyncio.current_task(), c.rt.stopping)
-        return Called(None, e, traceback.format_exc(), why)
+        return A.Called(None, e, traceback.format_exc(), why)
     except BaseException as e:  # SystemExit and KeyboardInterrupt too: settled, then stop
-        return Called(None, e, traceback.format_exc())
-    return RETURNED if result is None else Called(result)
+        return A.Called(None, e, traceback.format_exc())
+    return A.RETURNED if result is None else A.Called(result)
 
 
 def _call(fn: Any, args: Any) -> Any:

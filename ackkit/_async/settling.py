@@ -40,19 +40,7 @@ from .._core import actions as A
 from .._core.actions import Action, Republish
 from .._core.listener import ListenerCore
 from .._core.step import Step
-from .._interpreter.dispatch import (
-    CONSUME,
-    FENCE,
-    PUBLISH,
-    RUN,
-    SETTLE,
-    START,
-    TX_COMMIT,
-    TX_SELECT,
-    operations,
-    settles,
-    stale,
-)
+from .._interpreter.dispatch import Op, operations, settles, stale
 from .._interpreter.originals import Originals
 from .._messages.delivery import DeliveryBase
 from .._telemetry.logs import short
@@ -162,29 +150,29 @@ class ChannelSettler:
                 if ch is None or ch is not self.channel or ch.is_closed or not core.current(gen):
                     self._drop(Step(gen, step.actions[i:]), len(step))
                     return
-                if op is SETTLE:
+                if op is Op.SETTLE:
                     if has_room(ch):  # the usual case: the frame is queued at once
                         await send_settle(ch, x)
                     else:
                         await until_closed(ch, send_settle(ch, x))
-                elif op is PUBLISH:
+                elif op is Op.PUBLISH:
                     original = self.originals.copy(x.token)
                     if original is not None:
                         self.copies.submit(self, x, original)
-                elif op is RUN:
+                elif op is Op.RUN:
                     self.run_ready(x)
-                elif op is START:
+                elif op is Op.START:
                     self.start_held(x)
-                elif op is CONSUME:
+                elif op is Op.CONSUME:
                     await self.switch_consumer(x)
-                elif op is FENCE:
+                elif op is Op.FENCE:
                     # a round trip answered after every frame sent before it; the rest
                     # goes on checked as above (a closing channel also fails this call)
                     await ch.basic_qos(prefetch_count=core.policy.prefetch)
                     await self._execute(x)
-                elif op is TX_COMMIT:
+                elif op is Op.TX_COMMIT:
                     await until_closed(ch, ch.tx_commit())
-                elif op is TX_SELECT:
+                elif op is Op.TX_SELECT:
                     await until_closed(ch, ch.tx_select())
         except CHANNEL_GONE as exc:
             log.info("%s: channel lost while settling: %s", self.name, short(exc))

@@ -33,6 +33,7 @@ its own cancellation.
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .._app.handler import Binding
@@ -56,85 +57,65 @@ class Ask:
         self.args = args
 
 
+@dataclass(slots=True)
 class Call:
     """Run the handler for `inv`; answer with a `Called`."""
 
-    __slots__ = ("inv",)
-
-    def __init__(self, inv: Invocation) -> None:
-        self.inv = inv
+    inv: Invocation
 
 
+@dataclass(slots=True)
 class Called:
     """What a handler call came to, as the driver saw it."""
 
-    __slots__ = ("exc", "interruption", "result", "traceback")
-
-    def __init__(
-        self,
-        result: object = None,
-        exc: BaseException | None = None,
-        traceback: str | None = None,
-        interruption: Interruption | None = None,
-    ) -> None:
-        self.result = result
-        self.exc = exc
-        self.traceback = traceback
-        """The formatted traceback where the driver has it (else the core formats it)."""
-        self.interruption = interruption
-        """A cancellation reached the call (asyncio): what is known of it."""
+    result: object = None
+    exc: BaseException | None = None
+    traceback: str | None = None
+    """The formatted traceback where the driver has it (else the core formats it)."""
+    interruption: Interruption | None = None
+    """A cancellation reached the call (asyncio): what is known of it."""
 
 
 RETURNED = Called()
 """A handler that returned None (shared: nobody writes to it)."""
 
 
+@dataclass(slots=True)
 class Pause:
     """Wait `seconds`, cut short when the app stops."""
 
-    __slots__ = ("seconds",)
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
+    seconds: float
 
 
+@dataclass(slots=True)
 class LookUp:
     """Is this redelivery's inbox key recorded? Answer: the key, None, or a DatabaseDown."""
 
-    __slots__ = ("delivery",)
-
-    def __init__(self, delivery: DeliveryBase) -> None:
-        self.delivery = delivery
+    delivery: DeliveryBase
 
 
+@dataclass(slots=True)
 class Down:
     """The inbox's database is down: `inv`'s deliveries go back unstarted, the listener
     pauses until it answers."""
 
-    __slots__ = ("exc", "inv")
-
-    def __init__(self, inv: Invocation, exc: BaseException) -> None:
-        self.inv = inv
-        self.exc = exc
+    inv: Invocation
+    exc: BaseException
 
 
+@dataclass(slots=True)
 class Failed:
     """The handler for `inv` failed with `exc`: log it."""
 
-    __slots__ = ("exc", "inv")
-
-    def __init__(self, inv: Invocation, exc: BaseException) -> None:
-        self.inv = inv
-        self.exc = exc
+    inv: Invocation
+    exc: BaseException
 
 
+@dataclass(slots=True)
 class Stop:
     """Stop the app with `exc` (a handler raised SystemExit or KeyboardInterrupt)."""
 
-    __slots__ = ("exc",)
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
+    exc: BaseException
 
 
 Request = Ask | Call | Pause | LookUp | Down | Failed | Stop

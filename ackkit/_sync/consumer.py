@@ -24,18 +24,7 @@ from .._core.events import Observer
 from .._core.listener import ListenerCore
 from .._core.policy import AckMode
 from .._core.step import Step
-from .._interpreter.attempts import (
-    RETURNED,
-    Ask,
-    Call,
-    Called,
-    Down,
-    Failed,
-    LookUp,
-    Pause,
-    Stop,
-    attempts,
-)
+from .._interpreter import attempts as A
 from .._messages.delivery import Delivery, DeliveryBase
 from .._messages.publish import Outgoing
 from .._telemetry.logs import FailureLog
@@ -325,7 +314,7 @@ class Consumer(Executor):
         asked under the listener's lock, and what it decides is queued for the I/O thread
         before the lock is let go (decision order is frame order)."""
         core = self.core
-        loop = attempts(core, self.binding, ds, inbox=self.tx is not None, probe=self.probe)
+        loop = A.attempts(core, self.binding, ds, inbox=self.tx is not None, probe=self.probe)
         lock = self.lock
         answer: Any = None
         req: Any
@@ -336,40 +325,40 @@ class Consumer(Executor):
                 return
             answer = None
             kind = type(req)
-            if kind is Ask:
+            if kind is A.Ask:
                 with lock:
                     answer = req.fn(*req.args)
                     if answer:  # a Step with actions
                         self.send(answer)
-            elif kind is Call:
+            elif kind is A.Call:
                 answer = self._call(req.inv)
-            elif kind is Pause:
+            elif kind is A.Pause:
                 self.rt.stop_event.wait(req.seconds)
-            elif kind is Failed:
+            elif kind is A.Failed:
                 self.failures.failed(self.spec.name, req.inv, req.exc)
-            elif kind is Stop:
+            elif kind is A.Stop:
                 exc = req.exc
                 self.rt.fail(exc, f"{self.spec.name}: handler raised {type(exc).__name__}")
-            elif kind is LookUp:
+            elif kind is A.LookUp:
                 assert self.tx is not None
                 answer = self.tx.look_up(req.delivery)
-            elif kind is Down:
+            elif kind is A.Down:
                 assert self.tx is not None
                 self.tx.down(req.inv, req.exc)
 
-    def _call(self, inv: Invocation) -> Called:
+    def _call(self, inv: Invocation) -> A.Called:
         """Call the handler once (in the inbox's transaction, with one)."""
         self.in_handler += 1
         try:
             if not inv.deliveries:
-                return RETURNED
+                return A.RETURNED
             tx = self.tx
             result = self.binding.fn(*inv.args()) if tx is None else tx.call(inv)
         except BaseException as e:  # SystemExit and KeyboardInterrupt too: settled, then stop
-            return Called(exc=e)  # the core formats the traceback if it dead-letters
+            return A.Called(exc=e)  # the core formats the traceback if it dead-letters
         finally:
             self.in_handler -= 1
-        return RETURNED if result is None else Called(result)
+        return A.RETURNED if result is None else A.Called(result)
 
     def publish_message(self, msg: Outgoing) -> None:
         """`Delivery.publish()` / `reply()` from a handler: confirmed, on the app's publisher

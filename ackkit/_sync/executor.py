@@ -28,19 +28,7 @@ import pika.exceptions
 from .._core.actions import Ack, Reject, Republish
 from .._core.listener import ListenerCore
 from .._core.step import Step
-from .._interpreter.dispatch import (
-    CONSUME,
-    FENCE,
-    PUBLISH,
-    RUN,
-    SETTLE,
-    START,
-    TX_COMMIT,
-    TX_SELECT,
-    operations,
-    settles,
-    stale,
-)
+from .._interpreter.dispatch import Op, operations, settles, stale
 from .._interpreter.originals import Originals
 
 
@@ -163,7 +151,7 @@ class Executor:
         ch = self.channel
         try:
             for _, op, x in operations(step, self.originals):
-                if op is SETTLE:
+                if op is Op.SETTLE:
                     t = type(x)
                     if t is Ack:
                         ch.basic_ack(x.tag, x.multiple)
@@ -171,19 +159,19 @@ class Executor:
                         ch.basic_reject(x.tag, x.requeue)
                     else:
                         ch.basic_nack(x.tag, x.multiple, x.requeue)
-                elif op is PUBLISH:
+                elif op is Op.PUBLISH:
                     self._publish(step.generation, x)
-                elif op is RUN:
+                elif op is Op.RUN:
                     self._run_ready(x)
-                elif op is START:
+                elif op is Op.START:
                     self._start(x)
-                elif op is CONSUME:
+                elif op is Op.CONSUME:
                     self._switch_consumer(x)
-                elif op is FENCE:
+                elif op is Op.FENCE:
                     self._fence(ch, x)
-                elif op is TX_COMMIT:
+                elif op is Op.TX_COMMIT:
                     ch.tx_commit()
-                elif op is TX_SELECT:
+                elif op is Op.TX_SELECT:
                     ch.tx_select()
         except (pika.exceptions.ChannelWrongStateError, pika.exceptions.ConnectionWrongStateError):
             # Closed under us: the broker requeues what was not settled; the close
