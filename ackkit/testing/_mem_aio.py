@@ -25,6 +25,7 @@ from pamqp.header import ContentHeader
 
 from .._async import _frames as frames
 from .._core import wire
+from ._mem_channel import ModelChannel
 from ._mem_model import Model
 from ._mem_state import ChannelError, Message
 
@@ -52,7 +53,7 @@ def _closed(code: int, text: str) -> BaseException:
     return exception_by_code(spec.Channel.Close(reply_code=code, reply_text=text))
 
 
-class AioChannel:
+class AioChannel(ModelChannel):
     """An aiormq `Channel` on the in-memory broker."""
 
     def __init__(self, conn: AioConnection, number: int, confirms: bool) -> None:
@@ -135,11 +136,11 @@ class AioChannel:
 
     # -- aiormq's Channel API ----------------------------------------------------------------
 
-    def _op(self, fn: Any) -> Any:
+    def _run(self, op: Any) -> Any:
         if self._closed:
             raise aiormq.exceptions.ChannelInvalidStateError(f"channel {self.number} closed")
         try:
-            return fn()
+            return op()
         except ChannelError as exc:
             self._model.close_channel(self.state, exc.code, exc.text)
             raise _closed(exc.code, exc.text) from None
@@ -147,7 +148,7 @@ class AioChannel:
     async def basic_qos(
         self, prefetch_count: int = 0, global_: bool = False, **_: Any
     ) -> spec.Basic.QosOk:
-        self._op(lambda: self._model.qos(self.state, prefetch_count, global_))
+        self._qos(prefetch_count, global_)
         return spec.Basic.QosOk()
 
     async def basic_consume(
@@ -162,37 +163,37 @@ class AioChannel:
     ) -> spec.Basic.ConsumeOk:
         tag = consumer_tag or f"ctag{self.number}.{next(self._ctags)}"
         self._consumers[tag] = consumer_callback
-        self._op(lambda: self._model.consume(self.state, queue, no_ack, tag, exclusive))
+        self._consume(queue, no_ack, tag, exclusive)
         return spec.Basic.ConsumeOk(consumer_tag=tag)
 
     async def basic_cancel(self, consumer_tag: str, **_: Any) -> spec.Basic.CancelOk:
-        self._op(lambda: self._model.cancel(self.state, consumer_tag))
+        self._cancel(consumer_tag)
         self._consumers.pop(consumer_tag, None)
         return spec.Basic.CancelOk(consumer_tag=consumer_tag)
 
     async def basic_ack(self, delivery_tag: int, multiple: bool = False, wait: bool = True) -> None:
-        self._op(lambda: self._model.settle(self.state, "ack", delivery_tag, multiple, False))
+        self._settle("ack", delivery_tag, multiple, False)
 
     async def basic_nack(
         self, delivery_tag: int, multiple: bool = False, requeue: bool = True, wait: bool = True
     ) -> None:
-        self._op(lambda: self._model.settle(self.state, "nack", delivery_tag, multiple, requeue))
+        self._settle("nack", delivery_tag, multiple, requeue)
 
     async def basic_reject(
         self, delivery_tag: int, *, requeue: bool = True, wait: bool = True
     ) -> None:
-        self._op(lambda: self._model.settle(self.state, "reject", delivery_tag, False, requeue))
+        self._settle("reject", delivery_tag, False, requeue)
 
     async def tx_select(self, **_: Any) -> spec.Tx.SelectOk:
-        self._op(lambda: self._model.tx_select(self.state))
+        self._tx(self._model.tx_select)
         return spec.Tx.SelectOk()
 
     async def tx_commit(self, **_: Any) -> spec.Tx.CommitOk:
-        self._op(lambda: self._model.tx_commit(self.state))
+        self._tx(self._model.tx_commit)
         return spec.Tx.CommitOk()
 
     async def tx_rollback(self, **_: Any) -> spec.Tx.RollbackOk:
-        self._op(lambda: self._model.tx_rollback(self.state))
+        self._tx(self._model.tx_rollback)
         return spec.Tx.RollbackOk()
 
     async def queue_declare(
@@ -205,18 +206,10 @@ class AioChannel:
         arguments: dict[str, Any] | None = None,
         **_: Any,
     ) -> spec.Queue.DeclareOk:
-        q = self._op(
-            lambda: self._model.queue_declare(
-                queue,
-                passive=passive,
-                durable=durable,
-                exclusive=exclusive,
-                arguments=arguments,
-            )
-        )
-        return spec.Queue.DeclareOk(
-            queue=q.name, message_count=len(q.ready), consumer_count=len(q.consumers)
-        )
+        declared = self._declare_queue(queue, passive, durable, exclusive, arguments)
+        assert declared is not None  # (_run raises instead)
+        name, messages, consumers = declared
+        return spec.Queue.DeclareOk(queue=name, message_count=messages, consumer_count=consumers)
 
     async def exchange_declare(
         self,
@@ -229,12 +222,7 @@ class AioChannel:
         arguments: dict[str, Any] | None = None,
         **_: Any,
     ) -> spec.Exchange.DeclareOk:
-        kind = getattr(exchange_type, "value", exchange_type)
-        self._op(
-            lambda: self._model.exchange_declare(
-                exchange, kind, passive=passive, durable=durable, arguments=arguments
-            )
-        )
+        self._declare_exchange(exchange, exchange_type, passive, durable, arguments)
         return spec.Exchange.DeclareOk()
 
     async def queue_bind(
@@ -245,7 +233,7 @@ class AioChannel:
         arguments: dict[str, Any] | None = None,
         **_: Any,
     ) -> spec.Queue.BindOk:
-        self._op(lambda: self._model.queue_bind(queue, exchange, routing_key, arguments))
+        self._bind(queue, exchange, routing_key, arguments)
         return spec.Queue.BindOk()
 
     async def basic_publish(
@@ -259,7 +247,9 @@ class AioChannel:
         **_: Any,
     ) -> Any:
         msg = Message(bytes(body), encode_props(properties), exchange, routing_key)
-        returned, refused = self._op(lambda: self._model.publish(msg, mandatory=mandatory))
+        result = self._publish(msg, mandatory)
+        assert result is not None  # (_run raises instead)
+        returned, refused = result
         if returned:
             header, _why = decode_header(msg)
             ret = spec.Basic.Return(
@@ -272,7 +262,7 @@ class AioChannel:
         return spec.Basic.Nack(delivery_tag=0) if refused else spec.Basic.Ack(delivery_tag=0)
 
     async def basic_get(self, queue: str = "", no_ack: bool = False, **_: Any) -> DeliveredMessage:
-        got = self._op(lambda: self._model.get(self.state, queue, no_ack))
+        got = self._get(queue, no_ack)
         if got is None:
             empty = spec.Basic.GetEmpty()
             return DeliveredMessage(delivery=empty, header=ContentHeader(), body=b"", channel=self)  # type: ignore[arg-type]

@@ -15,7 +15,7 @@ import pika.spec
 from pika.adapters.blocking_connection import ReturnedMessage
 
 from ._mem_model import Model
-from ._mem_pikaio import closed_error, decode_props, encode_props
+from ._mem_pikaio import PikaChannel, closed_error, decode_props, encode_props
 from ._mem_state import ChannelError, Message
 
 
@@ -27,7 +27,7 @@ class _Impl:
         self.server_properties: dict[str, Any] = {}
 
 
-class BlockingChannel:
+class BlockingChannel(PikaChannel):
     """A pika `BlockingChannel` on the in-memory broker (synchronous, any one thread)."""
 
     def __init__(self, conn: BlockingConnection) -> None:
@@ -56,10 +56,6 @@ class BlockingChannel:
     def is_open(self) -> bool:
         return self.state.open
 
-    @property
-    def is_closed(self) -> bool:
-        return not self.state.open
-
     def _run(self, op: Callable[[], Any]) -> Any:
         if not self.state.open:
             raise pika.exceptions.ChannelWrongStateError("Channel is closed.")
@@ -76,7 +72,7 @@ class BlockingChannel:
         self._confirm = True
 
     def basic_qos(self, prefetch_count: int = 0, global_qos: bool = False, **_: Any) -> None:
-        self._run(lambda: self._model.qos(self.state, prefetch_count, global_qos))
+        self._qos(prefetch_count, global_qos)
 
     def basic_publish(
         self,
@@ -87,7 +83,9 @@ class BlockingChannel:
         mandatory: bool = False,
     ) -> None:
         msg = Message(bytes(body), encode_props(properties), exchange, routing_key)
-        returned, refused = self._run(lambda: self._model.publish(msg, mandatory=mandatory))
+        result = self._publish(msg, mandatory)
+        assert result is not None  # (_run raises instead)
+        returned, refused = result
         if not self._confirm:
             return
         if returned:
@@ -99,23 +97,12 @@ class BlockingChannel:
             raise pika.exceptions.NackError([ReturnedMessage(None, decode_props(msg), msg.body)])
 
     def basic_get(self, queue: str, auto_ack: bool = False) -> tuple[Any, Any, Any]:
-        got = self._run(lambda: self._model.get(self.state, queue, auto_ack))
+        got = self._get(queue, auto_ack)
         if got is None:
             return None, None, None
         tag, msg, left = got
         method = pika.spec.Basic.GetOk(tag, msg.redelivered, msg.exchange, msg.routing_key, left)
         return method, decode_props(msg), msg.body
-
-    def basic_ack(self, delivery_tag: int = 0, multiple: bool = False) -> None:
-        self._run(lambda: self._model.settle(self.state, "ack", delivery_tag, multiple, False))
-
-    def basic_nack(
-        self, delivery_tag: int = 0, multiple: bool = False, requeue: bool = True
-    ) -> None:
-        self._run(lambda: self._model.settle(self.state, "nack", delivery_tag, multiple, requeue))
-
-    def basic_reject(self, delivery_tag: int = 0, requeue: bool = True) -> None:
-        self._run(lambda: self._model.settle(self.state, "reject", delivery_tag, False, requeue))
 
     def queue_declare(
         self,
@@ -126,16 +113,9 @@ class BlockingChannel:
         auto_delete: bool = False,
         arguments: dict[str, Any] | None = None,
     ) -> pika.frame.Method:
-        q = self._run(
-            lambda: self._model.queue_declare(
-                queue,
-                passive=passive,
-                durable=durable,
-                exclusive=exclusive,
-                arguments=arguments,
-            )
-        )
-        return self._ok(pika.spec.Queue.DeclareOk(q.name, len(q.ready), len(q.consumers)))
+        declared = self._declare_queue(queue, passive, durable, exclusive, arguments)
+        assert declared is not None  # (_run raises instead)
+        return self._ok(pika.spec.Queue.DeclareOk(*declared))
 
     def queue_purge(self, queue: str) -> pika.frame.Method:
         n = self._run(lambda: self._model.queue_purge(queue))
@@ -155,12 +135,7 @@ class BlockingChannel:
         internal: bool = False,
         arguments: dict[str, Any] | None = None,
     ) -> pika.frame.Method:
-        kind = getattr(exchange_type, "value", exchange_type)
-        self._run(
-            lambda: self._model.exchange_declare(
-                exchange, kind, passive=passive, durable=durable, arguments=arguments
-            )
-        )
+        self._declare_exchange(exchange, exchange_type, passive, durable, arguments)
         return self._ok(pika.spec.Exchange.DeclareOk())
 
     def exchange_delete(self, exchange: str | None = None, if_unused: bool = False) -> Any:
@@ -174,7 +149,7 @@ class BlockingChannel:
         routing_key: str | None = None,
         arguments: dict[str, Any] | None = None,
     ) -> pika.frame.Method:
-        self._run(lambda: self._model.queue_bind(queue, exchange, routing_key or queue, arguments))
+        self._bind(queue, exchange, routing_key or queue, arguments)
         return self._ok(pika.spec.Queue.BindOk())
 
     def close(self, reply_code: int = 200, reply_text: str = "Normal shutdown") -> None:

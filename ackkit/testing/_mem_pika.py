@@ -19,11 +19,11 @@ import pika.frame
 import pika.spec
 
 from ._mem_model import Model
-from ._mem_pikaio import Callback, IOLoop, closed_error, decode_props, encode_props
+from ._mem_pikaio import Callback, IOLoop, PikaChannel, closed_error, decode_props, encode_props
 from ._mem_state import ChannelError, Message
 
 
-class SelectChannel:
+class SelectChannel(PikaChannel):
     """A pika `Channel` on the in-memory broker (callback style, I/O thread only)."""
 
     def __init__(self, conn: SelectConnection) -> None:
@@ -46,10 +46,6 @@ class SelectChannel:
     @property
     def is_open(self) -> bool:
         return self.state.open and not self._closing
-
-    @property
-    def is_closed(self) -> bool:
-        return not self.state.open
 
     # -- Sink -------------------------------------------------------------------
 
@@ -120,7 +116,7 @@ class SelectChannel:
         global_qos: bool = False,
         **_: Any,
     ) -> None:
-        if self._run(lambda: self._model.qos(self.state, prefetch_count, global_qos)):
+        if self._qos(prefetch_count, global_qos):
             self._then(callback, pika.spec.Basic.QosOk())
 
     def basic_consume(
@@ -136,36 +132,25 @@ class SelectChannel:
         self._check()
         tag = consumer_tag or f"ctag{self.channel_number}.{id(self):x}.{len(self._consumers)}"
         self._consumers[tag] = on_message_callback
-        ok = self._run(lambda: self._model.consume(self.state, queue, auto_ack, tag, exclusive))
+        ok = self._consume(queue, auto_ack, tag, exclusive)
         if ok is not None:
             self._then(callback, pika.spec.Basic.ConsumeOk(tag))
         return tag
 
     def basic_cancel(self, consumer_tag: str = "", callback: Callback | None = None) -> None:
-        self._run(lambda: self._model.cancel(self.state, consumer_tag))
+        self._cancel(consumer_tag)
         self._then(callback, pika.spec.Basic.CancelOk(consumer_tag))
 
-    def basic_ack(self, delivery_tag: int = 0, multiple: bool = False) -> None:
-        self._run(lambda: self._model.settle(self.state, "ack", delivery_tag, multiple, False))
-
-    def basic_nack(
-        self, delivery_tag: int = 0, multiple: bool = False, requeue: bool = True
-    ) -> None:
-        self._run(lambda: self._model.settle(self.state, "nack", delivery_tag, multiple, requeue))
-
-    def basic_reject(self, delivery_tag: int = 0, requeue: bool = True) -> None:
-        self._run(lambda: self._model.settle(self.state, "reject", delivery_tag, False, requeue))
-
     def tx_select(self, callback: Callback | None = None) -> None:
-        self._run(lambda: self._model.tx_select(self.state))
+        self._tx(self._model.tx_select)
         self._then(callback, pika.spec.Tx.SelectOk())
 
     def tx_commit(self, callback: Callback | None = None) -> None:
-        self._run(lambda: self._model.tx_commit(self.state))
+        self._tx(self._model.tx_commit)
         self._then(callback, pika.spec.Tx.CommitOk())
 
     def tx_rollback(self, callback: Callback | None = None) -> None:
-        self._run(lambda: self._model.tx_rollback(self.state))
+        self._tx(self._model.tx_rollback)
         self._then(callback, pika.spec.Tx.RollbackOk())
 
     def confirm_delivery(
@@ -185,7 +170,7 @@ class SelectChannel:
     ) -> None:
         self._check()
         msg = Message(bytes(body), encode_props(properties), exchange, routing_key)
-        result = self._run(lambda: self._model.publish(msg, mandatory=mandatory))
+        result = self._publish(msg, mandatory)
         if result is None:
             return
         returned, refused = result
@@ -211,18 +196,9 @@ class SelectChannel:
         arguments: dict[str, Any] | None = None,
         callback: Callback | None = None,
     ) -> None:
-        def op() -> Any:
-            return self._model.queue_declare(
-                queue,
-                passive=passive,
-                durable=durable,
-                exclusive=exclusive,
-                arguments=arguments,
-            )
-
-        q = self._run(op)
-        if q is not None:
-            self._then(callback, pika.spec.Queue.DeclareOk(q.name, len(q.ready), len(q.consumers)))
+        declared = self._declare_queue(queue, passive, durable, exclusive, arguments)
+        if declared is not None:
+            self._then(callback, pika.spec.Queue.DeclareOk(*declared))
 
     def exchange_declare(
         self,
@@ -235,15 +211,7 @@ class SelectChannel:
         arguments: dict[str, Any] | None = None,
         callback: Callback | None = None,
     ) -> None:
-        kind = getattr(exchange_type, "value", exchange_type)
-
-        def op() -> bool:
-            self._model.exchange_declare(
-                exchange, kind, passive=passive, durable=durable, arguments=arguments
-            )
-            return True
-
-        if self._run(op):
+        if self._declare_exchange(exchange, exchange_type, passive, durable, arguments):
             self._then(callback, pika.spec.Exchange.DeclareOk())
 
     def queue_bind(
@@ -254,11 +222,7 @@ class SelectChannel:
         arguments: dict[str, Any] | None = None,
         callback: Callback | None = None,
     ) -> None:
-        def op() -> bool:
-            self._model.queue_bind(queue, exchange, routing_key or queue, arguments)
-            return True
-
-        if self._run(op):
+        if self._bind(queue, exchange, routing_key or queue, arguments):
             self._then(callback, pika.spec.Queue.BindOk())
 
     def close(self, reply_code: int = 200, reply_text: str = "Normal shutdown") -> None:

@@ -1,5 +1,6 @@
 """What pika's stand-ins share: properties to and from their wire bytes, channel-close
-reasons as pika's exceptions, and the I/O loop a SelectConnection runs."""
+reasons as pika's exceptions, the channel methods both answer alike, and the I/O loop a
+SelectConnection runs."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pika.spec
 
 from .._core import wire
 from .._sync import _frames as frames
+from ._mem_channel import ModelChannel
 from ._mem_state import Message
 
 Callback = Callable[..., Any]
@@ -49,6 +51,26 @@ def closed_error(code: int, text: str) -> pika.exceptions.ChannelClosed:
     if code in (0, 200):
         return pika.exceptions.ChannelClosedByClient(code, text)
     return pika.exceptions.ChannelClosedByBroker(code, text)
+
+
+class PikaChannel(ModelChannel):
+    """What a pika `Channel` and a `BlockingChannel` answer alike: whether it is
+    closed, and the acks."""
+
+    @property
+    def is_closed(self) -> bool:
+        return not self.state.open
+
+    def basic_ack(self, delivery_tag: int = 0, multiple: bool = False) -> None:
+        self._settle("ack", delivery_tag, multiple, False)
+
+    def basic_nack(
+        self, delivery_tag: int = 0, multiple: bool = False, requeue: bool = True
+    ) -> None:
+        self._settle("nack", delivery_tag, multiple, requeue)
+
+    def basic_reject(self, delivery_tag: int = 0, requeue: bool = True) -> None:
+        self._settle("reject", delivery_tag, False, requeue)
 
 
 class IOLoop:
