@@ -12,13 +12,13 @@ import contextlib
 import logging
 import time
 import urllib.parse
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._env import ENV_URL
 from ._errors import BrokerError, BrokerNotOwned, QueueNotFound
-from ._helpers import KitHelpers
+from ._helpers import KitHelpers, counts_not_reached, counts_reached, wanted_counts
 from ._policies import PolicyControl
 from ._queries import (
     QueueCounts,
@@ -330,22 +330,27 @@ class BrokerHandle(KitHelpers, PolicyControl):
         Acks and publishes reach the queue asynchronously, so a test should wait
         for the expected state rather than read counts once.
         """
-        want = {"ready": ready, "unacked": unacked, "total": total, "consumers": consumers}
-        want = {k: v for k, v in want.items() if v is not None}
+        want = wanted_counts(ready, unacked, total, consumers)
         deadline = time.monotonic() + timeout
         last: QueueCounts | str = "no answer yet"
-        while True:
-            try:
-                last = self.counts(queue)
-                if all(getattr(last, k) == v for k, v in want.items()):
-                    return last
-            except QueueNotFound as exc:
-                last = str(exc)
-            if time.monotonic() >= deadline:
-                raise AssertionError(
-                    f"queue {queue!r} did not reach {want} within {timeout:.1f}s; last: {last}"
-                )
-            time.sleep(interval)
+        with self._watch() as pause:
+            while True:
+                try:
+                    last = self.counts(queue)
+                    if counts_reached(last, want):
+                        return last
+                except QueueNotFound as exc:
+                    last = str(exc)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise counts_not_reached(queue, want, timeout, last)
+                pause(min(left, interval))
+
+    @contextlib.contextmanager
+    def _watch(self) -> Iterator[Callable[[float], object]]:
+        """How `wait_for` waits between two looks at the counts: it calls what this
+        yields with the most seconds to wait (a real broker's: sleep that long)."""
+        yield time.sleep
 
     # -- control ----------------------------------------------------------------
 

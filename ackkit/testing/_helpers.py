@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from .._core import wire
 from .._core.errors import MessageUnroutable
 from ..dead_letters._letter import DeadLetter, describe
 from ._errors import BrokerError
@@ -32,20 +33,8 @@ __all__ = [
 
 M = TypeVar("M")
 
-_PROPERTY_NAMES = (
-    "content_type",
-    "content_encoding",
-    "delivery_mode",
-    "priority",
-    "correlation_id",
-    "reply_to",
-    "expiration",
-    "message_id",
-    "timestamp",
-    "type",
-    "user_id",
-    "app_id",
-)
+_PROPERTY_NAMES = tuple(n for n in wire.PROPERTY_NAMES if n not in ("headers", "cluster_id"))
+"""The properties a test reads of a message besides its headers (AMQP 0-9-1 retired cluster_id)."""
 
 
 class NotRouted(BrokerError, MessageUnroutable):
@@ -261,8 +250,7 @@ class KitHelpers:
         interval: float = 0.02,
     ) -> QueueCounts:
         """`wait_for` for async tests: polls without blocking the event loop."""
-        want = {"ready": ready, "unacked": unacked, "total": total, "consumers": consumers}
-        want = {k: v for k, v in want.items() if v is not None}
+        want = wanted_counts(ready, unacked, total, consumers)
         last: list[QueueCounts | str] = ["no answer yet"]
 
         async def check() -> bool:
@@ -277,17 +265,36 @@ class KitHelpers:
                 last[0] = str(exc)
                 return False
             last[0] = c
-            return all(getattr(c, k) == v for k, v in want.items())
+            return counts_reached(c, want)
 
         try:
             await wait_until_async(check, timeout=timeout, interval=interval)
         except AssertionError:
-            raise AssertionError(
-                f"queue {queue!r} did not reach {want} within {timeout:.1f}s; last: {last[0]}"
-            ) from None
+            raise counts_not_reached(queue, want, timeout, last[0]) from None
         result = last[0]
         assert isinstance(result, QueueCounts)
         return result
+
+
+def wanted_counts(
+    ready: int | None, unacked: int | None, total: int | None, consumers: int | None
+) -> dict[str, int]:
+    """The counts a `wait_for` waits for: those it was given."""
+    want = {"ready": ready, "unacked": unacked, "total": total, "consumers": consumers}
+    return {k: v for k, v in want.items() if v is not None}
+
+
+def counts_reached(counts: QueueCounts, want: Mapping[str, int]) -> bool:
+    return all(getattr(counts, k) == v for k, v in want.items())
+
+
+def counts_not_reached(
+    queue: str, want: Mapping[str, int], timeout: float, last: QueueCounts | str
+) -> AssertionError:
+    """What a `wait_for` raises when `queue` did not reach `want` (`last`: what it saw)."""
+    return AssertionError(
+        f"queue {queue!r} did not reach {dict(want)} within {timeout:.1f}s; last: {last}"
+    )
 
 
 def wait_until(

@@ -29,11 +29,11 @@ x-acquired-count) are typed as RabbitMQ types them, in one place:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import threading
-import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import SimpleNamespace
 from typing import Any
 
@@ -43,7 +43,6 @@ from ._handle import BrokerHandle
 from ._mem_model import Model
 from ._mem_rules import DEFAULT, rules_for
 from ._mem_state import ChannelError, Clock, ManualClock
-from ._policies import check_policy
 from ._queries import QueueCounts
 
 __all__ = ["InMemoryBroker"]
@@ -218,36 +217,11 @@ class InMemoryBroker(BrokerHandle):
             raise QueueNotFound(f"queue {queue!r} does not exist (in-memory broker {self.name})")
         return QueueCounts(*c)
 
-    def wait_for(
-        self,
-        queue: str,
-        *,
-        ready: int | None = None,
-        unacked: int | None = None,
-        total: int | None = None,
-        consumers: int | None = None,
-        timeout: float = 10.0,
-        interval: float = 0.05,
-    ) -> QueueCounts:
-        """Like BrokerHandle.wait_for, woken by every change of the broker (no polling delay)."""
-        want = {"ready": ready, "unacked": unacked, "total": total, "consumers": consumers}
-        want = {k: v for k, v in want.items() if v is not None}
-        deadline = time.monotonic() + timeout
-        last: QueueCounts | str = "no answer yet"
+    @contextlib.contextmanager
+    def _watch(self) -> Iterator[Callable[[float], object]]:
+        """`wait_for` here is woken by every change of the broker (no polling delay)."""
         with self.model.changed:
-            while True:
-                try:
-                    last = self.counts(queue)
-                    if all(getattr(last, k) == v for k, v in want.items()):
-                        return last
-                except QueueNotFound as exc:
-                    last = str(exc)
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise AssertionError(
-                        f"queue {queue!r} did not reach {want} within {timeout:.1f}s; last: {last}"
-                    )
-                self.model.changed.wait(min(left, interval))
+            yield self.model.changed.wait
 
     def counts_all(self) -> dict[str, QueueCounts]:
         with self.model.lock:
@@ -265,31 +239,23 @@ class InMemoryBroker(BrokerHandle):
 
     # -- policies ----------------------------------------------------------------------
 
-    def set_policy(
-        self,
-        name: str,
-        pattern: str,
-        definition: Mapping[str, Any],
-        *,
-        apply_to: str = "queues",
-        priority: int = 0,
-        wait_for: str | None = None,
-        timeout: float = 10.0,
+    def _put_policy(
+        self, name: str, pattern: str, definition: Mapping[str, Any], apply_to: str, priority: int
     ) -> None:
         """As on a real node: the queues whose names match ``pattern`` follow the policy
         (max-length, max-length-bytes, overflow, message-ttl, dead-letter-exchange,
         dead-letter-routing-key, delivery-limit) combined with their own arguments as
-        RabbitMQ combines them. It applies at once (``wait_for`` has nothing to wait for)."""
-        check_policy(name, pattern, definition, apply_to)
+        RabbitMQ combines them."""
         self.model.set_policy(name, pattern, dict(definition), apply_to, priority)
 
-    def clear_policy(
-        self, name: str, *, wait_for: str | None = None, timeout: float = 10.0
-    ) -> None:
+    def _drop_policy(self, name: str) -> None:
         try:
             self.model.clear_policy(name)
         except ChannelError as exc:
             raise BrokerError(f"{exc.text} (in-memory broker {self.name})") from None
+
+    def _wait_policy(self, queue: str, name: str | None, timeout: float) -> None:
+        """A policy applies at once here: ``wait_for`` has nothing to wait for."""
 
     def policy_of(self, queue: str) -> str | None:
         with self.model.lock:

@@ -39,7 +39,8 @@ def check_policy(name: str, pattern: str, definition: Mapping[str, Any], apply_t
 
 
 class PolicyControl:
-    """``set_policy`` / ``clear_policy`` / ``policy_of`` of a broker handle (rabbitmqctl)."""
+    """``set_policy`` / ``clear_policy`` / ``policy_of`` of a broker handle: through
+    rabbitmqctl here; the in-memory broker puts, drops and reads policies itself."""
 
     vhost: str
 
@@ -60,8 +61,23 @@ class PolicyControl:
         """Set the policy ``name`` on the queues whose names match ``pattern`` (a regular
         expression), e.g. ``{"max-length": 1, "overflow": "reject-publish"}``. A real
         broker applies it shortly after: ``wait_for`` names a queue to wait for until it
-        shows the policy."""
+        shows the policy (the in-memory broker applies it at once)."""
         check_policy(name, pattern, definition, apply_to)
+        self._put_policy(name, pattern, definition, apply_to, priority)
+        if wait_for is not None:
+            self._wait_policy(wait_for, name, timeout)
+
+    def clear_policy(
+        self, name: str, *, wait_for: str | None = None, timeout: float = 10.0
+    ) -> None:
+        """Remove the policy ``name``; ``wait_for``: a queue to wait for until it has none."""
+        self._drop_policy(name)
+        if wait_for is not None:
+            self._wait_policy(wait_for, None, timeout)
+
+    def _put_policy(
+        self, name: str, pattern: str, definition: Mapping[str, Any], apply_to: str, priority: int
+    ) -> None:
         self.ctl(
             "set_policy",
             "-p",
@@ -74,16 +90,9 @@ class PolicyControl:
             pattern,
             json.dumps(dict(definition)),
         )
-        if wait_for is not None:
-            self._wait_policy(wait_for, name, timeout)
 
-    def clear_policy(
-        self, name: str, *, wait_for: str | None = None, timeout: float = 10.0
-    ) -> None:
-        """Remove the policy ``name``; ``wait_for``: a queue to wait for until it has none."""
+    def _drop_policy(self, name: str) -> None:
         self.ctl("clear_policy", "-p", self.vhost, name)
-        if wait_for is not None:
-            self._wait_policy(wait_for, None, timeout)
 
     def policy_of(self, queue: str) -> str | None:
         """The name of the policy that applies to ``queue`` now, or None."""
