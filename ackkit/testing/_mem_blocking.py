@@ -4,7 +4,6 @@ use, synchronously, raising pika's exceptions."""
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -14,8 +13,7 @@ import pika.frame
 import pika.spec
 from pika.adapters.blocking_connection import ReturnedMessage
 
-from ._mem_model import Model
-from ._mem_pikaio import PikaChannel, closed_error, decode_props, encode_props
+from ._mem_pikaio import PikaChannel, PikaConnection, closed_error, decode_props, encode_props
 from ._mem_state import ChannelError, Message
 
 
@@ -31,10 +29,8 @@ class BlockingChannel(PikaChannel):
     """A pika `BlockingChannel` on the in-memory broker (synchronous, any one thread)."""
 
     def __init__(self, conn: BlockingConnection) -> None:
+        super().__init__(conn)
         self.connection = conn
-        self._model: Model = conn.model
-        self.state = conn.model.open_channel(self, conn.name)
-        self.channel_number = conn.next_channel()
         self._confirm = False
         self._reason: pika.exceptions.ChannelClosed | None = None
         self._impl = _Impl(conn)
@@ -163,19 +159,15 @@ class BlockingChannel(PikaChannel):
             self.close()
 
 
-class BlockingConnection:
+class BlockingConnection(PikaConnection):
     """A pika `BlockingConnection` on the in-memory broker."""
 
     def __init__(self, broker: Any, parameters: Any = None) -> None:
         refusal = broker.refusal()
         if refusal is not None:
             raise pika.exceptions.AMQPConnectionError(refusal)
-        self.broker = broker
-        self.model: Model = broker.model
-        self.params = parameters
-        self.name = str(getattr(parameters, "client_properties", {}).get("connection_name", ""))
+        super().__init__(broker, parameters)
         self._channels: list[BlockingChannel] = []
-        self._numbers = itertools.count(1)
         self._open = True
         self._impl = _Impl(self)
         self._impl.server_properties = broker.server_properties()
@@ -188,9 +180,6 @@ class BlockingConnection:
     @property
     def is_closed(self) -> bool:
         return not self._open
-
-    def next_channel(self) -> int:
-        return next(self._numbers)
 
     def channel(self, channel_number: int | None = None) -> BlockingChannel:
         if not self._open:

@@ -10,7 +10,6 @@ same codecs as on the wire, and a copy keeps its raw headers like
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -18,8 +17,15 @@ import pika.exceptions
 import pika.frame
 import pika.spec
 
-from ._mem_model import Model
-from ._mem_pikaio import Callback, IOLoop, PikaChannel, closed_error, decode_props, encode_props
+from ._mem_pikaio import (
+    Callback,
+    IOLoop,
+    PikaChannel,
+    PikaConnection,
+    closed_error,
+    decode_props,
+    encode_props,
+)
 from ._mem_state import ChannelError, Message
 
 
@@ -27,11 +33,9 @@ class SelectChannel(PikaChannel):
     """A pika `Channel` on the in-memory broker (callback style, I/O thread only)."""
 
     def __init__(self, conn: SelectConnection) -> None:
+        super().__init__(conn)
         self.connection = conn
         self._loop = conn.ioloop
-        self._model: Model = conn.model
-        self.state = conn.model.open_channel(self, conn.name)
-        self.channel_number = conn.next_channel()
         self._on_close: list[Callback] = []
         self._on_return: list[Callback] = []
         self._on_cancel: list[Callback] = []
@@ -232,7 +236,7 @@ class SelectChannel(PikaChannel):
         self._model.close_channel(self.state, reply_code, reply_text)
 
 
-class SelectConnection:
+class SelectConnection(PikaConnection):
     """A pika `SelectConnection` on the in-memory broker."""
 
     def __init__(
@@ -243,14 +247,10 @@ class SelectConnection:
         on_open_error_callback: Callback | None = None,
         on_close_callback: Callback | None = None,
     ) -> None:
-        self.broker = broker
-        self.model: Model = broker.model
-        self.params = parameters
-        self.name = str(getattr(parameters, "client_properties", {}).get("connection_name", ""))
+        super().__init__(broker, parameters)
         self.ioloop = IOLoop()
         self._on_close = on_close_callback
         self._channels: list[SelectChannel] = []
-        self._numbers = itertools.count(1)
         self._state = "opening"
         self.server_properties = broker.server_properties()
         refusal = broker.refusal()
@@ -278,9 +278,6 @@ class SelectConnection:
     @property
     def is_closing(self) -> bool:
         return self._state == "closing"
-
-    def next_channel(self) -> int:
-        return next(self._numbers)
 
     def forget(self, ch: SelectChannel) -> None:
         if ch in self._channels:

@@ -1,6 +1,6 @@
 """What pika's stand-ins share: properties to and from their wire bytes, channel-close
-reasons as pika's exceptions, the channel methods both answer alike, and the I/O loop a
-SelectConnection runs."""
+reasons as pika's exceptions, what both kinds of connection and channel do alike, and the
+I/O loop a SelectConnection runs."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pika.exceptions
 import pika.frame
@@ -20,7 +20,8 @@ import pika.spec
 from .._core import wire
 from .._sync import _frames as frames
 from ._mem_channel import ModelChannel
-from ._mem_state import Message
+from ._mem_model import Model
+from ._mem_state import Message, Sink
 
 Callback = Callable[..., Any]
 
@@ -53,9 +54,30 @@ def closed_error(code: int, text: str) -> pika.exceptions.ChannelClosed:
     return pika.exceptions.ChannelClosedByBroker(code, text)
 
 
+class PikaConnection:
+    """What a pika `SelectConnection` and a `BlockingConnection` stand-in share: their
+    broker, the connection name pika's parameters give, the numbers of their channels."""
+
+    def __init__(self, broker: Any, parameters: Any) -> None:
+        self.broker = broker
+        self.model: Model = broker.model
+        self.params = parameters
+        self.name = str(getattr(parameters, "client_properties", {}).get("connection_name", ""))
+        self._numbers = itertools.count(1)
+
+    def next_channel(self) -> int:
+        return next(self._numbers)
+
+
 class PikaChannel(ModelChannel):
-    """What a pika `Channel` and a `BlockingChannel` answer alike: whether it is
-    closed, and the acks."""
+    """What a pika `Channel` and a `BlockingChannel` answer alike: opening on their
+    connection, whether they are closed, and the acks."""
+
+    def __init__(self, conn: PikaConnection) -> None:
+        self._model = conn.model
+        sink = cast(Sink, self)  # a subclass answers deliver, closed and cancelled
+        self.state = conn.model.open_channel(sink, conn.name)
+        self.channel_number = conn.next_channel()
 
     @property
     def is_closed(self) -> bool:
