@@ -285,6 +285,7 @@ def wanted_counts(
 
 
 def counts_reached(counts: QueueCounts, want: Mapping[str, int]) -> bool:
+    """Whether `counts` show every count of `want`."""
     return all(getattr(counts, k) == v for k, v in want.items())
 
 

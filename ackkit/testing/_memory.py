@@ -62,7 +62,10 @@ class InMemoryBroker(BrokerHandle):
     hands retry copies back at once. ``manual_clock=True`` stops time for TTLs
     until :meth:`advance` moves it. ``rabbitmq`` picks the RabbitMQ version whose
     rules it follows and announces: "3.13" (the default), "4.0" or "4.3" (see
-    ``_mem_rules``); an app on it picks its broker traits from that version. What it
+    ``_mem_rules``); an app on it picks its broker traits from that version. A policy
+    (``set_policy``) applies at once, combined with each queue's own arguments as
+    RabbitMQ combines them (max-length, max-length-bytes, overflow, message-ttl,
+    dead-letter-exchange, dead-letter-routing-key, delivery-limit). What it
     does not model: see docs/guide/testing.md ("What the in-memory broker does not model").
     """
 
@@ -243,9 +246,7 @@ class InMemoryBroker(BrokerHandle):
         self, name: str, pattern: str, definition: Mapping[str, Any], apply_to: str, priority: int
     ) -> None:
         """As on a real node: the queues whose names match ``pattern`` follow the policy
-        (max-length, max-length-bytes, overflow, message-ttl, dead-letter-exchange,
-        dead-letter-routing-key, delivery-limit) combined with their own arguments as
-        RabbitMQ combines them."""
+        (the model combines it with their own arguments)."""
         self.model.set_policy(name, pattern, dict(definition), apply_to, priority)
 
     def _drop_policy(self, name: str) -> None:
