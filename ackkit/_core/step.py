@@ -96,6 +96,14 @@ class Step(Sequence[Action]):
 
     __hash__ = None  # type: ignore[assignment]
 
+    def __add__(self, other: Sequence[Action]) -> list[Action]:
+        """The actions of this step, then those of `other` (a list: what two decisions
+        made one after the other carry out)."""
+        return [*self.actions, *other]
+
+    def __radd__(self, other: Sequence[Action]) -> list[Action]:
+        return [*other, *self.actions]
+
     def __repr__(self) -> str:
         more = ""
         if self.run:
