@@ -16,7 +16,6 @@ commit order as long as they were written by one transaction at a time.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import logging
@@ -25,17 +24,18 @@ import uuid
 import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import Any
 
 from .._core.outbox import Holds, missing_exchange
 from .._messages.publish import Outgoing, outgoing
+from ._script import Publish, Script, Sql, adrive, drive, on_aconnection, on_connection
+from ._script import to_the_end as to_the_end
 from ._sql import RELAY_LOCK, RELAY_UNLOCK, pending, sent
 from ._sql import enqueue as enqueue_sql
 
 log = logging.getLogger("ackkit.inbox")
 
 BATCH = 100
-T = TypeVar("T")
 _BYTES = "$bytes"
 
 
@@ -136,6 +136,43 @@ def _pending(table: str, skipped: set[str]) -> tuple[str, tuple[Any, ...]]:
     return pending(table), (BATCH,)
 
 
+def _round(conn: Any, table: str, stop: Callable[[], bool] | None) -> Script[int]:
+    """One relay round on `conn` (see `relay_once`), for either client."""
+    if not (yield Sql(conn, RELAY_LOCK, (table,), "one"))[0]:
+        return 0
+    holds = _HOLDS.setdefault(conn, Holds())
+    skipped: set[str] = set()
+    total = 0
+    try:
+        while True:
+            if total and stop is not None and stop():
+                return total
+            skipped.update(holds.waiting(time.monotonic()))
+            rows = yield Sql(conn, *_pending(table, skipped), "all")
+            if not rows:
+                return total
+            done: list[int] = []
+            try:
+                for rid, exchange, rk, body, props in rows:
+                    if exchange in skipped:
+                        continue
+                    try:
+                        yield Publish(from_row(exchange, rk, body, props))
+                    except Exception as exc:
+                        if not _held(holds, exchange, rid, exc):
+                            raise
+                        skipped.add(exchange)
+                        continue
+                    holds.sent(exchange)
+                    done.append(rid)
+            finally:
+                if done:
+                    yield Sql(conn, sent(table), (done,), whole=True)
+                    total += len(done)
+    finally:
+        yield Sql(conn, RELAY_UNLOCK, (table,))
+
+
 def relay_once(
     conn: Any,
     table: str,
@@ -148,39 +185,7 @@ def relay_once(
     for the next one) and raises; but a row whose exchange does not exist waits with
     the later rows to that exchange (ERROR), tried again after a backoff, and the other
     rows go on (`ackkit._core.outbox`)."""
-    if not conn.execute(RELAY_LOCK, (table,)).fetchone()[0]:
-        return 0
-    holds = _HOLDS.setdefault(conn, Holds())
-    skipped: set[str] = set()
-    total = 0
-    try:
-        while True:
-            if total and stop is not None and stop():
-                return total
-            skipped.update(holds.waiting(time.monotonic()))
-            rows = conn.execute(*_pending(table, skipped)).fetchall()
-            if not rows:
-                return total
-            done: list[int] = []
-            try:
-                for rid, exchange, rk, body, props in rows:
-                    if exchange in skipped:
-                        continue
-                    try:
-                        publish(from_row(exchange, rk, body, props))
-                    except Exception as exc:
-                        if not _held(holds, exchange, rid, exc):
-                            raise
-                        skipped.add(exchange)
-                        continue
-                    holds.sent(exchange)
-                    done.append(rid)
-            finally:
-                if done:
-                    conn.execute(sent(table), (done,))
-                    total += len(done)
-    finally:
-        conn.execute(RELAY_UNLOCK, (table,))
+    return drive(_round(conn, table, stop), on_connection(publish))
 
 
 async def arelay_once(
@@ -192,56 +197,4 @@ async def arelay_once(
     """`relay_once` for an AsyncConnection and an async `publish`. The DELETE of what
     the broker confirmed runs to its end even when the task is cancelled meanwhile (then
     the cancel is raised): a cancelled DELETE left confirmed rows to be sent again."""
-    cur = await conn.execute(RELAY_LOCK, (table,))
-    row = await cur.fetchone()
-    if not row[0]:
-        return 0
-    holds = _HOLDS.setdefault(conn, Holds())
-    skipped: set[str] = set()
-    total = 0
-    try:
-        while True:
-            if total and stop is not None and stop():
-                return total
-            skipped.update(holds.waiting(time.monotonic()))
-            cur = await conn.execute(*_pending(table, skipped))
-            rows = await cur.fetchall()
-            if not rows:
-                return total
-            done: list[int] = []
-            try:
-                for rid, exchange, rk, body, props in rows:
-                    if exchange in skipped:
-                        continue
-                    try:
-                        await publish(from_row(exchange, rk, body, props))
-                    except Exception as exc:
-                        if not _held(holds, exchange, rid, exc):
-                            raise
-                        skipped.add(exchange)
-                        continue
-                    holds.sent(exchange)
-                    done.append(rid)
-            finally:
-                if done:
-                    await to_the_end(conn.execute(sent(table), (done,)))
-                    total += len(done)
-    finally:
-        await conn.execute(RELAY_UNLOCK, (table,))
-
-
-async def to_the_end(aw: Awaitable[T]) -> T:
-    """`await aw`, on to its end even if the awaiting task is cancelled meanwhile; the
-    cancel is raised once it ended."""
-    inner = asyncio.ensure_future(aw)
-    cancelled = False
-    while not inner.done():
-        try:
-            await asyncio.wait({inner})  # a cancel reaches this task, never `inner`
-        except asyncio.CancelledError:
-            cancelled = True
-    if cancelled:
-        if not inner.cancelled():
-            inner.exception()  # retrieved: the cancel is what the caller hears
-        raise asyncio.CancelledError
-    return inner.result()
+    return await adrive(_round(conn, table, stop), on_aconnection(publish))

@@ -11,6 +11,7 @@ from typing import Any
 from .._core.inbox import MISSING_TABLE_STATES, Fault, fault_of
 from ._errors import SwallowedDatabaseError
 from ._options import Inbox
+from ._script import Atomic, Script, Sql, adrive, drive, on_aconnection, on_connection
 from ._sql import (
     SCHEMA_LOCK,
     claim,
@@ -51,6 +52,34 @@ def missing_tables(inbox: Inbox, present: tuple[Any, ...] | None) -> TablesMissi
         "inbox's tables (the SQL of ackkit.inbox.schema()) or use Inbox(create_tables=True); "
         "the listener stands by until then"
     )
+
+
+def make_tables(inbox: Inbox, conn: Any) -> Script[None]:
+    """Create `inbox`'s tables on `conn` if they are missing (one transaction; concurrent
+    CREATE IF NOT EXISTS can collide, hence the lock)."""
+    yield Atomic(conn, (SCHEMA_LOCK, schema(inbox.table, inbox.outbox_table)))
+
+
+def prepare(inbox: Inbox, conn: Any) -> Script[None]:
+    """A store's first connection: the tables made (`create_tables`), else looked for
+    (TablesMissing when one is not there)."""
+    if inbox.create_tables:
+        yield from make_tables(inbox, conn)
+        return
+    row = yield Sql(conn, tables_present(), (inbox.table, inbox.outbox_table), "one")
+    missing = missing_tables(inbox, row)
+    if missing is not None:
+        raise missing
+
+
+def gone_tables(inbox: Inbox, conn: Any) -> Script[TablesMissing | None]:
+    """After a statement failed for a missing table: the error when it is one of the
+    inbox's (None: the handler's own table, or the look failed)."""
+    try:
+        row = yield Sql(conn, tables_present(), (inbox.table, inbox.outbox_table), "one")
+    except psycopg.Error:
+        return None
+    return missing_tables(inbox, row)
 
 
 def _missing_table_error(exc: BaseException) -> bool:
@@ -136,17 +165,7 @@ class PgStore:
             raise ConnectError(str(exc)) from exc
         if not self._ready:
             try:
-                if self.inbox.create_tables:
-                    with conn.transaction():
-                        conn.execute(SCHEMA_LOCK)  # concurrent CREATE IF NOT EXISTS can collide
-                        conn.execute(schema(self.inbox.table, self.inbox.outbox_table))
-                else:
-                    row = conn.execute(
-                        tables_present(), (self.inbox.table, self.inbox.outbox_table)
-                    ).fetchone()
-                    missing = missing_tables(self.inbox, row)
-                    if missing is not None:
-                        raise missing
+                drive(prepare(self.inbox, conn), on_connection())
             except BaseException:
                 conn.close()
                 raise
@@ -178,11 +197,7 @@ class PgStore:
     def _tables_gone(self, conn: Any, exc: Exception) -> None:
         """TablesMissing (from `exc`) when a table of the inbox is gone; the next
         connection looks for them again (or makes them)."""
-        try:
-            row = conn.execute(tables_present(), (self.inbox.table, self.inbox.outbox_table))
-            missing = missing_tables(self.inbox, row.fetchone())
-        except psycopg.Error:
-            return
+        missing = drive(gone_tables(self.inbox, conn), on_connection())
         if missing is not None:
             self._ready = False
             raise missing from exc
@@ -222,17 +237,7 @@ class AsyncPgStore:
             raise ConnectError(str(exc)) from exc
         if not self._ready:
             try:
-                if self.inbox.create_tables:
-                    async with conn.transaction():
-                        await conn.execute(SCHEMA_LOCK)
-                        await conn.execute(schema(self.inbox.table, self.inbox.outbox_table))
-                else:
-                    cur = await conn.execute(
-                        tables_present(), (self.inbox.table, self.inbox.outbox_table)
-                    )
-                    missing = missing_tables(self.inbox, await cur.fetchone())
-                    if missing is not None:
-                        raise missing
+                await adrive(prepare(self.inbox, conn), on_aconnection())
             except BaseException:
                 await conn.close()
                 raise
@@ -261,11 +266,7 @@ class AsyncPgStore:
 
     async def _tables_gone(self, conn: Any, exc: Exception) -> None:
         """TablesMissing (from `exc`) when a table of the inbox is gone."""
-        try:
-            cur = await conn.execute(tables_present(), (self.inbox.table, self.inbox.outbox_table))
-            missing = missing_tables(self.inbox, await cur.fetchone())
-        except psycopg.Error:
-            return
+        missing = await adrive(gone_tables(self.inbox, conn), on_aconnection())
         if missing is not None:
             self._ready = False
             raise missing from exc

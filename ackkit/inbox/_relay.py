@@ -17,7 +17,7 @@ from .._connection.salvage import describe
 from .._core.inbox import probe_delay
 from ._options import Inbox
 from ._outbox import log, relay_once
-from ._sql import SCHEMA_LOCK, schema
+from ._script import adrive, drive, on_aconnection, on_connection
 
 RELAY_POLL = 1.0
 """Seconds between the relay's looks at the outbox when no commit woke it."""
@@ -28,14 +28,30 @@ def relay_connection(inbox: Inbox) -> Any:
     `inbox.create_tables`)."""
     import psycopg
 
+    from ._pg import make_tables
+
     conn = psycopg.connect(inbox.dsn, autocommit=True, connect_timeout=5)
     if inbox.create_tables:
         try:
-            with conn.transaction():
-                conn.execute(SCHEMA_LOCK)  # concurrent CREATE IF NOT EXISTS can collide
-                conn.execute(schema(inbox.table, inbox.outbox_table))
+            drive(make_tables(inbox, conn), on_connection())
         except BaseException:
             conn.close()
+            raise
+    return conn
+
+
+async def arelay_connection(inbox: Inbox) -> Any:
+    """`relay_connection`, an AsyncConnection (the AsyncApp's relay)."""
+    import psycopg
+
+    from ._pg import make_tables
+
+    conn = await psycopg.AsyncConnection.connect(inbox.dsn, autocommit=True, connect_timeout=5)
+    if inbox.create_tables:
+        try:
+            await adrive(make_tables(inbox, conn), on_aconnection())
+        except BaseException:
+            await conn.close()
             raise
     return conn
 
