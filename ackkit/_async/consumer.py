@@ -36,7 +36,7 @@ import contextlib
 import functools
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -134,7 +134,7 @@ class AsyncConsumer(ChannelSettler):
         if spec.inbox is not None:
             from ..inbox._aio import AsyncInbox
 
-            self.tx = AsyncInbox(spec.inbox, self)
+            self.tx = AsyncInbox(spec.inbox, InboxHost(self))
         if not self.is_async:
             self.pool = ThreadPoolExecutor(
                 max_workers=spec.concurrency, thread_name_prefix=f"ackkit-{spec.name}"
@@ -407,3 +407,31 @@ class AsyncConsumer(ChannelSettler):
         acts = self.core.shutdown.give_back()
         if acts:
             await self.execute(acts)
+
+
+class InboxHost:
+    """The consumer as its inbox sees it (`ackkit.inbox._host.AsyncHost`)."""
+
+    __slots__ = ("c", "name")
+
+    def __init__(self, c: AsyncConsumer) -> None:
+        self.c = c
+        self.name = c.spec.name
+
+    @property
+    def stopping(self) -> bool:
+        return self.c.rt.stopping
+
+    async def decide(self, fn: Callable[[ListenerCore], Step | None]) -> None:
+        step = fn(self.c.core)
+        if step:
+            await self.c.execute(step)
+
+    async def wait(self, seconds: float) -> bool:
+        return await self.c.rt.pause(seconds)
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        return self.c.rt.spawn(coro)
+
+    async def publish(self, msg: Outgoing) -> None:
+        await self.c.rt.publish(msg)

@@ -12,7 +12,7 @@ import logging
 import queue as _queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._app.invocation import Invocation
@@ -84,7 +84,7 @@ class Consumer(Executor):
         if spec.inbox is not None:
             from ..inbox._sync import SyncInbox
 
-            self.tx = SyncInbox(spec.inbox, self)
+            self.tx = SyncInbox(spec.inbox, InboxHost(self))
         # this listener's own confirm channel for its copies: another listener's refused
         # copy, or a handler's publish to a missing exchange, never closes it
         self.copies = Publisher(rt)
@@ -366,3 +366,26 @@ class Consumer(Executor):
         if self.tx is not None and self.tx.enqueue(msg):
             return
         self.rt.publish(msg)
+
+
+class InboxHost:
+    """The consumer as its inbox sees it (`ackkit.inbox._host.SyncHost`)."""
+
+    __slots__ = ("c", "name")
+
+    def __init__(self, c: Consumer) -> None:
+        self.c = c
+        self.name = c.spec.name
+
+    def decide(self, fn: Callable[[ListenerCore], Step | None]) -> None:
+        c = self.c
+        with c.lock:
+            step = fn(c.core)
+            if step:
+                c.send(step)  # in decision order; the I/O thread sends
+
+    def wait(self, seconds: float) -> bool:
+        return self.c.rt.stop_event.wait(seconds)
+
+    def publish(self, msg: Outgoing) -> None:
+        self.c.rt.publish(msg)

@@ -199,9 +199,6 @@ class MemoryStore:
         with self.transaction() as tx:
             yield tx
 
-    def ping(self) -> bool:
-        return True
-
     def close(self) -> None:
         pass
 

@@ -202,14 +202,6 @@ class PgStore:
             self._ready = False
             raise missing from exc
 
-    def ping(self) -> bool:
-        try:
-            with self.transaction() as tx:
-                tx.db.execute("SELECT 1")
-        except Exception:
-            return False
-        return True
-
     def close(self) -> None:
         with self._lock:
             idle, self._idle = self._idle, []
@@ -270,14 +262,6 @@ class AsyncPgStore:
         if missing is not None:
             self._ready = False
             raise missing from exc
-
-    async def ping(self) -> bool:
-        try:
-            async with self.transaction() as tx:
-                await tx.db.execute("SELECT 1")
-        except Exception:
-            return False
-        return True
 
     async def close(self) -> None:
         idle, self._idle = self._idle, []

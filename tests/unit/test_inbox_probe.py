@@ -1,11 +1,11 @@
 """The App's inbox probe and a second database-down: a down() that comes after the
 probe resumed the listener, while its thread is still finishing, starts a probe of its
 own. (It counted the finishing probe as alive and left the listener paused for ever,
-its deliveries returned and no probe to resume it.) In-memory store, a real core."""
+its deliveries returned and no probe to resume it.) In-memory store, a real core, the
+inbox's host (`ackkit.inbox._host.SyncHost`) played by the test."""
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from types import SimpleNamespace
@@ -25,23 +25,22 @@ def test_a_down_after_the_probe_resumed_starts_a_probe_of_its_own() -> None:
     release = threading.Event()
     first = [True]
 
-    def call_soon(fn: Any) -> bool:
+    def call_soon() -> None:
         if threading.current_thread().name.endswith("dbprobe") and first[0]:
             first[0] = False
             held.set()
             release.wait(10)
-        return True
 
-    c: Any = SimpleNamespace(
-        lock=threading.Lock(),
-        core=core,
-        rt=SimpleNamespace(call_soon=call_soon),
-        inbox=queue.SimpleQueue(),
-        spec=SimpleNamespace(name="l"),
-        queue=lambda gen, acts: None,  # the outbox (the core's answer is decided, not sent)
-        flush=lambda: None,
-    )
-    inbox = SyncInbox(Inbox("memory://probe-race"), c)
+    lock = threading.Lock()
+
+    def decide(fn: Any) -> None:  # the core's answer is decided, not sent
+        with lock:
+            step = fn(core)
+        if step:
+            call_soon()  # the I/O thread is woken to send it
+
+    host: Any = SimpleNamespace(name="l", decide=decide, wait=threading.Event().wait)
+    inbox = SyncInbox(Inbox("memory://probe-race"), host)
 
     def down(tag: int) -> None:
         t = core.receive(tag, message_id=f"m{tag}")
