@@ -13,23 +13,11 @@ from typing import TYPE_CHECKING, Any
 from .._app.invocation import Invocation
 from .._core.inbox import DatabaseDown
 from .._messages.publish import Outgoing
+from . import _run
 from ._options import Inbox
 from ._outbox import arelay_once, to_row
 from ._relay import arelay_connection
-from ._run import (
-    CONNECT,
-    Close,
-    Decide,
-    Handler,
-    InTx,
-    Nap,
-    OnTx,
-    Round,
-    Runner,
-    Stopping,
-    Wait,
-    log,
-)
+from ._run import Runner, log
 from ._script import Script, T, adrive, on_aconnection
 from ._sql import enqueue as enqueue_sql
 
@@ -119,32 +107,32 @@ class AsyncInbox:
 
     async def _do(self, req: Any) -> Any:
         kind = type(req)
-        if kind is InTx:
+        if kind is _run.InTx:
             async with self._transaction() as tx:
                 return await self._drive(req.body(tx))
-        if kind is OnTx:
+        if kind is _run.OnTx:
             return await getattr(req.tx, "a" + req.op)(self.name, req.arg)
-        if kind is Handler:
+        if kind is _run.Handler:
             cur: list[Any] = [req.tx, False]
             token = _CURRENT.set(cur)
             try:
                 return await req.fn(*req.args), cur[1]
             finally:
                 _CURRENT.reset(token)
-        if kind is Wait:
+        if kind is _run.Wait:
             return await self.host.wait(req.seconds)
-        if kind is Decide:
+        if kind is _run.Decide:
             return await self.host.decide(req.fn)
-        if kind is Stopping:
+        if kind is _run.Stopping:
             return self.host.stopping
-        if kind is Nap:
+        if kind is _run.Nap:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), req.seconds)
             self._kick.clear()
             return None
-        if req is CONNECT:
+        if req is _run.CONNECT:
             return await arelay_connection(self.inbox)
-        if kind is Round:
+        if kind is _run.Round:
             self._sending = True
             try:
                 return await arelay_once(
@@ -152,7 +140,7 @@ class AsyncInbox:
                 )
             finally:
                 self._sending = False
-        if kind is Close:
+        if kind is _run.Close:
             return await req.conn.close()
         return await self._sql(req)
 

@@ -54,6 +54,11 @@ def missing_tables(inbox: Inbox, present: tuple[Any, ...] | None) -> TablesMissi
     )
 
 
+def connecting(inbox: Inbox) -> dict[str, Any]:
+    """The options of a store's connections (autocommit: the store opens transactions)."""
+    return {"autocommit": True, "connect_timeout": max(1, round(inbox.connect_timeout))}
+
+
 def make_tables(inbox: Inbox, conn: Any) -> Script[None]:
     """Create `inbox`'s tables on `conn` if they are missing (one transaction; concurrent
     CREATE IF NOT EXISTS can collide, hence the lock)."""
@@ -156,11 +161,7 @@ class PgStore:
 
     def _connect(self) -> Any:
         try:
-            conn = psycopg.connect(
-                self.inbox.dsn,
-                autocommit=True,
-                connect_timeout=max(1, round(self.inbox.connect_timeout)),
-            )
+            conn = psycopg.connect(self.inbox.dsn, **connecting(self.inbox))
         except psycopg.Error as exc:
             raise ConnectError(str(exc)) from exc
         if not self._ready:
@@ -220,11 +221,7 @@ class AsyncPgStore:
 
     async def _connect(self) -> Any:
         try:
-            conn = await psycopg.AsyncConnection.connect(
-                self.inbox.dsn,
-                autocommit=True,
-                connect_timeout=max(1, round(self.inbox.connect_timeout)),
-            )
+            conn = await psycopg.AsyncConnection.connect(self.inbox.dsn, **connecting(self.inbox))
         except psycopg.Error as exc:
             raise ConnectError(str(exc)) from exc
         if not self._ready:

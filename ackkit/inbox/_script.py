@@ -48,37 +48,39 @@ class Publish:
     msg: Outgoing
 
 
+def _resume(script: Script[Any], answer: Any = None, err: BaseException | None = None) -> Any:
+    """(True, what `script` returned) once it ended, else (False, its next request)."""
+    try:
+        return False, script.send(answer) if err is None else script.throw(err)
+    except StopIteration as end:
+        return True, end.value
+
+
 def drive(script: Script[T], do: Callable[[Any], Any]) -> T:
     """Run `script` to its end, each request carried out by `do` (blocking)."""
-    answer: Any = None
-    err: BaseException | None = None
-    while True:
+    done, out = _resume(script)
+    while not done:
         try:
-            req = script.send(answer) if err is None else script.throw(err)
-        except StopIteration as end:
-            return end.value  # type: ignore[no-any-return]
-        answer = err = None
-        try:
-            answer = do(req)
+            answer = do(out)
         except BaseException as e:
-            err = e
+            done, out = _resume(script, err=e)
+        else:
+            done, out = _resume(script, answer)
+    return out  # type: ignore[no-any-return]
 
 
 async def adrive(script: Script[T], do: Callable[[Any], Awaitable[Any]]) -> T:
     """`drive` on the event loop: each request is awaited (a cancel is thrown into the
     script like any error)."""
-    answer: Any = None
-    err: BaseException | None = None
-    while True:
+    done, out = _resume(script)
+    while not done:
         try:
-            req = script.send(answer) if err is None else script.throw(err)
-        except StopIteration as end:
-            return end.value  # type: ignore[no-any-return]
-        answer = err = None
-        try:
-            answer = await do(req)
+            answer = await do(out)
         except BaseException as e:
-            err = e
+            done, out = _resume(script, err=e)
+        else:
+            done, out = _resume(script, answer)
+    return out  # type: ignore[no-any-return]
 
 
 def on_connection(publish: Callable[[Outgoing], object] | None = None) -> Callable[[Any], Any]:

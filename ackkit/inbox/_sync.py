@@ -10,22 +10,11 @@ from typing import TYPE_CHECKING, Any
 from .._app.invocation import Invocation
 from .._core.inbox import DatabaseDown
 from .._messages.publish import Outgoing
+from . import _run
 from ._options import Inbox
 from ._outbox import relay_once, to_row
 from ._relay import relay_connection
-from ._run import (
-    CONNECT,
-    Close,
-    Decide,
-    Handler,
-    InTx,
-    Nap,
-    OnTx,
-    Round,
-    Runner,
-    Stopping,
-    Wait,
-)
+from ._run import Runner
 from ._script import Script, T, drive, on_connection
 from ._sql import enqueue as enqueue_sql
 
@@ -91,35 +80,35 @@ class SyncInbox:
 
     def _do(self, req: Any) -> Any:
         kind = type(req)
-        if kind is InTx:
+        if kind is _run.InTx:
             with self.store.transaction() as tx:
                 return self._drive(req.body(tx))
-        if kind is OnTx:
+        if kind is _run.OnTx:
             return getattr(req.tx, req.op)(self.name, req.arg)
-        if kind is Handler:
+        if kind is _run.Handler:
             cur = self._current
             cur.tx, cur.wrote = req.tx, False
             try:
                 return req.fn(*req.args), cur.wrote
             finally:
                 cur.tx = None
-        if kind is Wait:
+        if kind is _run.Wait:
             return self.stop.wait(req.seconds) if req.background else self.host.wait(req.seconds)
-        if kind is Decide:
+        if kind is _run.Decide:
             return self.host.decide(req.fn)
-        if kind is Stopping:
+        if kind is _run.Stopping:
             return self.stop.is_set()
-        if kind is Nap:
+        if kind is _run.Nap:
             self._kick.wait(req.seconds)
             self._kick.clear()
             return None
-        if req is CONNECT:
+        if req is _run.CONNECT:
             return relay_connection(self.inbox)
-        if kind is Round:
+        if kind is _run.Round:
             return relay_once(
                 req.conn, self.inbox.outbox_table, self.host.publish, self.stop.is_set
             )
-        if kind is Close:
+        if kind is _run.Close:
             return req.conn.close()
         return self._sql(req)
 
