@@ -56,7 +56,10 @@ class Invocation:
         """Positional arguments for the handler; raises BadPayload for an undecodable body."""
         if self._args is not None:
             return self._args
-        return self.binding.args(self.deliveries[0])
+        b = self.binding
+        if not b.pass_delivery and b.kind != "none":  # the body's value alone
+            return (b.arg(self.deliveries[0]),)
+        return b.args(self.deliveries[0])
 
     def args_of(self, indexes: Sequence[int]) -> tuple[Any, ...]:
         """A batch handler's arguments for only `indexes` of `deliveries` (an inbox batch

@@ -52,7 +52,7 @@ async def handle(c: AsyncConsumer, ds: list[DeliveryBase]) -> None:
         try:
             if kind is A.Ask:
                 answer = req.fn(*req.args)
-                if answer:  # a Step with actions
+                if answer.actions:  # a Step with actions
                     await c.execute(answer)
             elif kind is A.Call:
                 answer = await call(c, req.inv)

@@ -290,7 +290,7 @@ class AsyncPullConnection:
             self._note_lost_channel()
             t = delivery._tracked
             acts = q.core.settle(t, kind, requeue=requeue, multiple=multiple)
-            if acts:  # decided for its own channel: a stale delivery gets none
+            if acts.actions:  # decided for its own channel: a stale delivery gets none
                 await self._carry(q, acts)
             elif not q.core.current(t.generation):
                 log.warning(

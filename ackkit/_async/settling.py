@@ -207,7 +207,7 @@ class ChannelSettler:
         """`await AsyncDelivery.ack()/nack()/reject()` (AsyncSettler protocol)."""
         core = self.core
         step = core.settle(delivery._tracked, kind, requeue=requeue, multiple=multiple)
-        if step:
+        if step.actions:
             await self.execute(step)
 
     def _settle(self, delivery: DeliveryBase, kind: str, requeue: bool, multiple: bool) -> None:
@@ -233,10 +233,10 @@ class ChannelSettler:
         if self.channel is None or not core.open:
             return
         step = core.tick()
-        if step:
+        if step.actions:
             await self.execute(step)
 
     async def drain(self) -> None:
         step = self.core.drain()
-        if step:
+        if step.actions:
             await self.execute(step)

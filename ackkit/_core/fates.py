@@ -72,7 +72,8 @@ class Fates:
             return [] if exc is None else self._failure(t, exc, traceback)
         if t.settled:
             return []
-        if not self._ledger.current(t):
+        led = self._ledger
+        if t.generation != led.generation or not led.open:  # `Ledger.current`, inline
             t.settled = True
             self._emit(Stage.DROPPED_STALE, t, "channel closed")
             return []

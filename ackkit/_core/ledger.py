@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from .actions import Ack, Action, Nack, TxCommit
 from .events import Counters, Stage
 from .policy import AckMode, FlushPolicy
+from .step import Step
 from .tracked import Tracked
 from .window import TagWindow
 
@@ -41,6 +42,7 @@ class Ledger:
         "_shared",
         "_tracked",
         "generation",
+        "idle",
         "mode",
         "open",
         "parked",
@@ -64,6 +66,8 @@ class Ledger:
         self._counters = counters
         self._clock = clock
         self.generation = 0
+        self.idle = Step(0)
+        """The empty step of the current generation (nothing to carry out, shared)."""
         self.open = False
         self.window = TagWindow(shared_channel)
         self._tracked: dict[int, Tracked] = {}
@@ -76,6 +80,7 @@ class Ledger:
     def opened(self) -> None:
         """A new channel: a new generation, nothing outstanding on it yet."""
         self.generation += 1
+        self.idle = Step(self.generation)
         self.open = True
         self._reset()
         self._last_flush = self._clock()

@@ -249,7 +249,8 @@ class ListenerCore:
         gating, lost, fates = self.gating, self.lost, self._fates
         if flow.serial is not None and gating.gated:
             t.key = flow.serial.of(headers, properties, routing_key)
-        lost.arrived(t, headers)
+        if lost.charging is not None:
+            lost.arrived(t, headers)
         report = self._report
         report.counters.counts[Stage.RECEIVED] += 1
         if report.hot:
@@ -315,7 +316,7 @@ class ListenerCore:
         to (see `outcome.handled`), with what the flow gate makes of it at the end of
         `Step.actions` (a `Consume`, returns, a `Run` for each delivery it lets through)."""
         out = _outcome.handled(
-            self._ledger.generation,
+            self._ledger.idle,
             self._fates,
             self.shutdown,
             batch,
@@ -325,7 +326,8 @@ class ListenerCore:
             undecodable=undecodable,
             traceback=traceback,
         )
-        if not self._flow.active:
+        flow = self._flow
+        if flow.breaker is None and flow.serial is None:  # `Flow.active`, inline
             return out
         return out.then(self.gating.done([*batch, *(t for t, _ in undecodable)], exc, out.run))
 

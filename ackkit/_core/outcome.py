@@ -110,7 +110,7 @@ def succeeded(result: object, size: int, batch: bool) -> int:
 
 
 def handled(
-    generation: int,
+    idle: Step,
     core: Finisher,
     shutdown: Stopper,
     batch: Sequence[Tracked],
@@ -122,7 +122,8 @@ def handled(
     traceback: str | None = None,
 ) -> Step:
     """Decide what `batch` comes to after its handler returned `result` or raised `exc`
-    (a step for the channel of `generation`).
+    (a step for the channel of `idle`'s generation; `idle` itself when there is nothing
+    to do, the usual answer: no step is made for it).
 
     `undecodable`: deliveries of the same batch whose body could not be decoded (the
     handler never saw them); they fail with their own BadPayload.
@@ -130,7 +131,9 @@ def handled(
     if exc is None and not is_batch and not undecodable and len(batch) == 1:
         # The hot path: one delivery, its handler returned (usually an ack held for the
         # next multiple-ack frame, so nothing to send now).
-        return Step(generation, core.finish(batch[0]))
+        done = core.finish(batch[0])
+        return Step(idle.generation, done) if done else idle
+    generation = idle.generation
     stop: BaseException | None = None
     acts: list[Action] = []
     if exc is None:

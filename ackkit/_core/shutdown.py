@@ -121,10 +121,23 @@ class Shutdown:
         others (see `start`; the flow gate returns those it no longer lets start).
         `waited`: asked again after the rate limit's wait (it is not booked twice)."""
         gating = self._gating
-        if len(ts) == 1 and not gating.gated:  # the common case, without the lists
-            a = self.start(ts[0])
-            gen = self._ledger.generation
-            return Step(gen, None, ts) if a is None else Step(gen, a)
+        if len(ts) == 1:  # the common case, without the lists
+            t = ts[0]
+            led = self._ledger
+            flow = gating.flow
+            if (
+                not self.stopping
+                and t.doomed is None
+                and t.lost is None
+                and not t.settled
+                and t.generation == led.generation
+                and led.open
+                and not (gating.gated and (flow.gated or flow.bucket is not None))
+            ):  # it starts, nothing to decide (what `start` and the gate come to)
+                return Step(led.generation, None, ts)
+            if not gating.gated:
+                a = self.start(t)
+                return Step(led.generation, None, ts) if a is None else Step(led.generation, a)
         go, acts = self._startable(ts)
         flow = gating.flow
         if go and gating.gated and (flow.gated or flow.bucket is not None):

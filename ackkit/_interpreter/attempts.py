@@ -6,12 +6,12 @@ a driver (the App's worker thread, the AsyncApp's task) carries each out with it
 means and sends back the answer, as tenacity's `Retrying.iter()` hands out "call",
 "sleep" or "return":
 
-- `Ask(fn, *args)`: ask the core (`begin`, `handled`, `resume`, a release); the answer
+- `Ask((fn, args))`: ask the core (`begin`, `handled`, `resume`, a release); the answer
   is a `Step` (true when it has actions). The driver asks under the listener's lock
   where there is one, and hands
   the actions to its channel side in the same breath (decision order is frame order);
   the answer goes back to the loop.
-- `Call(inv)`: run the handler for the invocation (through the inbox's transaction when
+- `Call((inv,))`: run the handler for the invocation (through the inbox's transaction when
   the listener has one); the answer is a `Called`.
 - `Pause(seconds)`: wait, cut short when the app stops (a rate limit, an in-process
   retry's delay). No answer.
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from .._app.handler import Binding
@@ -47,21 +48,20 @@ from .._messages.delivery import DeliveryBase
 from ..inbox._run import duplicate
 
 
-class Ask:
-    """Ask the core `fn(*args)`; carry out the answer's `actions` at once, in order."""
+class Ask(tuple[Callable[..., Any], tuple[Any, ...]]):
+    """Ask the core `fn(*args)`; carry out the answer's `actions` at once, in order.
+    Made as `Ask((fn, args))`: a tuple, so a request costs no Python call."""
 
-    __slots__ = ("args", "fn")
-
-    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
-        self.fn = fn
-        self.args = args
+    __slots__ = ()
+    fn = property(itemgetter(0))
+    args = property(itemgetter(1))
 
 
-@dataclass(slots=True)
-class Call:
-    """Run the handler for `inv`; answer with a `Called`."""
+class Call(tuple[Invocation]):
+    """Run the handler for `inv`; answer with a `Called`. Made as `Call((inv,))`."""
 
-    inv: Invocation
+    __slots__ = ()
+    inv = property(itemgetter(0))
 
 
 @dataclass(slots=True)
@@ -147,10 +147,11 @@ def attempts(
         if not ds:
             return
     # may they start? (not once stopping, not after their channel closed, the flow gate)
-    go = yield Ask(core.begin, [d._tracked for d in ds])
+    ts = [ds[0]._tracked] if len(ds) == 1 else [d._tracked for d in ds]
+    go = yield Ask((core.begin, (ts,)))
     while go.delay > 0:  # the rate limit's
         yield Pause(go.delay)
-        go = yield Ask(_begin_again, core, go.run)
+        go = yield Ask((_begin_again, (core, go.run)))
     if not go.run:
         return
     if len(go.run) < len(ds):
@@ -160,13 +161,13 @@ def attempts(
         out = yield from _attempt(core, inv, inbox, probe)
         while out.run:
             yield Pause(out.delay)  # the app's stop cuts the wait short
-            out = yield Ask(core.resume, out.run)
+            out = yield Ask((core.resume, (out.run,)))
             if not out.run:
                 return
             inv = inv.again(out.run)
             out = yield from _attempt(core, inv, inbox, probe)
     except Interrupted:  # shutdown or a lost channel: requeued, not a failure
-        yield Ask(_release, core, inv.deliveries, True)
+        yield Ask((_release, (core, inv.deliveries, True)))
         raise
 
 
@@ -179,7 +180,7 @@ def _duplicates_apart(
     keep: list[DeliveryBase] = []
     try:
         for d in ds:
-            if not (yield Ask(_look_up_first, core, d)).yes:
+            if not (yield Ask((_look_up_first, (core, d)))).yes:
                 keep.append(d)
                 continue
             found = yield LookUp(d)
@@ -188,9 +189,9 @@ def _duplicates_apart(
             elif isinstance(found, DatabaseDown):
                 yield Down(Invocation(binding, [d]), found)
             else:
-                yield Ask(_duplicate, core, binding, d, found)
+                yield Ask((_duplicate, (core, binding, d, found)))
     except Interrupted:  # never started: back to the queue
-        yield Ask(_release, core, [*keep, *ds[len(keep) :]], False)
+        yield Ask((_release, (core, [*keep, *ds[len(keep) :]], False)))
         raise
     return keep
 
@@ -201,7 +202,7 @@ def _attempt(
     """Call the handler once; what the core makes of it is carried out."""
     ds = inv.deliveries
     done = probe(ds) if probe is not None and ds else None
-    called: Called = yield Call(inv)
+    called: Called = yield Call((inv,))
     exc = called.exc
     if called.interruption is not None and core.shutdown.interrupted(called.interruption):
         if done is not None:
@@ -210,7 +211,7 @@ def _attempt(
     if exc is None:
         if done is not None:
             done(None)
-        ok: Step = yield Ask(inv.outcome, core, called.result, None, None)
+        ok: Step = yield Ask((inv.outcome, (core, called.result, None, None)))
         return ok
     if inbox and isinstance(exc, DatabaseDown):
         if done is not None:
@@ -220,7 +221,7 @@ def _attempt(
     yield Failed(inv, exc)  # before the core moves the attempt on
     if done is not None:
         done(exc)
-    out: Step = yield Ask(inv.outcome, core, called.result, exc, called.traceback)
+    out: Step = yield Ask((inv.outcome, (core, called.result, exc, called.traceback)))
     if out.stop is not None:
         yield Stop(out.stop)
     return out

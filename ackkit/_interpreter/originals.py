@@ -7,7 +7,6 @@ them (`Originals`).
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable
 from typing import Generic, TypeVar
 
@@ -87,7 +86,12 @@ class Originals(Generic[T]):
         # tags arrive in ascending order: a multiple frame settles a prefix (only the
         # prefix is read, not every delivery in flight)
         upto = a.tag
-        for tag in list(itertools.takewhile(lambda t: t <= upto, tags)):
+        done = []
+        for tag in tags:
+            if tag > upto:
+                break
+            done.append(tag)
+        for tag in done:
             del tags[tag]
 
     def decided(self, gen: int, acts: Iterable[Action]) -> None:

@@ -171,9 +171,12 @@ class Consumer(Executor):
 
     def _on_message(self, ch: Any, method: Any, props: Any, body: bytes) -> None:
         exchange, rk = method.exchange, method.routing_key
+        why: str | None = None
         if type(exchange) is not str or type(rk) is not str:  # pika left bytes (not UTF-8)
+            why = frames.unreadable(method, props)
             exchange, rk = frames.text(exchange), frames.text(rk)
-        why = frames.unreadable(method, props)
+        elif getattr(props, "ackkit_unreadable", None) is not None:
+            why = frames.unreadable(method, props)
         with self.lock:
             try:
                 t = self.core.receive(
@@ -244,7 +247,7 @@ class Consumer(Executor):
         """Delivery.ack()/nack()/reject() from a handler (Settler protocol)."""
         with self.lock:
             acts = self.core.settle(delivery._tracked, kind, requeue=requeue, multiple=multiple)
-            if acts:
+            if acts.actions:
                 self.send(acts)
 
     def start_workers(self) -> None:
@@ -328,7 +331,7 @@ class Consumer(Executor):
             if kind is A.Ask:
                 with lock:
                     answer = req.fn(*req.args)
-                    if answer:  # a Step with actions
+                    if answer.actions:  # a Step with actions
                         self.send(answer)
             elif kind is A.Call:
                 answer = self._call(req.inv)

@@ -90,7 +90,7 @@ class Executor:
         """Ask the core (under the lock) and carry out what it decides, in order."""
         with self.lock:
             step = ask()
-            if step:
+            if step.actions:
                 self.queue(step)
         self.flush()
 

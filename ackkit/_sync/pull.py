@@ -280,10 +280,10 @@ class PullConnection:
             t = delivery._tracked
             with q.lock:
                 acts = q.core.settle(t, kind, requeue=requeue, multiple=multiple)
-                if acts:  # decided for its own channel: a stale delivery gets none
+                if acts.actions:  # decided for its own channel: a stale delivery gets none
                     q.queue(acts)
             q.flush()
-            if not acts and not q.core.current(t.generation):
+            if not acts.actions and not q.core.current(t.generation):
                 log.warning(
                     "%s of delivery tag %d not sent: its channel closed and the broker requeued it",
                     kind,

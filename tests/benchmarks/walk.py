@@ -98,6 +98,7 @@ class Walk:
     core: Counter[str] = field(default_factory=Counter)
     tick_core: Counter[str] = field(default_factory=Counter)
     calls: int = 0  # ackkit calls (starts), the tick's left out
+    per: Counter[str] = field(default_factory=Counter)  # calls by function, the tick's out
     tick_calls: int = 0  # ackkit calls made under the tick
     on: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -133,6 +134,7 @@ class Walk:
                     self.tick_calls += 1
                 else:
                     self.calls += 1
+                    self.per[name] += 1
                 if into_core:
                     (self.tick_core if ticking else self.core)[name] += 1
             self.functions.add((path, code.co_firstlineno, code.co_qualname))
@@ -320,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: core calls of the tick over {n} ({avg.tick_calls} ackkit calls)")
             for fn, count in sorted(avg.tick_core.items()):
                 print(f"  {count} x {fn}")
+            print(f"{name}: calls per delivery over {n}, by function")
+            for fn, count in avg.per.most_common():
+                print(f"  {count / n:6.3f} x {fn}")
             print(f"{name}: functions")
             for path, line, qual in sorted(w.functions):
                 print(f"  {os.path.relpath(path, ROOT)}:{line} {qual}")
