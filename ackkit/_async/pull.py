@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -20,16 +19,12 @@ import aio_pika
 from aiormq.abc import AbstractChannel, AbstractConnection
 from pamqp import commands as spec
 
-from .._connection import addresses
 from .._connection.io import ConnectFailed
-from .._connection.tls import TLS, client_tls
-from .._connection.url import check_url, mask_url
-from .._core import checks as C
-from .._core.brokers import traits_of
-from .._core.errors import PublishNotConfirmed, SettleNotAllowed
+from .._core.errors import PublishNotConfirmed
 from .._core.listener import ListenerCore
-from .._core.policy import DLQ_DEFAULT, ListenerPolicy
+from .._core.policy import DLQ_DEFAULT
 from .._core.step import Step
+from .._interpreter.pulling import SKIP_LIMIT, SKIP_SECONDS, PullBase, Skips
 from .._messages.delivery import DeliveryBase
 from .._messages.publish import Outgoing, apublishes
 from . import _frames as frames
@@ -40,15 +35,11 @@ from .settling import ChannelSettler
 
 log = logging.getLogger("ackkit.pull")
 
-SKIP_LIMIT = 10_000
-"""Messages one get() call may settle itself (dead-letter) before it returns None."""
-SKIP_SECONDS = 30.0
-"""Seconds one get() call may spend settling such messages before it returns None."""
 CLOSE_TIMEOUT = 10.0
 """Seconds close() waits for the broker to confirm the channel's frames (Channel.CloseOk)."""
 
 
-class AsyncPullConnection:
+class AsyncPullConnection(PullBase["_Queue"]):
     """An asyncio connection for basic.get and publishing (tests, scripts, tools).
 
     Use `async with ackkit.aconnect(url) as conn:`. Each queue gets a MANUAL
@@ -63,59 +54,25 @@ class AsyncPullConnection:
     cancelled `await d.ack()` still settles.
     """
 
-    def __init__(
-        self,
-        url: str | Sequence[str],
-        *,
-        heartbeat: int = 30,
-        tls: TLS | ssl.SSLContext | None = None,
-    ) -> None:
-        self.urls = addresses.parse(url)
-        """Every node's URL, in the order they are tried."""
-        self.url = check_url(self.urls[0])
-        self._tls = {u: client_tls(u, tls) for u in self.urls}
-        self._rotation = addresses.Rotation(self.urls)
-        self.heartbeat = C.integer("heartbeat", heartbeat, 0, C.MAX_SHORT)
+    _kind = "AsyncPullConnection"
+
+    def _setup_client(self) -> None:
+        """Nothing connects yet: `open()` or the first call does."""
         self._conn: aio_pika.abc.AbstractConnection | None = None
         self._amqp: AbstractConnection | None = None
         self._ch: AbstractChannel | None = None
         self._numbers = ChannelNumbers()
-        self._queues: dict[str, _Queue] = {}  # per queue: its core and settler
         self._lock = asyncio.Lock()
-        self._closed = False
         self._inner: set[asyncio.Future[Any]] = set()
         self._stuck = False  # a publish got no answer: close() does not wait for one
         self._host = _Host(self)
         self._copies = self._host.publisher  # retry / dead-letter copies, confirmed
-
-    def __repr__(self) -> str:
-        return f"<AsyncPullConnection {addresses.describe(self.urls)}>"
 
     async def open(self) -> AsyncPullConnection:
         """Connect now (else the first call connects); returns the connection."""
         self._check_open("open()")
         await self._channel()
         return self
-
-    @property
-    def closed(self) -> bool:
-        """close() was called (get, publish and settle refuse from then on)."""
-        return self._closed
-
-    def _check_open(self, what: str) -> None:
-        if self._closed:
-            raise RuntimeError(f"{what} on a closed AsyncPullConnection")
-
-    def _note_lost_channel(self) -> None:
-        """If the channel died, every delivery fetched on it is stale (see the sync one)."""
-        if self._ch is None or self._ch.is_closed:
-            self._channel_gone()
-
-    def _channel_gone(self) -> None:
-        """The channel is gone: each queue's core marks its deliveries stale."""
-        for q in self._queues.values():
-            if q.core.open:
-                q.core.channel_closed()
 
     async def _shielded(self, coro: Any) -> Any:
         """Run `coro` to its end even if the caller is cancelled (kept until close())."""
@@ -129,10 +86,7 @@ class AsyncPullConnection:
     ) -> tuple[aio_pika.abc.AbstractConnection, AbstractConnection]:
         """A connection to the first node address that takes one, starting at the
         current one (after a `lost` connection, the next one), once around."""
-        if lost:
-            self._rotation.advance()
-        for tries_left in range(len(self.urls) - 1, -1, -1):
-            url = self._rotation.current
+        for url, last in self._nodes(lost):
             try:
                 return await open_connection(
                     url,
@@ -142,10 +96,9 @@ class AsyncPullConnection:
                     tls=self._tls[url],
                 )
             except ConnectFailed as exc:
-                if not tries_left:
+                if last:
                     raise
-                log.warning("connecting to %s failed: %s; trying the next node", mask_url(url), exc)
-                self._rotation.advance()
+                self._failed(url, str(exc))
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _channel(self) -> AbstractChannel:
@@ -156,25 +109,16 @@ class AsyncPullConnection:
             self._ch = None
         if self._ch is None or self._ch.is_closed:
             self._ch = await self._amqp.channel(self._numbers.take(), publisher_confirms=True)
-            for q in self._queues.values():
-                q.core.channel_closed()
-                q.core.channel_opened()
-                q.channel = self._ch
+            self._channel_replaced(self._ch)
         return self._ch
 
     async def _queue(self, queue: str, dead_letter: str | None) -> _Queue:
         q = self._queues.get(queue)
         if q is None:
-            policy = ListenerPolicy.pull(queue, dead_letter)
             ch = await self._channel()
             assert self._amqp is not None
-            broker = traits_of(self._amqp.server_properties)
-            # one channel; the DLQ is declared with the first dead letter, not here
-            core = ListenerCore(policy, shared_channel=True, broker=broker, declare_on_use=True)
-            q = _Queue(self._host, core)
-            q.channel = ch
-            core.channel_opened()
-            self._queues[queue] = q
+            core = self._new_core(queue, dead_letter, self._amqp.server_properties)
+            q = self._keep(queue, _Queue(self._host, core), ch)
         return q
 
     async def get(
@@ -220,12 +164,11 @@ class AsyncPullConnection:
     async def _get(
         self, queue: str, dead_letter: str | None, max_skip: int, max_seconds: float
     ) -> AsyncDelivery | None:
-        deadline = time.monotonic() + max_seconds
+        skips = Skips(queue, max_skip, max_seconds)
         async with self._lock:
             self._check_open("get()")
             q = await self._queue(queue, dead_letter)
             core = q.core
-            skipped = 0
             while True:
                 ch = await self._channel()
                 msg = await ch.basic_get(queue, no_ack=False)
@@ -258,14 +201,7 @@ class AsyncPullConnection:
                 if t.verdict is None:
                     return d
                 await self._carry(q, Step(t.generation, t.verdict))  # e.g. a forged attempt header
-                skipped += 1
-                if skipped >= max_skip or time.monotonic() >= deadline:
-                    log.warning(
-                        "get(%r): settled %d message(s) without handing one over; "
-                        "returning None, the queue may hold more",
-                        queue,
-                        skipped,
-                    )
+                if skips.one_more():
                     return None
 
     async def _asettle(
@@ -280,24 +216,12 @@ class AsyncPullConnection:
         self, delivery: DeliveryBase, kind: str, requeue: bool, multiple: bool
     ) -> None:
         async with self._lock:
-            if self._closed and not delivery._tracked.settled:
-                raise SettleNotAllowed(
-                    f"cannot {kind} delivery tag {delivery.delivery_tag}: its "
-                    "AsyncPullConnection is closed (the broker requeued the message when "
-                    "its channel closed)"
-                )
-            q = self._queues[delivery.queue]
-            self._note_lost_channel()
+            q = self._settling(delivery, kind, self._ch is not None and not self._ch.is_closed)
             t = delivery._tracked
             acts = q.core.settle(t, kind, requeue=requeue, multiple=multiple)
             if acts.actions:  # decided for its own channel: a stale delivery gets none
                 await self._carry(q, acts)
-            elif not q.core.current(t.generation):
-                log.warning(
-                    "%s of delivery tag %d not sent: its channel closed and the broker requeued it",
-                    kind,
-                    delivery.delivery_tag,
-                )
+            self._settled(q, delivery, kind, acts)
 
     async def _carry(self, q: _Queue, step: Step) -> None:
         """Carry out what `q`'s core decided, and wait for the copies it published (and

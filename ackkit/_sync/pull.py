@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import ssl
 import threading
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -21,17 +20,14 @@ from typing import Any
 import pika
 import pika.exceptions
 
-from .._connection import addresses
 from .._connection.io import FatalConnectError
-from .._connection.tls import TLS, client_tls, tls_failure
-from .._connection.url import check_url, mask_text, mask_url
-from .._core import checks as C
+from .._connection.tls import tls_failure
+from .._connection.url import mask_text
 from .._core.actions import Republish
-from .._core.brokers import traits_of
-from .._core.errors import SettleNotAllowed
 from .._core.listener import ListenerCore
-from .._core.policy import DLQ_DEFAULT, ListenerPolicy
+from .._core.policy import DLQ_DEFAULT
 from .._core.step import Step
+from .._interpreter.pulling import SKIP_LIMIT, SKIP_SECONDS, PullBase, Skips
 from .._messages.delivery import Delivery, DeliveryBase
 from .._messages.publish import Outgoing, not_confirmed, publishes
 from . import _frames as frames
@@ -44,10 +40,6 @@ from .publisher import BlockingCopies, carry
 
 log = logging.getLogger("ackkit.pull")
 
-SKIP_LIMIT = 10_000
-"""Messages one get() call may settle itself (dead-letter) before it returns None."""
-SKIP_SECONDS = 30.0
-"""Seconds one get() call may spend settling such messages before it returns None."""
 CLOSE_TIMEOUT = 10.0
 """Seconds close() waits for the broker's close-ok before it drops the connection."""
 
@@ -97,79 +89,34 @@ _REFUSED = (
 """Connect errors no other node address would fix (same credentials, same vhost)."""
 
 
-class PullConnection:
+class PullConnection(PullBase["_Queue"]):
     """A blocking connection for basic.get and publishing (tests, scripts, tools)."""
 
-    def __init__(
-        self,
-        url: str | Sequence[str],
-        *,
-        heartbeat: int = 30,
-        tls: TLS | ssl.SSLContext | None = None,
-    ) -> None:
-        self.urls = addresses.parse(url)
-        """Every node's URL, in the order they are tried."""
-        self.url = check_url(self.urls[0])
-        C.integer("heartbeat", heartbeat, 0, C.MAX_SHORT)
+    def _setup_client(self) -> None:
+        """Connect now (to the first node that takes a connection)."""
         self._params = {
-            u: parameters(u, heartbeat=heartbeat, name="ackkit-pull", tls=client_tls(u, tls))
+            u: parameters(u, heartbeat=self.heartbeat, name="ackkit-pull", tls=self._tls[u])
             for u in self.urls
         }
-        self._rotation = addresses.Rotation(self.urls)
         self._conn: Any = self._connect()
         self._ch: Any = None
-        self._queues: dict[str, _Queue] = {}  # per queue: its core and executor
         self._lock = threading.RLock()
-        self._closed = False
         self._copies = BlockingCopies()  # retry / dead-letter copies, confirmed
-
-    def __repr__(self) -> str:
-        return f"<PullConnection {addresses.describe(self.urls)}>"
 
     def _connect(self, lost: bool = False) -> Any:
         """A connection to the first node address that takes one, starting at the
         current one (after a `lost` connection, the next one), once around."""
-        if lost:
-            self._rotation.advance()
-        for tries_left in range(len(self.urls) - 1, -1, -1):
-            url = self._rotation.current
+        for url, last in self._nodes(lost):
             try:
                 return blocking_connection(self._params[url])
             except (pika.exceptions.AMQPConnectionError, ssl.SSLError) as exc:
                 bad_tls = tls_failure(exc, url)
                 if bad_tls is not None:
                     raise FatalConnectError(bad_tls) from None
-                if not tries_left or isinstance(exc, _REFUSED):
+                if last or isinstance(exc, _REFUSED):
                     raise
-                log.warning(
-                    "connecting to %s failed: %s; trying the next node",
-                    mask_url(url),
-                    mask_text(repr(exc)),
-                )
-                self._rotation.advance()
+                self._failed(url, mask_text(repr(exc)))
         raise AssertionError("unreachable")  # pragma: no cover
-
-    @property
-    def closed(self) -> bool:
-        """close() was called (get, publish and settle refuse from then on)."""
-        return self._closed
-
-    def _check_open(self, what: str) -> None:
-        if self._closed:
-            raise RuntimeError(f"{what} on a closed PullConnection")
-
-    def _note_lost_channel(self) -> None:
-        """If the channel died, every delivery fetched on it is stale: tell the cores now,
-        so a settle of one of them is dropped (the broker requeued it) and its tag is
-        never sent on a successor channel."""
-        if self._ch is None or not self._ch.is_open:
-            self._channel_gone()
-
-    def _channel_gone(self) -> None:
-        """The channel is gone: each queue's core marks its deliveries stale."""
-        for q in self._queues.values():
-            if q.core.open:
-                q.core.channel_closed()
 
     @property
     def channel(self) -> Any:
@@ -182,23 +129,14 @@ class PullConnection:
         if self._ch is None or not self._ch.is_open:
             self._ch = self._conn.channel()
             self._ch.confirm_delivery()
-            for q in self._queues.values():
-                q.core.channel_closed()
-                q.core.channel_opened()
-                q.channel = self._ch
+            self._channel_replaced(self._ch)
         return self._ch
 
     def _queue(self, queue: str, dead_letter: str | None) -> _Queue:
         q = self._queues.get(queue)
         if q is None:
-            policy = ListenerPolicy.pull(queue, dead_letter)
-            broker = traits_of(self._conn._impl.server_properties)
-            # one channel; the DLQ is declared with the first dead letter, not here
-            core = ListenerCore(policy, shared_channel=True, broker=broker, declare_on_use=True)
-            q = _Queue(self, core)
-            q.channel = self.channel  # opened first
-            core.channel_opened()
-            self._queues[queue] = q
+            core = self._new_core(queue, dead_letter, self._conn._impl.server_properties)
+            q = self._keep(queue, _Queue(self, core), self.channel)  # opened first
         return q
 
     def get(
@@ -220,12 +158,11 @@ class PullConnection:
         get() declares nothing: the queue's dead-letter queue (`dead_letter`, by default
         `<queue>.dlq`) is declared with the first dead letter sent to it.
         """
-        deadline = time.monotonic() + max_seconds
+        skips = Skips(queue, max_skip, max_seconds)
         with self._lock:
             self._check_open("get()")
             q = self._queue(queue, dead_letter)
             core = q.core
-            skipped = 0
             while True:
                 ch = self.channel
                 method, props, body = ch.basic_get(queue, auto_ack=False)
@@ -258,37 +195,19 @@ class PullConnection:
                         return d
                     q.queue(Step(t.generation, t.verdict))
                 q.flush()
-                skipped += 1
-                if skipped >= max_skip or time.monotonic() >= deadline:
-                    log.warning(
-                        "get(%r): settled %d message(s) without handing one over; "
-                        "returning None, the queue may hold more",
-                        queue,
-                        skipped,
-                    )
+                if skips.one_more():
                     return None
 
     def _settle(self, delivery: DeliveryBase, kind: str, requeue: bool, multiple: bool) -> None:
         with self._lock:
-            if self._closed and not delivery._tracked.settled:
-                raise SettleNotAllowed(
-                    f"cannot {kind} delivery tag {delivery.delivery_tag}: its PullConnection "
-                    "is closed (the broker requeued the message when its channel closed)"
-                )
-            q = self._queues[delivery.queue]
-            self._note_lost_channel()
+            q = self._settling(delivery, kind, self._ch is not None and self._ch.is_open)
             t = delivery._tracked
             with q.lock:
                 acts = q.core.settle(t, kind, requeue=requeue, multiple=multiple)
                 if acts.actions:  # decided for its own channel: a stale delivery gets none
                     q.queue(acts)
             q.flush()
-            if not acts.actions and not q.core.current(t.generation):
-                log.warning(
-                    "%s of delivery tag %d not sent: its channel closed and the broker requeued it",
-                    kind,
-                    delivery.delivery_tag,
-                )
+            self._settled(q, delivery, kind, acts)
 
     @publishes
     def publish(self, msg: Outgoing) -> None:
