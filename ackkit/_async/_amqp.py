@@ -25,28 +25,18 @@ from .._connection.inmemory import broker_for
 from .._connection.io import ConnectFailed, FatalConnectError
 from .._connection.tls import client_tls, handshake_hint, tls_failure
 from .._connection.url import mask_text, mask_url
-from .._core import copies, wire
+from .._core import wire
 from .._core.actions import Republish
-from .._core.errors import TopologyConflict
-from .._core.exchanges import (
-    BindingDecl,
-    DeclareQueue,
-    ExchangeDecl,
-    MustExist,
-    Plan,
-    binding_name,
-    conflict,
-    preparation,
-    queue_conflict,
-)
-from .._core.listener import QueueSpec, missing_queue
+from .._core.exchanges import BindingDecl, DeclareQueue, ExchangeDecl, Plan
+from .._core.listener import QueueSpec
+from .._interpreter import copying
+from .._interpreter.preparing import NO_EXCHANGES, Exists, declarations, refused
 from .._messages.delivery import DeliveryBase
 from ._transport import SafeConnection
 
 log = logging.getLogger("ackkit")
 
 PROPERTY_FIELDS = spec.Basic.Properties.__slots__
-NO_EXCHANGES = Plan()
 FATAL_CONNECT = (
     aiormq.exceptions.AuthenticationError,
     aiormq.exceptions.ProbableAuthenticationError,
@@ -179,27 +169,10 @@ def measure(props: Mapping[str, Any]) -> bytes:
     return wire.encode_properties(props)
 
 
-def copy_properties(
-    props: Any,
-    set_headers: Mapping[str, Any],
-    *,
-    purpose: str = "retry",
-    minimal: bool = False,
-    frame_max: int = 0,
-    user: str | None = None,
-) -> spec.Basic.Properties:
-    """The properties of a copy of a delivery with pamqp `props`: what
-    `ackkit._core.copies` decides, ready for aiormq."""
-    c = copies.copy_properties(
-        property_map(props),
-        set_headers,
-        purpose=purpose,
-        minimal=minimal,
-        frame_max=frame_max,
-        user=user,
-        encode=measure,
-    )
-    return WireProperties(c.properties)
+copy_properties = copying.CopyProperties(property_map, measure, WireProperties)
+"""`copy_properties(props, set_headers, *, purpose, minimal, frame_max, user)`: the
+properties of a copy of a delivery with pamqp `props`: what `ackkit._core.copies`
+decides, ready for aiormq."""
 
 
 def copy_options(a: Republish, ch: AbstractChannel) -> dict[str, Any]:
@@ -207,12 +180,7 @@ def copy_options(a: Republish, ch: AbstractChannel) -> dict[str, Any]:
     conn: Any = ch.connection
     tune = getattr(conn, "connection_tune", None)
     url = getattr(conn, "url", None)
-    return {
-        "purpose": a.purpose,
-        "minimal": a.minimal,
-        "frame_max": getattr(tune, "frame_max", 0) or 0,
-        "user": getattr(url, "user", None),
-    }
+    return copying.copy_options(a, getattr(tune, "frame_max", 0) or 0, getattr(url, "user", None))
 
 
 async def publish_copy(
@@ -287,15 +255,13 @@ async def declare_queues(
     checked, then the exchanges, the listeners' queues, ackkit's own, the bindings, each
     on a throwaway channel: a refusal (406, 403, 404) costs that channel only and
     raises TopologyConflict."""
-    for step in preparation(own, user, existing, exchanges):
-        if isinstance(step, MustExist):
-            if not await _exists(conn, numbers, step.name):
-                raise TopologyConflict(missing_queue(step.name))
+    for step in declarations(own, user, existing, exchanges):
+        if isinstance(step, Exists):
+            step.exists = await _exists(conn, numbers, step.name)
         elif isinstance(step, ExchangeDecl):
             await _exchange(conn, numbers, step)
         elif isinstance(step, DeclareQueue):
-            if not (step.unless_exists and await _exists(conn, numbers, step.name)):
-                await _declare(conn, numbers, step)
+            await _declare(conn, numbers, step)
         else:
             await _bind(conn, numbers, step)
 
@@ -307,7 +273,7 @@ async def _bind(conn: AbstractConnection, numbers: ChannelNumbers, b: BindingDec
             b.queue, b.exchange, routing_key=b.routing_key, arguments=dict(b.arguments) or None
         )
     except REFUSED as exc:
-        raise conflict(binding_name(b), str(exc)) from None
+        raise refused(b, str(exc)) from None
     await _close(ch)
 
 
@@ -329,7 +295,7 @@ async def _exchange(conn: AbstractConnection, numbers: ChannelNumbers, d: Exchan
             return
         except REFUSED as exc:
             if e.passive or not isinstance(exc, aiormq.exceptions.ChannelNotFoundEntity):
-                raise conflict(f"exchange {e.name!r}", str(exc)) from None
+                raise refused(d, str(exc)) from None
     ch = await conn.channel(numbers.take(), publisher_confirms=False)
     try:
         await ch.exchange_declare(
@@ -340,7 +306,7 @@ async def _exchange(conn: AbstractConnection, numbers: ChannelNumbers, d: Exchan
             arguments=dict(e.arguments) or None,
         )
     except REFUSED as exc:
-        raise conflict(f"exchange {e.name!r}", str(exc)) from None
+        raise refused(d, str(exc)) from None
     await _close(ch)
 
 
@@ -359,7 +325,7 @@ async def _declare(conn: AbstractConnection, numbers: ChannelNumbers, step: Decl
     try:
         await ch.queue_declare(step.name, durable=True, arguments=step.arguments or None)
     except aiormq.exceptions.ChannelPreconditionFailed as exc:
-        raise queue_conflict(step, str(exc)) from None
+        raise refused(step, str(exc)) from None
     await _close(ch)
 
 

@@ -15,24 +15,13 @@ import pika.frame
 
 from .._connection.inmemory import broker_for
 from .._connection.tls import client_tls
-from .._core import copies, wire
-from .._core.errors import TopologyConflict
-from .._core.exchanges import (
-    BindingDecl,
-    DeclareQueue,
-    ExchangeDecl,
-    MustExist,
-    Plan,
-    binding_name,
-    conflict,
-    preparation,
-    queue_conflict,
-)
-from .._core.listener import QueueSpec, missing_queue
+from .._core import wire
+from .._core.exchanges import BindingDecl, DeclareQueue, ExchangeDecl, Plan
+from .._core.listener import QueueSpec
+from .._interpreter import copying
+from .._interpreter.preparing import NO_EXCHANGES, Declaration, Exists, declarations, refused
 from .._telemetry.logs import log_blocked
 from ._frames import SafeSelectConnection
-
-NO_EXCHANGES = Plan()
 
 # pika logs every failed connection attempt at ERROR on these loggers, with a traceback
 # (about ten lines an attempt; a refused login three more); ackkit logs the cause itself,
@@ -152,35 +141,15 @@ def copy_options(a: Any, ch: Any) -> dict[str, Any]:
     """copy_properties keywords for Republish `a` published on pika channel `ch`."""
     params = getattr(getattr(ch, "connection", None), "params", None)
     creds = getattr(params, "credentials", None)
-    return {
-        "purpose": a.purpose,
-        "minimal": a.minimal,
-        "frame_max": getattr(params, "frame_max", 0),
-        "user": getattr(creds, "username", None),
-    }
-
-
-def copy_properties(
-    props: Any,
-    set_headers: Mapping[str, Any],
-    *,
-    purpose: str = "retry",
-    minimal: bool = False,
-    frame_max: int = 0,
-    user: str | None = None,
-) -> pika.BasicProperties:
-    """The properties of a copy of a delivery with `props` (any object with the AMQP
-    property attributes): what `ackkit._core.copies` decides, ready for pika."""
-    c = copies.copy_properties(
-        property_map(props),
-        set_headers,
-        purpose=purpose,
-        minimal=minimal,
-        frame_max=frame_max,
-        user=user,
-        encode=measure,
+    return copying.copy_options(
+        a, getattr(params, "frame_max", 0), getattr(creds, "username", None)
     )
-    return WireProperties(c.properties)
+
+
+copy_properties = copying.CopyProperties(property_map, measure, WireProperties)
+"""`copy_properties(props, set_headers, *, purpose, minimal, frame_max, user)`: the
+properties of a copy of a delivery with `props` (any object with the AMQP property
+attributes): what `ackkit._core.copies` decides, ready for pika."""
 
 
 def declare_queues(
@@ -193,32 +162,30 @@ def declare_queues(
     """Carry out `preparation(...)` (`ackkit._core.exchanges`): the `existing` queues
     checked, then the exchanges, the listeners' queues, ackkit's own, the bindings,
     idempotently, each on a throwaway channel; a refusal is a TopologyConflict."""
-    for step in preparation(own, user, existing, exchanges):
-        if isinstance(step, MustExist):
-            if not _exists(conn, step.name):
-                raise TopologyConflict(missing_queue(step.name))
+    for step in declarations(own, user, existing, exchanges):
+        if isinstance(step, Exists):
+            step.exists = _exists(conn, step.name)
         elif isinstance(step, ExchangeDecl):
-            what = repr(step.exchange.name)
-            _on_channel(conn, what, "exchange", partial(_exchange, conn=conn, d=step))
+            _on_channel(conn, step, partial(_exchange, conn=conn, d=step))
         elif isinstance(step, DeclareQueue):
-            if not (step.unless_exists and _exists(conn, step.name)):
-                _declare(conn, step)
+            _declare(conn, step)
         else:
-            _on_channel(conn, binding_name(step), "", partial(_bind, b=step))
+            _on_channel(conn, step, partial(_bind, b=step))
 
 
 def _bind(ch: Any, b: BindingDecl) -> None:
     ch.queue_bind(b.queue, b.exchange, b.routing_key, arguments=dict(b.arguments) or None)
 
 
-def _on_channel(conn: Any, name: str, what: str, op: Callable[[Any], object]) -> None:
-    """Run `op` on a throwaway channel; a refusal (406, 403, 404) is a TopologyConflict."""
+def _on_channel(conn: Any, step: Declaration, op: Callable[[Any], object]) -> None:
+    """Run `op` for `step` on a throwaway channel; a refusal (406, 403, 404) is a
+    TopologyConflict."""
     ch = conn.channel()
     try:
         op(ch)
     except pika.exceptions.ChannelClosedByBroker as exc:
         if exc.reply_code in (403, 404, 406):
-            raise conflict(f"{what} {name}".strip(), exc.reply_text) from None
+            raise refused(step, exc.reply_text) from None
         raise
     if ch.is_open:
         ch.close()
@@ -234,7 +201,7 @@ def _exchange(ch: Any, *, conn: Any, d: ExchangeDecl) -> None:
             return
         except pika.exceptions.ChannelClosedByBroker as exc:
             if exc.reply_code != 404 or e.passive:
-                raise conflict(f"exchange {e.name!r}", exc.reply_text) from None
+                raise refused(d, exc.reply_text) from None
     ch.exchange_declare(
         e.name,
         e.type.value,
@@ -331,6 +298,6 @@ def _declare(conn: pika.BlockingConnection, step: DeclareQueue) -> None:
         ch.queue_declare(step.name, durable=True, arguments=step.arguments or None)
     except pika.exceptions.ChannelClosedByBroker as exc:
         if exc.reply_code == 406:
-            raise queue_conflict(step, exc.reply_text) from None
+            raise refused(step, exc.reply_text) from None
         raise
     ch.close()
