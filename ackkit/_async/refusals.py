@@ -16,8 +16,8 @@ import aiormq.exceptions
 from aiormq.abc import AbstractChannel, AbstractConnection
 
 from .._connection.url import mask_text
-from .._core.consume import ConsumeMove
 from .._core.errors import TopologyConflict
+from .._interpreter.refusals import carry_out
 from ._amqp import CHANNEL_GONE
 
 if TYPE_CHECKING:
@@ -59,18 +59,20 @@ def refused(c: AsyncConsumer, ch: AbstractChannel, exc: BaseException | None) ->
     if c.rt.stopping or conn is None or conn.is_closed:
         return
     code, text = refusal(exc)
-    step = c.consume_state.refused(code, text)
-    if step.log:
-        log.warning("%s", step.log)
-    if step.move is ConsumeMove.FAIL:
-        assert step.error is not None
-        c.rt.fail(step.error, f"{c.spec.name}: cannot consume")
-    elif step.move is ConsumeMove.DECLARE:
-        c.rt.spawn(redeclare(c, conn))
-    else:
-        if step.move is ConsumeMove.RETRY:
+
+    def reopen(delay: float, standby: bool) -> None:
+        if not standby:
             log.error("%s: channel closed by the broker: (%s, %r)", c.spec.name, code, text)
-        c.rt.spawn(c.reopen_later(conn, step.delay))
+        c.rt.spawn(c.reopen_later(conn, delay))
+
+    step = c.consume_state.refused(code, text)
+    carry_out(
+        step,
+        c.spec.name,
+        fail=c.rt.fail,
+        redeclare=lambda: c.rt.spawn(redeclare(c, conn)),
+        reopen=reopen,
+    )
 
 
 async def redeclare(c: AsyncConsumer, conn: AbstractConnection) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from .._core.consume import ConsumeMove
+from .._interpreter.refusals import carry_out
 from .._telemetry.logs import log_cancel
 
 if TYPE_CHECKING:
@@ -25,20 +25,16 @@ log = logging.getLogger("ackkit")
 
 def refused(c: Consumer, conn: Any, code: int, text: str) -> None:
     """The broker refused the basic.consume: carry out what the core decides."""
-    step = c.consuming.refused(code, text)
-    if step.log:
-        log.warning("%s", step.log)
-    if step.move is ConsumeMove.FAIL:
-        assert step.error is not None
-        c.rt.fail(step.error, f"{c.spec.name}: cannot consume")
-    elif step.move is ConsumeMove.DECLARE:
-        c.rt.redeclare(c)
-    else:
-        if step.move is ConsumeMove.STANDBY:
+
+    def reopen(delay: float, standby: bool) -> None:
+        if standby:
             c.rt.consumer_ready(c)  # started: standing by is a state, not a failure
         else:
             log.error("%s: channel closed by broker: (%d, %r)", c.spec.name, code, text)
-        conn.ioloop.call_later(step.delay, lambda: c._reopen(conn))
+        conn.ioloop.call_later(delay, lambda: c._reopen(conn))
+
+    step = c.consuming.refused(code, text)
+    carry_out(step, c.spec.name, fail=c.rt.fail, redeclare=lambda: c.rt.redeclare(c), reopen=reopen)
 
 
 def cancelled_by_broker(c: Consumer, ch: Any, frame: Any) -> None:
