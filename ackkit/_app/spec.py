@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import ssl
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ackkit")
 F = TypeVar("F", bound=Callable[..., Any])
+R = TypeVar("R", bound="RunState")
 
 # RabbitMQ's default consumer_timeout (30 min); in-process retries must end well before it.
 CONSUMER_TIMEOUT = 30 * 60.0
@@ -155,6 +157,31 @@ class AppBase(SettingsView):
 
     def _remember(self, spec: ListenerSpec, core: ListenerCore) -> None:
         self._cores[spec.name] = (spec, core)
+
+    @contextlib.contextmanager
+    def _starting(self, kind: str, runtime: Callable[..., R]) -> Iterator[R]:
+        """A new `runtime` (the App's or the AsyncApp's class) for the listeners, the
+        app's from now on, for the with-block to start; if the block raises, the app
+        has none again. First the checks every start makes: the app (`kind`, as the
+        errors name it) is not running already and has a listener."""
+        if self._runtime is not None:
+            raise RuntimeError(f"{kind} is already running")
+        if not self.specs:
+            raise RuntimeError(f"{kind} has no listeners: register one with @app.listener(...)")
+        rt = runtime(
+            self.settings,
+            self.specs,
+            observer=self._observer(),
+            observers=tuple(self._observers),
+            instruments=self._run_instruments(),
+            topology=self._plan(),
+        )
+        self._runtime = rt
+        try:
+            yield rt
+        except BaseException:
+            self._runtime = None
+            raise
 
     def listener(
         self,

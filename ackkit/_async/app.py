@@ -77,25 +77,9 @@ class AsyncApp(AppBase):
 
     async def start(self) -> None:
         """Connect, declare, start consuming; returns once every listener consumes."""
-        if self._runtime is not None:
-            raise RuntimeError("AsyncApp is already running")
-        if not self.specs:
-            raise RuntimeError("AsyncApp has no listeners: register one with @app.listener(...)")
-        self._stop_request = asyncio.Event()
-        rt = AsyncRuntime(
-            self.settings,
-            self.specs,
-            observer=self._observer(),
-            observers=tuple(self._observers),
-            instruments=self._run_instruments(),
-            topology=self._plan(),
-        )
-        self._runtime = rt
-        try:
+        with self._starting("AsyncApp", AsyncRuntime) as rt:
+            self._stop_request = asyncio.Event()
             await rt.start()
-        except BaseException:
-            self._runtime = None
-            raise
         log.info("%d async listener(s) consuming from %s", len(self.specs), self.safe_url)
 
     async def stop(self, timeout: float | None = None) -> None:

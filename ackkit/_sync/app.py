@@ -47,25 +47,9 @@ class App(AppBase):
 
     def start(self) -> None:
         """Connect, declare, start consuming; returns once every listener consumes."""
-        if self._runtime is not None:
-            raise RuntimeError("App is already running")
-        if not self.specs:
-            raise RuntimeError("App has no listeners: register one with @app.listener(...)")
-        self._stopped = threading.Event()
-        rt = Runtime(
-            self.settings,
-            self.specs,
-            observer=self._observer(),
-            observers=tuple(self._observers),
-            instruments=self._run_instruments(),
-            topology=self._plan(),
-        )
-        self._runtime = rt
-        try:
+        with self._starting("App", Runtime) as rt:
+            self._stopped = threading.Event()
             rt.start()
-        except BaseException:
-            self._runtime = None
-            raise
         log.info("%d listener(s) consuming from %s", len(self.specs), self.safe_url)
 
     def stop(self, timeout: float | None = None) -> None:
