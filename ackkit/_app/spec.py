@@ -260,6 +260,7 @@ class AppBase(SettingsView):
             on_unsettled=on_unsettled,
             flush=cons.flush,
             queue_type=q.queue_type,
+            quorum=q.quorum,
             flow=flow_policy,
         )
         limit = CONSUMER_TIMEOUT if cons.timeout is None else cons.timeout

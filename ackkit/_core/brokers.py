@@ -5,6 +5,8 @@ and hands `traits_for(version)` to the listener core. Everything that differs
 between broker versions is decided from these values, never from a version string
 elsewhere:
 
+- 3.8 - 3.9: quorum queues refuse `x-message-ttl` and know no at-least-once
+  dead-lettering (`x-dead-letter-strategy`), so no quorum delay queue can exist.
 - 3.x (3.8 - 3.13): a quorum queue's `x-delivery-count` counts every return
   (reject, nack, a lost consumer) and the broker writes it on every delivery;
   no default delivery limit; consumer timeouts close the channel.
@@ -90,6 +92,10 @@ class BrokerTraits:
     """The broker reads x-death a publisher set (ignored on 4.0+)."""
     modulus_hash_exchange: bool = False
     """The x-modulus-hash exchange type is built in (4.3+)."""
+    quorum_ttl_dead_letter: bool = True
+    """Quorum queues take a queue-level x-message-ttl and dead-letter at-least-once
+    (`x-dead-letter-strategy`), which a quorum delay queue needs (3.10+). True for an
+    unknown version: a broker without them refuses the declare itself (406)."""
 
     def count_source(self, queue_type: str | None) -> CountSource:
         """Which header says how often a copy in a queue of `queue_type` was delivered
@@ -163,7 +169,7 @@ def traits_for(raw_version: object) -> BrokerTraits:
         return UNKNOWN
     major, minor, _ = v
     if major == 3:
-        base = V3
+        base = V3 if minor >= 10 else replace(V3, quorum_ttl_dead_letter=False)
     elif major == 4 and minor < 3:
         base = V40
     elif major >= 4:

@@ -12,6 +12,7 @@ what a runtime declares once per connection, before consuming.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -299,11 +300,37 @@ def preparation(
     return steps
 
 
+_INEQUIVALENT = re.compile(
+    r"inequivalent arg '([^']{1,64})'.*?: received (.{1,120}?) but current is (.{1,120})$"
+)
+
+
+def mismatch(broker_said: str) -> str:
+    """The argument a 406 "inequivalent arg" names, as "x-queue-type: the queue has
+    'classic', ackkit declares 'quorum'"; "" when the broker said something else. A
+    type change (classic to quorum) also says that RabbitMQ never converts a queue."""
+    m = _INEQUIVALENT.search(broker_said[:1000])
+    if m is None:
+        return ""
+    arg, received, current = m.groups()
+    received = received.removeprefix("the value ").split(" of type ")[0]
+    current = current.removeprefix("the value ").split(" of type ")[0]
+    current = "none set" if current == "none" else current
+    out = f"{arg}: the queue has {current}, ackkit declares {received}"
+    if arg == "x-queue-type":
+        out += (
+            " (a queue's type never changes: move its messages elsewhere, delete it and "
+            "start again, or declare it as it is)"
+        )
+    return out + ". "
+
+
 def queue_conflict(step: DeclareQueue, broker_said: str) -> TopologyConflict:
     """The error for a queue that exists with other arguments (406)."""
     return TopologyConflict(
         f"{step.what} {step.name!r} already exists with arguments that differ from "
-        f"{step.arguments!r}; broker said: {broker_said}. Delete it or align its arguments."
+        f"{step.arguments!r}: {mismatch(broker_said)}broker said: {broker_said}. Delete it "
+        "or align its arguments."
     )
 
 

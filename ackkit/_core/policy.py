@@ -122,6 +122,10 @@ class ListenerPolicy:
     queue_type: str | None = None
     """The origin queue's x-queue-type, when known: with "quorum" its retry delay
     queues are quorum queues too, which dead-letter back at-least-once."""
+    quorum: bool = False
+    """Every queue ackkit declares for this listener is a quorum queue: its own queue
+    (where ackkit declares it), the delay queues and the dead-letter queue too
+    (`Queue(name, quorum=True)`). Implies queue_type "quorum"."""
     flow: FlowPolicy | None = None
     """Circuit breaker, rate limit and per-key serial mode (None: all off)."""
     extra: dict[str, object] = field(default_factory=dict)
@@ -149,6 +153,14 @@ class ListenerPolicy:
             )
         if self.queue_type is not None:
             C.text("queue_arguments['x-queue-type']", self.queue_type)
+        C.flag("quorum", self.quorum)
+        if self.quorum:
+            if self.queue_type not in (None, "quorum"):
+                raise ValueError(
+                    f"quorum=True declares {self.queue!r} a quorum queue, but its arguments "
+                    f"say x-queue-type {self.queue_type!r}"
+                )
+            set_(self, "queue_type", "quorum")
         if self.mode is AckMode.NONE and self.retry.max_attempts > 1:
             raise ValueError("AckMode.NONE cannot retry: the broker forgot the message on send")
         if self.retry.strategy is RetryStrategy.QUORUM_DELAYED and self.queue_type != "quorum":

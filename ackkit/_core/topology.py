@@ -6,6 +6,14 @@ dead-letters back to the origin queue), and one more for each delay a
 `RetryLater(delay=...)` asks for that is not a tier. Every name and argument
 here follows from the `ListenerPolicy` alone; which extra delay queues are
 declared already is the state of the listener's `Queues` part.
+
+What each queue is, by the policy:
+
+| queue | default | queue_type "quorum" | quorum=True |
+|---|---|---|---|
+| the listener's (declared) | the user's arguments | the user's arguments | + x-queue-type quorum |
+| delay queues | classic, TTL per tier | quorum, TTL per tier, at-least-once | same |
+| dead-letter queue | classic (no arguments) | classic | quorum, DLQ_DELIVERY_LIMIT |
 """
 
 from __future__ import annotations
@@ -24,6 +32,14 @@ if TYPE_CHECKING:
 
 QUORUM_DEFAULT_DELIVERY_LIMIT = 20
 """A RabbitMQ 4.x quorum queue's delivery-limit when its arguments set none."""
+
+DLQ_DELIVERY_LIMIT = 1_000_000
+"""The x-delivery-limit of a quorum dead-letter queue: high enough never to apply.
+Without one, RabbitMQ 4.0 - 4.2 would drop a dead letter (a DLQ has no DLX) once it
+had been returned 20 times, and every `ackkit dlq inspect` returns each message it
+read (basic.nack requeue, which those versions count). The same value on every
+version, so that the queue's arguments do not change when the broker is upgraded
+(RabbitMQ refuses a re-declare whose x-delivery-limit differs)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,12 +90,21 @@ def delay_spec(policy: ListenerPolicy, ms: int) -> QueueSpec:
     return QueueSpec(policy.delay_queue(ms), args, "retry-delay")
 
 
+def dead_letter_spec(policy: ListenerPolicy, name: str) -> QueueSpec:
+    """The dead-letter queue `name`: classic with no arguments, or with `policy.quorum`
+    a quorum queue whose delivery limit never applies (`DLQ_DELIVERY_LIMIT`)."""
+    args: dict[str, Any] = {}
+    if policy.quorum:
+        args = {"x-queue-type": "quorum", "x-delivery-limit": DLQ_DELIVERY_LIMIT}
+    return QueueSpec(name, args, "dead-letter")
+
+
 def topology(policy: ListenerPolicy) -> list[QueueSpec]:
     """Queues ackkit declares for this listener: the DLQ and the retry delay tiers."""
     specs = []
     dlq = policy.dead_letter_queue
     if dlq is not None:
-        specs.append(QueueSpec(dlq, {}, "dead-letter"))
+        specs.append(dead_letter_spec(policy, dlq))
     if policy.retry.strategy is RetryStrategy.BROKER and policy.retry.max_attempts > 1:
         for ms in policy.retry.delay_tiers_ms():
             specs.append(delay_spec(policy, ms))
@@ -140,21 +165,35 @@ def declarable(
 def listener_arguments(
     policy: ListenerPolicy, broker: BrokerTraits, arguments: Mapping[str, Any]
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """The listener queue's arguments to declare: the user's, plus the native delayed
-    retry's under RetryStrategy.QUORUM_DELAYED, minus what `broker` refuses."""
+    """The listener queue's arguments to declare: the user's (x-queue-type quorum with
+    `policy.quorum`), plus the native delayed retry's under RetryStrategy.QUORUM_DELAYED,
+    minus what `broker` refuses."""
     args = dict(arguments)
+    if policy.quorum:
+        args["x-queue-type"] = "quorum"
     if policy.retry.strategy is RetryStrategy.QUORUM_DELAYED:
         args.update(policy.retry.quorum_delay_arguments())
     return declarable(args, broker)
 
 
+def _seen(broker: BrokerTraits) -> str:
+    return ".".join(map(str, broker.version)) if broker.version else "no readable version"
+
+
 def check_broker(policy: ListenerPolicy, broker: BrokerTraits) -> None:
     """Raise TopologyConflict when the listener needs what `broker` does not have."""
+    delays = policy.retry.strategy is RetryStrategy.BROKER and policy.retry.max_attempts > 1
+    if delays and policy.queue_type == "quorum" and not broker.quorum_ttl_dead_letter:
+        raise TopologyConflict(
+            f"listener {policy.name!r}: its retry delay queues are quorum queues (the queue "
+            "is one), which need RabbitMQ 3.10 or later (message TTL and at-least-once "
+            f"dead-lettering on quorum queues); the broker reports {_seen(broker)}. "
+            "Use RetryStrategy.IN_PROCESS, or classic queues."
+        )
     if policy.retry.strategy is RetryStrategy.QUORUM_DELAYED and not broker.native_delayed_retry:
-        seen = ".".join(map(str, broker.version)) if broker.version else "no readable version"
         raise TopologyConflict(
             f"listener {policy.name!r}: RetryStrategy.QUORUM_DELAYED needs RabbitMQ 4.3 or "
-            f"later (quorum queues' native delayed retry); the broker reports {seen}. Use "
+            f"later (quorum queues' native delayed retry); the broker reports {_seen(broker)}. Use "
             "RetryStrategy.BROKER (delay queues), which works on every version."
         )
 
