@@ -48,7 +48,7 @@ ONCE := $(filter-out tests/integration/test_testkit_cluster.py, \
 # it the nodes' start): the 4.3 leg runs them, both runtimes (production clusters run 4.x);
 # make test-matrix runs them on every version.
 CLUSTER := tests/integration/test_testkit_cluster.py tests/integration/test_cluster_failover.py \
-           tests/integration/test_cluster_tools.py
+           tests/integration/test_cluster_tools.py tests/integration/test_cluster_quorum_retry.py
 # The environment of a leg on RabbitMQ $(1): 3.10 keeps AMQP_URL as given.
 leg_env = $(if $(filter 3.10,$(1)),,env -u AMQP_URL) ACKKIT_TEST_RABBITMQ=$(1)
 RESULTS_SUFFIX := $(if $(filter 3.10,$(RABBITMQ)),,-$(RABBITMQ))
