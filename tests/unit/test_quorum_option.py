@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -182,3 +183,29 @@ def test_a_conflict_the_broker_words_otherwise_keeps_its_words() -> None:
     text = str(queue_conflict(step, "PRECONDITION_FAILED - something new"))
     assert "broker said: PRECONDITION_FAILED - something new" in text
     assert "ackkit declares" not in text
+
+
+@pytest.mark.parametrize("version", ["3.13", "4.0", "4.3"])
+def test_retry_and_dead_letter_through_quorum_queues_on_the_memory_broker(version: str) -> None:
+    from ackkit.testing import InMemoryBroker
+
+    calls: list[tuple[str, int]] = []
+    with InMemoryBroker(rabbitmq=version, ttl_scale=0) as broker:
+        app = App(broker.url, shutdown_timeout=2)
+
+        @app.listener(Queue("orders", quorum=True), retry=RETRY)
+        def handle(order: dict[str, Any]) -> None:
+            calls.append((order["kind"], len(calls)))
+            if order["kind"] == "bad" or sum(k == "flaky" for k, _ in calls) == 1:
+                raise RuntimeError(order["kind"])
+
+        with app.running():
+            broker.publish("orders", {"kind": "flaky"}, message_id="flaky")
+            deadline = time.monotonic() + 10
+            while [k for k, _ in calls].count("flaky") < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            broker.publish("orders", {"kind": "bad"}, message_id="bad")
+            broker.wait_for("orders.dlq", ready=1)
+            broker.wait_for("orders", ready=0, unacked=0)
+    kinds = [k for k, _ in calls]
+    assert kinds.count("flaky") == 2 and kinds.count("bad") == RETRY.max_attempts
