@@ -305,8 +305,24 @@ def rabbitmq_cluster_version() -> str:
     return wanted_version()
 
 
+@pytest.fixture(scope="session")
+def _ackkit_clusters() -> Iterator[dict[str, Any]]:
+    """The kit's clusters of this test session, one per RabbitMQ version, started by the
+    first module that wants one and shared by the others (a start is about a minute:
+    the nodes boot and join); stopped at the end of the session."""
+    clusters: dict[str, Any] = {}
+    try:
+        yield clusters
+    finally:
+        for cluster in clusters.values():
+            cluster.close()
+
+
 @pytest.fixture(scope="module")
-def _ackkit_own_cluster(rabbitmq_cluster_version: str) -> Iterator[Any]:
+def _ackkit_own_cluster(rabbitmq_cluster_version: str, _ackkit_clusters: dict[str, Any]) -> Any:
+    cluster = _ackkit_clusters.get(rabbitmq_cluster_version)
+    if cluster is not None and not cluster.closed:
+        return cluster
     from ._kit import require
 
     kit = require("a RabbitMQ cluster of the kit's own")
@@ -316,16 +332,16 @@ def _ackkit_own_cluster(rabbitmq_cluster_version: str) -> Iterator[Any]:
         if not os.environ.get(ENV_URL, "").strip():
             raise
         pytest.skip(f"a cluster needs nodes of the kit's own: {exc}")
-    try:
-        yield cluster
-    finally:
-        cluster.close()
+    _ackkit_clusters[rabbitmq_cluster_version] = cluster
+    return cluster
 
 
 @pytest.fixture
 def rabbitmq_cluster(_ackkit_own_cluster: Any) -> Any:
     """A 3-node cluster of the kit's own the test may kill, stop, start and freeze nodes
-    of; every node running and reporting all of them at the start of the test."""
+    of; every node running and reporting all of them at the start of the test. One
+    cluster per RabbitMQ version serves the whole test session: what a test declares
+    stays for the next, so name queues after the test."""
     cluster = _ackkit_own_cluster
     cluster.start()  # resumes frozen nodes, boots stopped ones
     cluster.wait_running()
