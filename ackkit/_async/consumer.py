@@ -392,7 +392,8 @@ class AsyncConsumer(ChannelSettler):
         self.blocking(lambda: self.rt.publish(msg), "Delivery.publish()")
 
     async def stop(self) -> None:
-        """The app stops: the core starts nothing from now on; its held acks go out."""
+        """The app stops, its consumer cancelled: the core starts nothing from now on; its
+        held acks, and the copies of what it kept since `Shutdown.hold`, go out."""
         acts = self.core.shutdown.stop()
         if acts:
             await self.execute(acts)

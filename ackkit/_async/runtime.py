@@ -2,11 +2,10 @@
 
 It opens the connection (reconnecting with backoff), declares the queues,
 opens one `AsyncConsumer` per listener and the `AsyncPublisher` for copies,
-flushes pending acks every `TICK`, and stops gracefully: consumers cancelled,
-running handlers given `shutdown_timeout`, unstarted deliveries requeued, acks
-flushed, copies confirmed, then the connection closed. Anything that must not
-go on quietly (a failure of ackkit's own tasks, a handler that raised an
-interpreter-exit signal) stops the app through `fail()`.
+flushes pending acks every `TICK`, and carries out each phase of a graceful stop
+(in the order `ackkit._interpreter.stopping` walks them) with awaits. Anything
+that must not go on quietly (a failure of ackkit's own tasks, a handler that
+raised an interpreter-exit signal) stops the app through `fail()`.
 
 The runtime reads nothing of the app: it gets a `Settings` value, the
 listener specs, the observers for their cores and the instrument hooks.
@@ -44,11 +43,11 @@ from .._core.consume import check_channels, spare_channels
 from .._core.errors import TopologyConflict
 from .._core.events import Observer
 from .._core.exchanges import Plan, plan
-from .._core.outcome import EXIT_SIGNALS
 from .._core.shutdown import LAST_COPIES
-from .._core.stop_budget import CONFIRM_WAIT, StopBudget, may_close
+from .._core.stop_budget import StopBudget, may_close
+from .._interpreter import stopping
+from .._interpreter.stopping import StopStep
 from .._messages.publish import EXCHANGE_CHANNELS, Outgoing, channel_for, not_confirmed
-from .._telemetry.logs import log_stop
 from .._telemetry.observers import observing
 from . import cancels
 from ._amqp import CHANNEL_GONE, ChannelNumbers, declare_queues, open_connection
@@ -56,7 +55,6 @@ from .consumer import CANCEL_TIMEOUT, AsyncConsumer
 from .publisher import AsyncPublisher
 
 log = logging.getLogger("ackkit")
-CONFIRM_TIMEOUT = CONFIRM_WAIT
 
 
 class AsyncRuntime:
@@ -109,13 +107,8 @@ class AsyncRuntime:
         return task
 
     def fail(self, exc: BaseException, what: str) -> None:
-        """Something that must not go on quietly: a failure of ackkit's own tasks, or a
-        handler that raised an interpreter-exit signal. The app stops (its deliveries
-        settled or left to the broker to requeue), `run()` raises `exc`, `is_running`
-        turns False; never a listener that looks alive and consumes nothing."""
-        if self.fatal is None:
-            self.fatal = exc
-        log_stop(what, exc, EXIT_SIGNALS)
+        """The app stops for `exc` (`stopping.failed`); `run()` raises it."""
+        stopping.failed(self, exc, what)
         if self._stop_task is None:
             self._stop_task = self.loop.create_task(self._stop(None))
 
@@ -135,13 +128,15 @@ class AsyncRuntime:
         await p.send(dataclasses.replace(msg, timeout=remaining))
 
     async def pause(self, delay: float) -> bool:
-        """Sleep `delay` seconds; True (at once) when a shutdown was requested."""
-        if self.stopping:
+        """Sleep `delay` seconds; True (at once) once a stop holds the cores (its `HOLD`
+        phase: a retry does not run again)."""
+        cut = self._stop_requested
+        if cut.is_set():
             return True
         try:
-            await asyncio.wait_for(self._stop_requested.wait(), delay)
+            await asyncio.wait_for(cut.wait(), delay)
         except TimeoutError:
-            return self.stopping
+            return cut.is_set()
         return True
 
     def stats(self) -> dict[str, dict[str, int]]:
@@ -291,7 +286,9 @@ class AsyncRuntime:
                     log.exception("%s: flushing acks failed", c.spec.name)
 
     async def stop(self, timeout: float | None = None) -> None:
-        """Graceful: cancel consumers, finish handlers, return unstarted, flush acks, close.
+        """Graceful, in the order of `ackkit._interpreter.stopping`: consumers cancelled,
+        unstarted deliveries returned, handlers finished, acks and copies settled, the
+        outbox relay's batch ended, the connection closed.
 
         Concurrent calls share one shutdown."""
         if self._stop_task is None:
@@ -299,56 +296,77 @@ class AsyncRuntime:
         await asyncio.shield(self._stop_task)
 
     async def _stop(self, timeout: float | None) -> None:
-        """The stop sequence: each step carries out what the listeners' cores decide."""
         timeout = self.settings.shutdown_timeout if timeout is None else timeout
-        budget = StopBudget(timeout)  # every wait below comes out of it
         self.stopping = True
         amqp = self.amqp
-        serving = self._serving and amqp is not None and not amqp.is_closed
-        for c in self.consumers:  # the cores stop: nothing starts, retries are released
+        live = self._serving and amqp is not None and not amqp.is_closed
+        await stopping.awalk(self, live, StopBudget(timeout), timeout)
+
+    # -- the stop's phases (`stopping.Stopper`) --------------------------------------
+
+    async def hold_starts(self, due: StopStep) -> None:
+        """The cores hold: nothing starts, what would have waits for the cancel."""
+        for c in self.consumers:
+            c.core.shutdown.hold()
+        self._stop_requested.set()  # cuts in-process retry and rate-limit waits short
+
+    async def cancel_consumers(self, due: StopStep) -> None:
+        """basic.cancel for every consumer at once; each cancel-ok awaited."""
+        await asyncio.gather(*(c.cancel(due.wait) for c in self.consumers))
+        await asyncio.sleep(0)  # callbacks of deliveries that arrived before CancelOk
+
+    async def return_unstarted(self, due: StopStep) -> None:
+        """The cores stop (held acks out, what they kept back as copies); the backlogs,
+        partial batches and what the flow gate holds go back too."""
+        for c in self.consumers:
             await c.stop()
-        self._stop_requested.set()  # cuts in-process retry waits short
-        if serving:
-            for c in self.consumers:
-                await c.cancel(budget.cancel())
-            await asyncio.sleep(0)  # callbacks of deliveries that arrived before CancelOk
-            for c in self.consumers:
-                await c.release_unstarted()
-            await self._finish_handlers(budget.handlers(), timeout)
-            for c in self.consumers:
-                await c.release_unstarted()
-            await self._settle(time.monotonic() + budget.confirms())
-        else:
-            await self._finish_handlers(0)
-        for c in self.consumers:  # an outbox relay ends its batch (never cancelled mid-way)
-            if c.tx is not None:
-                await c.tx.finish(budget.relay())
+            await c.release_unstarted()
+
+    async def finish_handlers(self, due: StopStep) -> None:
+        """Running handlers get `due.wait`; the late ones are cancelled (released)."""
+        await self._finish_handlers(due.wait, due.told)
+
+    async def settle(self, due: StopStep) -> None:
+        """Settle rounds until `_settle` says the connection may close."""
+        await self._settle(time.monotonic() + due.wait)
+
+    async def end_relay(self, due: StopStep) -> None:
+        """Each outbox relay ends its batch (never cancelled mid-way before `due.wait`)."""
+        await asyncio.gather(*(c.tx.finish(due.wait) for c in self.consumers if c.tx is not None))
+
+    async def close_connection(self, due: StopStep) -> None:
+        """Ackkit's tasks end, the connection closes (close-ok awaited `due.wait`)."""
         for task in (self._ticker, *self._background):
             if task is not None:
                 cancels.cancel(task)
         conn = self.connection
         if conn is not None:  # a broker that blocks the connection may never answer close
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(conn.close(), budget.close)
+                await asyncio.wait_for(conn.close(), due.wait)
         if self._main is not None and not self._main.done():
             cancels.cancel(self._main)
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(self._main, 10.0)
+
+    async def release(self, due: StopStep) -> None:
+        """The thread pools and the inbox's connections closed; the observers heard all."""
         for c in self.consumers:
             if c.pool is not None:
                 c.pool.shutdown(wait=False, cancel_futures=True)
             if c.tx is not None:
-                await c.tx.close()  # the inbox's connections
+                await c.tx.close()
         if self.events is not None:  # every event emitted so far heard by the observers
             await asyncio.to_thread(self.events.close)
 
     async def _settle(self, deadline: float) -> None:
-        """Pending acks out until every core is quiescent (copies confirmed) or the deadline;
-        its last `LAST_COPIES` seconds are for the copies in flight alone, and copies still
-        in flight at the deadline get `COPY_GRACE` more (`may_close`)."""
+        """Settle rounds: deliveries still unstarted back to the core, pending acks out,
+        until every core is quiescent (copies confirmed) or the deadline; its last
+        `LAST_COPIES` seconds are for the copies in flight alone, and copies still in
+        flight at the deadline get `COPY_GRACE` more (`may_close`)."""
         while True:
             last = time.monotonic() >= deadline - LAST_COPIES
             for c in self.consumers:
+                await c.release_unstarted()
                 if last:  # no copy more: what waits for one goes back as it is
                     await c.give_back()
                 await c.drain()

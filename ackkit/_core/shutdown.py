@@ -8,10 +8,13 @@ copy) and the gating (a key a delivery leaves in the flow gate).
 A runtime asks `begin(ts)` just before a handler runs (`start(t)` per
 delivery), `resume(rerun)` when an in-process retry's wait is over, and
 `release(t)` for a delivery whose handler never ran to the end. A stopping
-core (`stop()`) starts nothing from then on: deliveries go back to their
-queue, retries waiting in process too (see also `outcome.handled`), and
-`quiescent` says when it waits for nothing more. Each runtime's stop is then
-a short sequence carrying that out.
+core (`hold()` as the stop begins, `stop()` once its consumer is cancelled)
+starts nothing from then on: deliveries go back to their queue, retries
+waiting in process too (see also `outcome.handled`), and `quiescent` says when
+it waits for nothing more. Until `stop()` what goes back is held: returned
+while the consumer still consumes, a copy could be delivered straight back to
+it. Each runtime's stop carries
+that out phase by phase, in the one order `ackkit._interpreter.stopping` gives.
 
 An unstarted delivery goes back as a copy that keeps its attempt, and its
 original is acked once the broker confirms the copy. A copy whose confirm the
@@ -78,6 +81,8 @@ class Shutdown:
         """Unstarted deliveries waiting for their turn to go back as a copy (`release`)."""
         self._given_back = False
         """The stop has no time left for copies (`give_back`): no more are sent."""
+        self._holding = False
+        """Stopping, the consumer not cancelled yet (`hold`): nothing goes back yet."""
 
     def startable(self, t: Tracked) -> bool:
         """May a handler start on `t` now (called just before)? Not when its channel closed
@@ -187,8 +192,8 @@ class Shutdown:
             return [Nack(t.tag, requeue=True), *leave]
         if self._given_back:
             return [*self._as_it_is([t]), *leave]
-        if len(self._confirms) >= STOP_COPIES:  # its turn comes with a confirm (`return_next`)
-            self._returning.append(t)
+        if self._holding or len(self._confirms) >= STOP_COPIES:
+            self._returning.append(t)  # its turn comes with `stop`, or a confirm
             return leave
         return [self._copy_back(t), *leave]
 
@@ -210,6 +215,8 @@ class Shutdown:
         """A copy was answered: the copies of the unstarted deliveries waiting their turn,
         as far as `STOP_COPIES` allows (called from `republished`)."""
         acts: list[Action] = []
+        if self._holding:
+            return acts
         waiting = self._returning
         while waiting and len(self._confirms) < STOP_COPIES:
             t = waiting.popleft()
@@ -240,13 +247,22 @@ class Shutdown:
             acts.append(TxCommit())
         return acts
 
-    def stop(self) -> Step:
-        """The app stops (call once its consumer is cancelled, or as the cancel goes
-        out): from now on no handler starts (`start` releases the delivery), and a
-        delivery waiting to be retried in process is released instead (`handled`,
-        `resume`). Returns the acks held back, to send now."""
+    def hold(self) -> None:
+        """A stop begins and the consumer is not cancelled yet: from now on no handler
+        starts and no retry runs again, as after `stop()`, but what would have is held
+        (`release`) until `stop()`: a copy sent now could be delivered straight back."""
         self.stopping = True
-        return Step(self._ledger.generation, self._ledger.drain())
+        self._holding = True
+
+    def stop(self) -> Step:
+        """The app stops (call once its consumer is cancelled: `ackkit._interpreter.stopping`
+        has the order): from now on no handler starts (`start` releases the delivery),
+        and a delivery waiting to be retried in process is released instead (`handled`,
+        `resume`). Returns the acks held back and the copies of what `hold` kept, to
+        send now."""
+        self.stopping = True
+        self._holding = False
+        return Step(self._ledger.generation, [*self._ledger.drain(), *self.return_next()])
 
     def interrupted(self, fact: _outcome.Interruption) -> bool:
         """A cancellation reached a running handler: True to release its deliveries

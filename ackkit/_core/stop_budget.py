@@ -2,7 +2,8 @@
 
 A stop cancels the consumers, lets running handlers finish, waits for the
 broker to confirm the copies published for them (dead letters, retries), lets
-an outbox relay end the batch it is sending, then closes the connection. A
+an outbox relay end the batch it is sending, then closes the connection (the
+phases of `ackkit._interpreter.stopping`, which asks each one's share here). A
 broker that blocks publishers (a memory or disk alarm) answers none of these:
 each step waiting its own fixed time made `stop()` take shutdown_timeout + 5 +
 5 + 10 s. Every step now takes its wait out of the one deadline, with a small

@@ -1,9 +1,10 @@
 """The App's runtime: its listeners' consumers and publisher on one pika connection.
 
 The connection's life (connect, reconnect with backoff, the I/O thread) is the
-`Engine`'s; this module starts the consumers, stops them in order (cancel,
-finish handlers, requeue the unstarted, flush acks and confirms, close) and
-turns a failure of ackkit's own threads into a stopped app (`fail`).
+`Engine`'s; this module starts the consumers, carries out each phase of a stop
+(in the order `ackkit._interpreter.stopping` walks them) with threads, events
+and the I/O thread, and turns a failure of ackkit's own threads into a stopped
+app (`fail`).
 """
 
 from __future__ import annotations
@@ -24,12 +25,12 @@ from .._core.consume import check_channels, spare_channels
 from .._core.errors import TopologyConflict
 from .._core.events import Observer
 from .._core.exchanges import Plan, plan
-from .._core.outcome import EXIT_SIGNALS
 from .._core.shutdown import LAST_COPIES
-from .._core.stop_budget import CONFIRM_WAIT, StopBudget, may_close
+from .._core.stop_budget import COPY_GRACE, StopBudget, may_close
+from .._interpreter import stopping
+from .._interpreter.stopping import StopStep
 from .._messages.delivery import Delivery
 from .._messages.publish import EXCHANGE_CHANNELS, Outgoing, channel_for, not_confirmed
-from .._telemetry.logs import log_stop
 from .._telemetry.observers import observing
 from . import flowing
 from ._pika import blocking_connection, declare_queues, drop, parameters
@@ -38,8 +39,6 @@ from .engine import Engine
 from .publisher import Publisher, Ticket
 
 log = logging.getLogger("ackkit")
-CONFIRM_TIMEOUT = CONFIRM_WAIT
-"""Most seconds a stopping app waits for the broker to confirm the copies it published."""
 
 
 class Runtime(Engine):
@@ -127,57 +126,107 @@ class Runtime(Engine):
         return p
 
     def fail(self, exc: BaseException, what: str) -> None:
-        """Something that must not go on quietly: a failure of ackkit's own threads, or a
-        handler that raised an interpreter-exit signal. The app stops (its deliveries
-        settled or left to the broker to requeue), `run()` raises `exc`, `is_running`
-        turns False; never a listener that looks alive and consumes nothing."""
-        if self.fatal is None:
-            self.fatal = exc
-        log_stop(what, exc, EXIT_SIGNALS)
+        """The app stops for `exc` (`stopping.failed`); `run()` raises it."""
+        stopping.failed(self, exc, what)
         if not self.stopping:
             threading.Thread(target=self.stop, name="ackkit-stop", daemon=True).start()
 
     def stop(self, timeout: float | None = None) -> None:
-        """Graceful: cancel consumers, finish handlers, return unstarted, flush acks, close."""
+        """Graceful, in the order of `ackkit._interpreter.stopping`: consumers cancelled,
+        unstarted deliveries returned, handlers finished, acks and copies settled, the
+        outbox relay's batch ended, the connection closed."""
         with self._stop_lock:  # one shutdown, whoever asks (app.stop(), fail())
-            self._stop(timeout)
+            if self.stopping and self._done.is_set():
+                return
+            timeout = self.settings.shutdown_timeout if timeout is None else timeout
+            self.request_stop()
+            conn = self.connection
+            live = conn is not None and conn.is_open
+            stopping.walk(self, live, StopBudget(timeout), timeout)
 
-    def _stop(self, timeout: float | None) -> None:
-        """The stop sequence: each step carries out what the listeners' cores decide."""
-        if self.stopping and self._done.is_set():
+    # -- the stop's phases (caller's thread; `stopping.Stopper`) ----------------------
+
+    def hold_starts(self, due: StopStep) -> None:
+        """The cores hold: nothing starts, what would have waits for the cancel."""
+        for c in self.consumers:
+            with c.lock:
+                c.core.shutdown.hold()
+        self.stop_event.set()  # cuts in-process retry and rate-limit waits short
+
+    def cancel_consumers(self, due: StopStep) -> None:
+        """basic.cancel on the I/O thread; its cancel-ok (or the channel's end) awaited."""
+        if not self.call_soon(self._cancel_all):
             return
-        timeout = self.settings.shutdown_timeout if timeout is None else timeout
-        budget = StopBudget(timeout)  # every wait below comes out of it
-        self.request_stop()
-        conn = self.connection
-        live = conn is not None and conn.is_open
-        if live:  # queued first: basic.cancel goes out before any release
-            self.call_soon(self._cancel_all)
-        for c in self.consumers:  # the cores stop: nothing starts, retries are released
+        deadline = time.monotonic() + due.wait
+        for c in self.consumers:
+            c.cancelled.wait(max(0.0, deadline - time.monotonic()))
+
+    def return_unstarted(self, due: StopStep) -> None:
+        """The cores stop (held acks out, what they kept back as copies); what no worker
+        took yet and what the flow gate holds go back too."""
+        for c in self.consumers:
             with c.lock:
                 acts = c.core.shutdown.stop()
                 if acts:
                     c.send(acts)
-        self.stop_event.set()  # cuts in-process retry waits short
-        if live:
-            for c in self.consumers:
-                c.cancelled.wait(budget.cancel())
-        # workers hand what is left in their inbox to the core
-        self._join_workers(budget.handlers(), timeout)
+            self._return_left(c)
+
+    def finish_handlers(self, due: StopStep) -> None:
+        """Workers end once their handler returns; one past `due.wait` is the broker's."""
+        self._join_workers(due.wait, due.told)
+
+    def settle(self, due: StopStep) -> None:
+        """Settle rounds on the I/O thread until `_settle` says the connection may close."""
+        settled = threading.Event()
+        deadline = time.monotonic() + due.wait
+        if self.call_soon(lambda: self._settle(settled, deadline)):
+            settled.wait(due.wait + COPY_GRACE + 1.0)
+
+    def end_relay(self, due: StopStep) -> None:
+        """The inbox's relay ends its batch, then its threads and connections close (its
+        own joins: `SyncInbox.close`)."""
         for c in self.consumers:
             if c.tx is not None:
-                c.tx.close()  # the inbox's connections and threads
-        if live:
-            settled = threading.Event()
-            wait = budget.confirms()
-            close = budget.close
-            self.call_soon(lambda: self._settle(settled, time.monotonic() + wait, close))
-            settled.wait(wait + close + 1.0)
+                c.tx.close()
+
+    def close_connection(self, due: StopStep) -> None:
+        """The connection closes (dropped if no close-ok within `due.wait`); the I/O
+        thread ends."""
+        conn = self.connection
+
+        def close() -> None:
+            if conn is not None and conn.is_open:
+                conn.close()
+                # a broker that blocks the connection (an alarm) may never answer close-ok
+                conn.ioloop.call_later(due.wait, lambda: drop(conn))
+
+        self.call_soon(close)
         self._done.set()
         if self._thread is not None:
-            self._thread.join(budget.close + 1.0)
+            self._thread.join(due.wait + 1.0)
+
+    def release(self, due: StopStep) -> None:
+        """Every event emitted so far heard by the observers."""
         if self.events is not None:
-            self.events.close()  # every event emitted so far heard by the observers
+            self.events.close()
+
+    def _return_left(self, c: Consumer) -> None:
+        """Any thread: `c`'s deliveries no worker took and those the flow gate and the
+        core hold go back to the (stopping) core, which returns each."""
+        left: list[Delivery] = []
+        while True:
+            try:
+                d = c.inbox.get_nowait()
+            except _queue.Empty:
+                break
+            if d is not None:
+                left.append(d)
+        left.extend(flowing.waiting(c))  # held by the flow gate (a busy key, probing)
+        if left:
+            with c.lock:  # the stopping core releases each
+                step = c.core.begin([d._tracked for d in left])
+                if step:
+                    c.send(step)
 
     def _join_workers(self, timeout: float, told: float | None = None) -> None:
         for c in self.consumers:
@@ -298,38 +347,22 @@ class Runtime(Engine):
             else:
                 c.cancelled.set()
 
-    def _settle(self, settled: threading.Event, deadline: float, close: float) -> None:
-        """I/O thread, last step: deliveries still queued (workers gone) go back to the
-        core, pending acks out, until every core is quiescent (copies confirmed) or the
-        deadline (its last `LAST_COPIES` seconds for the copies in flight alone, and
-        `COPY_GRACE` more for those still in flight then: `may_close`); then the
-        connection closes."""
+    def _settle(self, settled: threading.Event, deadline: float) -> None:
+        """I/O thread, a settle round (`stopping.Phase.SETTLE`): deliveries still unstarted
+        (a late delivery, what a stopped worker left) go back to the core, pending acks
+        out, until every core is quiescent (copies confirmed) or the deadline (its last
+        `LAST_COPIES` seconds for the copies in flight alone, and `COPY_GRACE` more for
+        those still in flight then: `may_close`)."""
+        last = time.monotonic() >= deadline - LAST_COPIES
         for c in self.consumers:
-            left: list[Delivery] = []
-            while True:
-                try:
-                    d = c.inbox.get_nowait()
-                except _queue.Empty:
-                    break
-                if d is not None:
-                    left.append(d)
-            left.extend(flowing.waiting(c))  # held by the flow gate (a busy key, probing)
-            if left:
-                with c.lock:  # the stopping core releases each
-                    step = c.core.begin([d._tracked for d in left])
-                    if step:
-                        c.send(step)
-            if time.monotonic() >= deadline - LAST_COPIES:
+            self._return_left(c)
+            if last:
                 c.decide(c.core.shutdown.give_back)  # no copy more: what waits for one goes back
             c.decide(c.core.drain)
         conn = self.connection
         quiet = all(c.core.shutdown.quiescent for c in self.consumers)
         in_flight = any(c.core.shutdown.copies_in_flight for c in self.consumers)
         if not may_close(quiet, in_flight, time.monotonic(), deadline) and conn.is_open:
-            conn.ioloop.call_later(0.02, lambda: self._settle(settled, deadline, close))
+            conn.ioloop.call_later(0.02, lambda: self._settle(settled, deadline))
             return
-        if conn.is_open:
-            conn.close()
-            # a broker that blocks the connection (an alarm) may never answer close-ok
-            conn.ioloop.call_later(close, lambda: drop(conn))
         settled.set()
