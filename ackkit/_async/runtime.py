@@ -30,13 +30,7 @@ from .._app.declaring import declaration
 from .._app.settings import Settings
 from .._app.spec import Instrument, ListenerSpec
 from .._connection.addresses import Rotation
-from .._connection.io import (
-    TICK,
-    ConnectFailed,
-    FatalConnectError,
-    reconnect_logger,
-    reconnect_wait,
-)
+from .._connection.io import TICK, ConnectFailed, FatalConnectError, reconnect_policy
 from .._connection.url import mask_text, mask_url
 from .._core.brokers import traits_of
 from .._core.consume import check_channels, spare_channels
@@ -48,6 +42,7 @@ from .._core.stop_budget import StopBudget, may_close
 from .._interpreter import stopping
 from .._interpreter.stopping import StopStep
 from .._messages.publish import EXCHANGE_CHANNELS, Outgoing, channel_for, not_confirmed
+from .._telemetry.logs import log_attempt
 from .._telemetry.observers import observing
 from . import cancels
 from ._amqp import CHANNEL_GONE, ChannelNumbers, declare_queues, open_connection
@@ -170,12 +165,9 @@ class AsyncRuntime:
     async def _run_forever(self) -> None:
         try:
             while not self.stopping:
-                retrying = AsyncRetrying(
-                    wait=reconnect_wait(self.settings.reconnect_max_interval),
-                    retry=retry_if_exception_type(ConnectFailed),
-                    reraise=True,
-                    before_sleep=reconnect_logger(lambda: self.safe_url),
-                )
+                retry = retry_if_exception_type(ConnectFailed)
+                most = self.settings.reconnect_max_interval
+                retrying = AsyncRetrying(**reconnect_policy(most, retry, lambda: self.safe_url))
                 async for attempt in retrying:
                     with attempt:
                         if self.stopping:
@@ -195,13 +187,7 @@ class AsyncRuntime:
         url = self.rotation.current
         self.safe_url = mask_url(url)
         several = len(self.rotation.urls) > 1
-        if several:
-            log.info(
-                "connecting to %s (node address %d of %d)",
-                self.safe_url,
-                self.rotation.index + 1,
-                len(self.rotation.urls),
-            )
+        log_attempt(self.safe_url, self.rotation.index, len(self.rotation.urls))
         try:
             await self._serve_one(url)
         finally:

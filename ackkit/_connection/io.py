@@ -1,8 +1,8 @@
 """What both runtimes share about talking to a broker, whatever the client library.
 
-The connect errors (retried with backoff, or fatal), the reconnect backoff and
-its log line, connecting to the first of several node addresses that answers, and
-the tick period of time-based ack flushing.
+The connect errors (retried with backoff, or fatal), the reconnect backoff, its
+log line and the loop's policy made of them, connecting to the first of several
+node addresses that answers, and the tick period of time-based ack flushing.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from tenacity import wait_exponential, wait_random
+from tenacity.retry import retry_base
 from tenacity.wait import wait_base
 
 from .._core.errors import AckkitError
@@ -88,3 +89,18 @@ def connect_in_turn(
             )
             rotation.advance()
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def reconnect_policy(
+    max_interval: float, retry: retry_base, safe_url: Callable[[], str]
+) -> dict[str, Any]:
+    """The tenacity arguments both runtimes' reconnect loops share (`Retrying(**...)`,
+    `AsyncRetrying(**...)`): the backoff, which failures `retry` tries again, the
+    warning before each wait (`safe_url`: the address the failed attempt used), and
+    the last failure raised."""
+    return {
+        "wait": reconnect_wait(max_interval),
+        "retry": retry,
+        "reraise": True,
+        "before_sleep": reconnect_logger(safe_url),
+    }

@@ -23,16 +23,11 @@ import pika.exceptions
 from tenacity import Retrying, retry_if_exception
 
 from .._connection.addresses import Rotation
-from .._connection.io import (
-    TICK,
-    ConnectFailed,
-    FatalConnectError,
-    reconnect_logger,
-    reconnect_wait,
-)
+from .._connection.io import TICK, ConnectFailed, FatalConnectError, reconnect_policy
 from .._connection.tls import handshake_hint, tls_failure
 from .._connection.url import mask_text, mask_url
 from .._core.errors import TopologyConflict
+from .._telemetry.logs import log_attempt
 from ._pika import blocking_connection, select_connection
 
 log = logging.getLogger("ackkit")
@@ -93,13 +88,9 @@ class Engine:
     def _io_main(self) -> None:
         try:
             while not self.stopping:
-                retrying = Retrying(
-                    wait=reconnect_wait(self.max_interval),
-                    retry=retry_if_exception(self.retryable),
-                    reraise=True,
-                    before_sleep=reconnect_logger(lambda: self.safe_url),
-                    sleep=self._backoff,
-                )
+                retry = retry_if_exception(self.retryable)
+                policy = reconnect_policy(self.max_interval, retry, lambda: self.safe_url)
+                retrying = Retrying(**policy, sleep=self._backoff)
                 for attempt in retrying:
                     with attempt:
                         if self.stopping:
@@ -119,12 +110,7 @@ class Engine:
         if several:
             self.url = self.rotation.current
             self.safe_url = mask_url(self.url)
-            log.info(
-                "connecting to %s (node address %d of %d)",
-                self.safe_url,
-                self.rotation.index + 1,
-                len(self.rotation.urls),
-            )
+        log_attempt(self.safe_url, self.rotation.index, len(self.rotation.urls))
         try:
             self._serve_one()
         finally:

@@ -275,6 +275,13 @@ def log_stop(what: str, exc: BaseException, exit_signals: tuple[type[BaseExcepti
         log.error("%s: %s; stopping the app", what, short(exc), exc_info=exc)
 
 
+def log_attempt(safe_url: str, index: int, count: int) -> None:
+    """The INFO line both runtimes log before a connection attempt to node address
+    `index` (from 0) of `count` (`safe_url`, masked); none with a single address."""
+    if count > 1:
+        log.info("connecting to %s (node address %d of %d)", safe_url, index + 1, count)
+
+
 def log_cancel(logger: logging.Logger, listener: str, outstanding: int) -> None:
     """The one WARNING both runtimes log when the broker cancelled a listener's consumer."""
     logger.warning(

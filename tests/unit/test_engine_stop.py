@@ -9,8 +9,8 @@ import time
 import pytest
 from tenacity import wait_fixed
 
+from ackkit._connection import io as io_mod
 from ackkit._connection.io import ConnectFailed
-from ackkit._sync import engine as engine_mod
 from ackkit._sync.engine import Engine
 
 
@@ -31,7 +31,7 @@ class Refused(Engine):
 
 
 def test_a_stop_cuts_the_reconnect_backoff_short(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine_mod, "reconnect_wait", lambda _max: wait_fixed(30))
+    monkeypatch.setattr(io_mod, "reconnect_wait", lambda _max: wait_fixed(30))
     e = Refused()
     e.start_io("test-io")
     assert e.tried.wait(10)
