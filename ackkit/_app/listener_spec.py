@@ -7,12 +7,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .._core.events import Observer
 from .._core.exchanges import Bind
+from .._core.listener import ListenerCore
 from .._core.policy import ListenerPolicy
 from .handler import Binding
 
 if TYPE_CHECKING:
-    from .._core.listener import ListenerCore
     from .._messages.delivery import DeliveryBase
     from ..inbox import Inbox
     from .invocation import HandlerDone, HandlerProbe
@@ -53,6 +54,18 @@ class ListenerSpec:
     @property
     def queue(self) -> str:
         return self.policy.queue
+
+    def consumer_core(self, observer: Observer | None) -> ListenerCore:
+        """The core of this listener as an app's consumer runs it: it holds a restamp
+        copy that overtakes its original's ack, counts an inbox's duplicates, and
+        carries out the flow gate's `Consume` and `Run` itself."""
+        return ListenerCore(
+            self.policy,
+            observer=observer,
+            hold_early_copies=True,
+            dedup=self.inbox is not None,
+            gated=True,
+        )
 
 
 Instrument = Callable[[ListenerSpec, "ListenerCore"], "HandlerProbe | None"]

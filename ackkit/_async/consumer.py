@@ -88,13 +88,7 @@ class AsyncConsumer(ChannelSettler):
         observer: Observer | None,
         instruments: Sequence[Instrument] = (),
     ) -> None:
-        core = ListenerCore(
-            spec.policy,
-            observer=observer,
-            hold_early_copies=True,
-            dedup=spec.inbox is not None,
-            gated=True,  # it carries out the flow gate's `Consume` and `Run`
-        )
+        core = spec.consumer_core(observer)
         super().__init__(rt, spec.name, core)
         self.rt: ConsumerHost = rt
         # this listener's own confirm channel for its copies: another listener's refused

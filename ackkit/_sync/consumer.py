@@ -51,13 +51,7 @@ class Consumer(Executor):
         observer: Observer | None,
         instruments: Sequence[Instrument] = (),
     ) -> None:
-        core = ListenerCore(
-            spec.policy,
-            observer=observer,
-            hold_early_copies=True,
-            dedup=spec.inbox is not None,
-            gated=True,  # it carries out the flow gate's `Consume` and `Run`
-        )
+        core = spec.consumer_core(observer)
         super().__init__(spec.name, core, rt, log)
         self.rt = rt
         self.spec = spec
