@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .brokers import BrokerTraits
 from .errors import TopologyConflict
@@ -28,7 +28,6 @@ from .policy import ListenerPolicy, Retry, RetryStrategy
 
 if TYPE_CHECKING:
     from .actions import Republish
-    from .republish import Confirms
 
 QUORUM_DEFAULT_DELIVERY_LIMIT = 20
 """A RabbitMQ 4.x quorum queue's delivery-limit when its arguments set none."""
@@ -215,6 +214,15 @@ def check_delivery_limit(retry: Retry, arguments: Mapping[str, Any]) -> None:
         )
 
 
+class Declaring(Protocol):
+    """What `Queues` uses of the listener's unconfirmed copies (republish.Confirms):
+    making a copy just issued declare its queue before it is published."""
+
+    def declaring(self, act: Republish, spec: QueueSpec) -> Republish:
+        """`act`, declaring the queue `spec` before it is published."""
+        ...
+
+
 class Queues:
     """ListenerCore's part for the queues its listener needs: which to declare up front
     (`topology`), with which arguments on the broker it is connected to, and which
@@ -226,7 +234,7 @@ class Queues:
     def __init__(
         self,
         policy: ListenerPolicy,
-        confirms: Confirms,
+        confirms: Declaring,
         broker: BrokerTraits,
         *,
         declare_on_use: bool = False,
