@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from . import copies
 from . import headers as H
@@ -36,9 +36,6 @@ from .policy import ListenerPolicy
 from .report import Report
 from .republish import Confirms
 from .tracked import Tracked
-
-if TYPE_CHECKING:
-    from .fates import Fates
 
 MAX_REQUEUED = 100_000
 """Explicit requeues remembered per listener (see `Requeues.owe`); oldest first out."""
@@ -78,6 +75,22 @@ class Requeues:
         return n > 0
 
 
+class DeadLetters(Protocol):
+    """What `LostRuns` uses of the listener's fates (fates.Fates): the actions that
+    dead-letter a message."""
+
+    def dead_letter(
+        self,
+        t: Tracked,
+        reason: str,
+        exc: BaseException | None,
+        tb: str | None,
+        attempts: int | None = None,
+    ) -> list[Action]:
+        """The actions that send `t` to the dead-letter queue (or reject it) for `reason`."""
+        ...
+
+
 class LostRuns:
     """The lost-run state of one listener."""
 
@@ -87,7 +100,7 @@ class LostRuns:
         ledger: Ledger,
         confirms: Confirms,
         report: Report,
-        fates: Fates,
+        fates: DeadLetters,
         requeues: Requeues,
         clock: Callable[[], float],
         dedup: bool = False,
