@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, TypeAdapter
@@ -25,8 +25,8 @@ from .._connection.url import mask_url
 from .._core import headers as H
 from .._core.exchanges import Exchange
 from .._core.policy import RetryStrategy
+from .listener_spec import ListenerSpec
 from .listener_values import Publication
-from .spec import AppBase, ListenerSpec
 
 ASYNCAPI = "3.0.0"
 AMQP_BINDINGS = "0.3.0"
@@ -180,7 +180,23 @@ DEAD_LETTER_HEADERS = {
 }
 
 
-def document(app: AppBase, *, title: str = "ackkit app", version: str = "1.0.0") -> dict[str, Any]:
+class Documented(Protocol):
+    """What `document` reads of an app (spec.AppBase): its URL and its listeners."""
+
+    @property
+    def url(self) -> str:
+        """The (first) broker URL the app connects to."""
+        ...
+
+    @property
+    def specs(self) -> Sequence[ListenerSpec]:
+        """The app's registered listeners."""
+        ...
+
+
+def document(
+    app: Documented, *, title: str = "ackkit app", version: str = "1.0.0"
+) -> dict[str, Any]:
     """The AsyncAPI 3.0 document (a JSON-ready dict) of `app`'s registered listeners."""
     vhost = _vhost(app.url)
     u = urlsplit(app.url)

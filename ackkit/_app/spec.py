@@ -25,6 +25,7 @@ from .._core.policy import (
 )
 from .._core.topology import check_delivery_limit
 from .._telemetry.logs import LifecycleLog
+from .asyncapi import document
 from .handler import Binding, Decoder
 from .listener_options import check_inbox as _check_inbox
 from .listener_options import translate as _translate
@@ -366,8 +367,6 @@ class AppBase(SettingsView):
     def asyncapi(self, *, title: str = "ackkit app", version: str = "1.0.0") -> dict[str, Any]:
         """An AsyncAPI 3.0 document (a JSON-ready dict) of the registered listeners: their
         queues, exchange bindings, dead-letter and retry queues, payload schemas."""
-        from .asyncapi import document
-
         return document(self, title=title, version=version)
 
     def _check_handler(self, binding: Binding) -> None:
