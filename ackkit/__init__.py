@@ -15,7 +15,7 @@ import sys
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from . import dead_letters, errors, flow, observability, pull, topology  # noqa: F401
+from . import _async, dead_letters, errors, flow, observability, pull, topology  # noqa: F401
 from ._app.handler import AckIndex
 from ._app.listener_values import Batch, Consumer, Flow, Publication, Queue
 from ._connection.tls import TLS
@@ -32,14 +32,6 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
-# The asyncio runtime needs aio-pika, an optional extra: imported on first use.
-_ASYNC = {
-    "AsyncApp": "app",
-    "AsyncDelivery": "delivery",
-    "AsyncPullConnection": "pull",
-    "aconnect": "pull",
-}
-_ASYNC_HINT = 'pip install "ackkit[async]"'
 
 # Names the root held in 0.1, now in a submodule: they still work from the root, with a
 # DeprecationWarning, until 0.3.
@@ -77,20 +69,6 @@ _MOVED = {
 }
 
 
-def _lazy_async(name: str) -> Any:
-    """An asyncio name (AsyncApp, ...), importing aio-pika on first use with an install
-    hint when it is missing."""
-    try:
-        module = importlib.import_module(f"ackkit._async.{_ASYNC[name]}")
-    except ImportError as exc:
-        if exc.name not in ("aio_pika", "aiormq", "pamqp", "yarl"):
-            raise
-        raise ImportError(
-            f"ackkit.{name} needs aio-pika, which is not installed: {_ASYNC_HINT}", name=exc.name
-        ) from exc
-    return getattr(module, name)
-
-
 def __getattr__(name: str) -> Any:
     where = _MOVED.get(name)
     if where is not None:
@@ -103,9 +81,10 @@ def __getattr__(name: str) -> Any:
                 stacklevel=2,
             )
         return getattr(importlib.import_module(f"ackkit.{where}"), name)
-    if name not in _ASYNC or name == "AsyncPullConnection":
+    # The asyncio runtime needs aio-pika, an optional extra: imported on first use.
+    if name not in _async.PUBLIC or name == "AsyncPullConnection":
         raise AttributeError(f"module 'ackkit' has no attribute {name!r}")
-    value = _lazy_async(name)
+    value = _async.public(name)
     globals()[name] = value
     return value
 

@@ -5,6 +5,7 @@
 
 from typing import TYPE_CHECKING, Any
 
+from . import _async
 from ._sync.pull import PullConnection, connect
 
 if TYPE_CHECKING:
@@ -13,9 +14,7 @@ if TYPE_CHECKING:
 
 def __getattr__(name: str) -> Any:
     if name in ("AsyncPullConnection", "aconnect"):
-        from . import _lazy_async
-
-        return _lazy_async(name)
+        return _async.public(name)
     raise AttributeError(f"module 'ackkit.pull' has no attribute {name!r}")
 
 
