@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from pydantic import BaseModel, ValidationError
 
@@ -19,9 +19,6 @@ from .._core import wire
 from .._core.errors import BadPayload
 from .._core.listener import Tracked
 from .publish import Outgoing, publishes, reply
-
-if TYPE_CHECKING:
-    from .._app.handler import Decoder
 
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
@@ -37,6 +34,15 @@ class MessagePublisher(Protocol):
     """What a runtime offers a Delivery to publish (a settler may offer it too)."""
 
     def publish_message(self, msg: Outgoing) -> None: ...
+
+
+class BodyCheck(Protocol):
+    """What a Delivery asks of its listener's decoder (handler.Decoder) before it parses
+    its body."""
+
+    def check(self, d: DeliveryBase) -> None:
+        """Raise BadPayload when `d`'s body is not one to parse (size, content type)."""
+        ...
 
 
 # What `db` reads as in a handler whose inbox has no database: the in-memory inbox sets
@@ -78,7 +84,7 @@ class DeliveryBase:
         routing_key: str = "",
         redelivered: bool = False,
         queue: str = "",
-        decoder: Decoder | None = None,
+        decoder: BodyCheck | None = None,
     ) -> None:
         self.body = body
         self.properties = properties

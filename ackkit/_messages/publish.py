@@ -23,16 +23,13 @@ import uuid
 from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from pydantic import BaseModel
 
 from .._core import checks as C
 from .._core import wire
 from .._core.errors import MessageUnroutable, PublishError, PublishNacked, PublishNotConfirmed
-
-if TYPE_CHECKING:
-    from .delivery import DeliveryBase
 
 PUBLISH_TIMEOUT = 30.0
 """Seconds a publish waits for the broker's confirm by default."""
@@ -252,7 +249,21 @@ apublishes = _acarrying(outgoing)
 """`publishes` for a coroutine carrier, `async def publish(self, msg: Outgoing)`."""
 
 
-def reply(delivery: DeliveryBase, body: object, **options: Any) -> Outgoing:
+class Repliable(Protocol):
+    """What `reply` reads of the delivery it answers (delivery.DeliveryBase)."""
+
+    @property
+    def properties(self) -> Any:
+        """The AMQP basic properties (reply_to, correlation_id)."""
+        ...
+
+    @property
+    def message_id(self) -> str | None:
+        """The message_id property, None when the publisher set none."""
+        ...
+
+
+def reply(delivery: Repliable, body: object, **options: Any) -> Outgoing:
     """The reply to `delivery`: to its reply_to queue (default exchange), with its
     correlation_id (or, without one, its message_id) unless `options` set another."""
     to = getattr(delivery.properties, "reply_to", None)
