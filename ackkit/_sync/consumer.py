@@ -46,7 +46,7 @@ class Consumer(Executor):
 
     def __init__(
         self,
-        rt: Host,
+        rt: Host[Consumer],
         spec: ListenerSpec,
         observer: Observer | None,
         instruments: Sequence[Instrument] = (),

@@ -11,14 +11,46 @@ the worker inbox.
 from __future__ import annotations
 
 import queue as _queue
-from typing import TYPE_CHECKING
+import threading
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from .._core.listener import ListenerCore
+    from .._core.step import Step
+    from .._interpreter.originals import Originals
     from .._messages.delivery import Delivery
-    from .consumer import Consumer
 
 
-def switch(c: Consumer, on: bool) -> None:
+class _Stopping(Protocol):
+    """What this module reads of the runtime: whether the app is stopping."""
+
+    @property
+    def stopping(self) -> bool: ...
+
+
+class FlowingConsumer(Protocol):
+    """What this module uses of the App consumer (`consumer.Consumer`)."""
+
+    consumer_tag: str | None
+
+    @property
+    def rt(self) -> _Stopping: ...
+    @property
+    def core(self) -> ListenerCore: ...
+    @property
+    def channel(self) -> Any: ...
+    @property
+    def lock(self) -> threading.Lock: ...
+    @property
+    def inbox(self) -> _queue.SimpleQueue[Delivery | None]: ...
+    @property
+    def originals(self) -> Originals[Any]: ...
+
+    def send(self, step: Step) -> None: ...
+    def _basic_consume(self, ch: Any) -> None: ...
+
+
+def switch(c: FlowingConsumer, on: bool) -> None:
     """I/O thread (a `Consume` action): hold a consumer on the queue, or cancel it and
     give back what waits in the inbox. What the core says now wins over `on` (what it
     said when it decided): a pause and a resume decided on two threads may be carried
@@ -43,7 +75,7 @@ def switch(c: Consumer, on: bool) -> None:
     _return_inbox(c)
 
 
-def _return_inbox(c: Consumer) -> None:
+def _return_inbox(c: FlowingConsumer) -> None:
     """Deliveries waiting for a worker go back now rather than when a worker is free
     (those the core says may no longer start)."""
     waiting: list[Delivery | None] = []
@@ -62,7 +94,7 @@ def _return_inbox(c: Consumer) -> None:
             c.inbox.put(d)
 
 
-def set_paused(c: Consumer, paused: bool) -> None:
+def set_paused(c: FlowingConsumer, paused: bool) -> None:
     """Pause or resume the listener by hand (any thread)."""
     with c.lock:
         acts = c.core.gating.set_paused(paused)
@@ -70,7 +102,7 @@ def set_paused(c: Consumer, paused: bool) -> None:
             c.send(acts)
 
 
-def waiting(c: Consumer) -> list[Delivery]:
+def waiting(c: FlowingConsumer) -> list[Delivery]:
     """Shutdown: the deliveries the gate holds, and the restamp copies the core holds
     (they are returned with the unstarted)."""
     with c.lock:

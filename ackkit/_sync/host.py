@@ -1,19 +1,21 @@
 """`Host`: what a sync `Consumer` needs of the runtime that runs it (moved out of
-`consumer.py`, which re-exports it)."""
+`consumer.py`, which re-exports it). Generic in the consumer the runtime is handed
+back (`consumer_ready`, `redeclare`), so this module need not import `consumer.py`."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from .._messages.publish import Outgoing
-    from .consumer import Consumer
+
+C = TypeVar("C", contravariant=True)
 
 
-class Host(Protocol):
-    """What a consumer needs of the runtime that runs it (`Runtime`)."""
+class Host(Protocol[C]):
+    """What a consumer (`C`) needs of the runtime that runs it (`Runtime`)."""
 
     connection: Any
     stopping: bool
@@ -23,9 +25,9 @@ class Host(Protocol):
 
     def call_soon(self, fn: Callable[[], None], /) -> object: ...
 
-    def consumer_ready(self, c: Consumer, /) -> None: ...
+    def consumer_ready(self, c: C, /) -> None: ...
 
-    def redeclare(self, c: Consumer, /) -> None: ...
+    def redeclare(self, c: C, /) -> None: ...
 
     def fail(self, exc: BaseException, what: str, /) -> None: ...
 

@@ -12,18 +12,43 @@ deleted queue first, a quiet standby, or `fail()`.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+import threading
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from .._interpreter.refusals import carry_out
 from .._telemetry.logs import log_cancel
 
 if TYPE_CHECKING:
-    from .consumer import Consumer
+    from .._app.listener_spec import ListenerSpec
+    from .._core.consume import Consuming
+    from .._core.listener import ListenerCore
+    from .host import Host
 
 log = logging.getLogger("ackkit")
 
 
-def refused(c: Consumer, conn: Any, code: int, text: str) -> None:
+class RefusedConsumer(Protocol):
+    """What this module uses of the App consumer (`consumer.Consumer`)."""
+
+    consumer_tag: str | None
+
+    @property
+    def rt(self) -> Host[Self]: ...
+    @property
+    def spec(self) -> ListenerSpec: ...
+    @property
+    def core(self) -> ListenerCore: ...
+    @property
+    def consuming(self) -> Consuming: ...
+    @property
+    def channel(self) -> Any: ...
+    @property
+    def lock(self) -> threading.Lock: ...
+
+    def _reopen(self, conn: Any) -> None: ...
+
+
+def refused(c: RefusedConsumer, conn: Any, code: int, text: str) -> None:
     """The broker refused the basic.consume: carry out what the core decides."""
 
     def reopen(delay: float, standby: bool) -> None:
@@ -37,7 +62,7 @@ def refused(c: Consumer, conn: Any, code: int, text: str) -> None:
     carry_out(step, c.spec.name, fail=c.rt.fail, redeclare=lambda: c.rt.redeclare(c), reopen=reopen)
 
 
-def cancelled_by_broker(c: Consumer, ch: Any, frame: Any) -> None:
+def cancelled_by_broker(c: RefusedConsumer, ch: Any, frame: Any) -> None:
     """basic.cancel from the broker (RabbitMQ 4.3's consumer timeout, a deleted queue):
     the core fences the consumer's deliveries; a new channel consumes again."""
     if ch is not c.channel or c.rt.stopping:
