@@ -31,6 +31,9 @@ from .._connection import addresses
 from .._connection.url import mask_text, mask_url
 
 SOURCES = ("auto", "management", "rabbitmqctl", "amqp")
+COUNTS = ("messages_ready", "messages_unacknowledged", "messages", "consumers")
+"""A queue's counts as rabbitmqctl and the management API name them: ready, unacked,
+total and consumers, in `QueueRow`'s order."""
 _SBIN = ("/usr/sbin", "/usr/local/sbin", "/sbin", "/usr/lib/rabbitmq/bin", "/opt/homebrew/sbin")
 
 
@@ -183,7 +186,7 @@ def _listing(
 def _management(t: _Target, management_url: str | None, timeout: float) -> list[QueueRow]:
     base = management_url or f"{'https' if t.scheme == 'amqps' else 'http'}://{t.host}:15672"
     vhost = urllib.parse.quote(t.vhost, safe="")
-    cols = "name,messages_ready,messages_unacknowledged,messages,consumers"
+    cols = ",".join(("name", *COUNTS))
     url = f"{base.rstrip('/')}/api/queues/{vhost}?columns={cols}"
     req = urllib.request.Request(url)
     token = base64.b64encode(f"{t.user}:{t.password}".encode()).decode()
@@ -205,13 +208,13 @@ def _row(d: dict[str, Any]) -> QueueRow:
         v = d.get(k)
         return v if isinstance(v, int) and not isinstance(v, bool) else None
 
-    return QueueRow(
-        str(d["name"]),
-        num("messages_ready"),
-        num("messages_unacknowledged"),
-        num("messages"),
-        num("consumers"),
-    )
+    return QueueRow(str(d["name"]), *(num(k) for k in COUNTS))
+
+
+def ctl_list_queues(vhost: str) -> tuple[str, ...]:
+    """The arguments of `rabbitmqctl list_queues` that print each queue of `vhost`, its
+    name and `COUNTS`, as a JSON list (the test kit asks the same)."""
+    return ("list_queues", "-p", vhost, "--formatter", "json", "--quiet", "name", *COUNTS)
 
 
 def _ctl_path() -> str | None:
@@ -266,22 +269,7 @@ def _rabbitmqctl(t: _Target, node: str | None, timeout: float) -> list[QueueRow]
             raise QueueSourceError(
                 f"the local node listens on {sorted(ports)}, not on port {t.port} (give --node)"
             )
-    text = _ctl(
-        exe,
-        node,
-        "list_queues",
-        "-p",
-        t.vhost,
-        "--formatter",
-        "json",
-        "--quiet",
-        "name",
-        "messages_ready",
-        "messages_unacknowledged",
-        "messages",
-        "consumers",
-        timeout=timeout,
-    )
+    text = _ctl(exe, node, *ctl_list_queues(t.vhost), timeout=timeout)
     data = _json_tail(text, "[")
     return [_row(d) for d in data if isinstance(d, dict) and "name" in d]
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..cli._queues import ctl_list_queues
 from ._env import ENV_URL
 from ._errors import BrokerError, BrokerNotOwned, QueueNotFound
 from ._helpers import KitHelpers, counts_not_reached, counts_reached, wanted_counts
@@ -299,20 +300,7 @@ class BrokerHandle(KitHelpers, PolicyControl):
         return _parse_list_exchanges_json(text)
 
     def _ctl_counts(self) -> dict[str, QueueCounts]:
-        text = self.ctl(
-            "list_queues",
-            "-p",
-            self.vhost,
-            "--formatter",
-            "json",
-            "--quiet",
-            "name",
-            "messages_ready",
-            "messages_unacknowledged",
-            "messages",
-            "consumers",
-        )
-        return _parse_list_queues_json(text)
+        return _parse_list_queues_json(self.ctl(*ctl_list_queues(self.vhost)))
 
     def wait_for(
         self,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from ..cli._queues import COUNTS
 from ._errors import BrokerError
 
 __all__ = ["QueueCounts"]
@@ -131,10 +132,7 @@ def _parse_list_queues_json(text: str) -> dict[str, QueueCounts]:
     result: dict[str, QueueCounts] = {}
     for row in rows:
         name = str(row["name"])
-        values = [
-            row.get(k)
-            for k in ("messages_ready", "messages_unacknowledged", "messages", "consumers")
-        ]
+        values = [row.get(k) for k in COUNTS]
         if not all(isinstance(v, int) for v in values):
             raise BrokerError(f"queue {name!r} has no counts (is it down?): {row}")
         result[name] = QueueCounts(*(int(v) for v in values))
