@@ -29,6 +29,24 @@ class KeyFrom(str, Enum):
     """No deduplication: after a crash, messages may be in the output twice."""
 
 
+def _needed(opts: Mapping[str, str], source: str, names: Sequence[str]) -> None:
+    """ValueError naming each of `names` that `source`'s options lack or leave empty."""
+    missing = [k for k in names if not opts.get(k)]
+    if missing:
+        raise ValueError(
+            f"the {source} source needs option(s) "
+            + ", ".join(repr(m) for m in missing)
+            + " (checkpoint: the same path as the query's checkpointLocation)"
+        )
+
+
+def _known(opts: Mapping[str, str], source: str, known: set[str]) -> None:
+    """ValueError naming each option of `source` that is not in `known`."""
+    unknown = sorted(set(opts) - known)
+    if unknown:
+        raise ValueError(f"unknown {source} source option(s): {', '.join(unknown)}")
+
+
 def _flag(value: str) -> bool:
     v = value.strip().lower()
     if v in ("1", "true", "yes", "on"):
@@ -126,13 +144,7 @@ class SourceOptions:
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
         opts = {k.lower(): v for k, v in options.items()}
-        missing = [k for k in ("url", "queue", "checkpoint") if not opts.get(k)]
-        if missing:
-            raise ValueError(
-                "the rabbitmq source needs option(s) "
-                + ", ".join(repr(m) for m in missing)
-                + " (checkpoint: the same path as the query's checkpointLocation)"
-            )
+        _needed(opts, "rabbitmq", ("url", "queue", "checkpoint"))
         known = {
             "url",
             "queue",
@@ -156,9 +168,7 @@ class SourceOptions:
             "exclusive_wait_ms",
             "path",
         }
-        unknown = sorted(set(opts) - known)
-        if unknown:
-            raise ValueError(f"unknown rabbitmq source option(s): {', '.join(unknown)}")
+        _known(opts, "rabbitmq", known)
         max_batch = _max_messages(opts)
         max_bytes = _int(opts, MAX_BYTES, 0, 1) if MAX_BYTES in opts else None
         if "prefetch" in opts:

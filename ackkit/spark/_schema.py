@@ -36,11 +36,16 @@ from pyspark.sql.types import (
 KEY_COLUMN = "_ackkit_key"
 """Extra column of write-ahead-log files: the deduplication key of each row."""
 
-META_FIELDS: tuple[tuple[str, DataType, bool], ...] = (
-    ("seq", LongType(), False),
+MESSAGE_FIELDS: tuple[tuple[str, DataType, bool], ...] = (
     ("message_id", StringType(), True),
     ("body", BinaryType(), True),
     ("headers", MapType(StringType(), StringType(), True), True),
+)
+"""Columns both sources give each row: the message id, the body, the headers as text."""
+
+META_FIELDS: tuple[tuple[str, DataType, bool], ...] = (
+    ("seq", LongType(), False),
+    *MESSAGE_FIELDS,
     ("routing_key", StringType(), True),
     ("exchange", StringType(), True),
     ("redelivered", BooleanType(), False),
@@ -237,20 +242,58 @@ def model_columns(
     return out
 
 
-class RowSchema:
-    """The source's Spark schema and the Arrow form of its batches."""
+class SourceSchema:
+    """A source's Spark schema, its own columns (`meta`) followed by the model's fields,
+    and the Arrow form of both; the base of each source's row schema."""
 
-    def __init__(self, model: type[BaseModel] | None = None) -> None:
+    def __init__(
+        self,
+        meta: Sequence[tuple[str, DataType, bool]],
+        model: type[BaseModel] | None,
+        reserved: Collection[str],
+    ) -> None:
         self.model = model
-        fields = [StructField(n, t, nullable) for n, t, nullable in META_FIELDS]
-        columns = model_columns(model, (*META_NAMES, KEY_COLUMN))
+        columns = model_columns(model, reserved)
         self.model_fields = [f.name for f, _c in columns]
+        """The model's field names, in column order (after the source's own)."""
         self._convs: list[Converter | None] = [c for _f, c in columns]
-        self.spark = StructType(fields + [f for f, _c in columns])
+        own = [StructField(n, t, nullable) for n, t, nullable in meta]
+        self.spark = StructType(own + [f for f, _c in columns])
         self._timestamp_fields = {
             f.name for f, _c in columns if isinstance(f.dataType, TimestampType)
         }
         self.arrow = to_arrow_schema(self.spark, timezone="UTC")
+
+    def model_values(self, parsed: Sequence[dict[str, Any] | None]) -> list[Any]:
+        """The model's columns of rows whose bodies parsed to `parsed` (None: a row
+        without a model, all its fields null), each as pyarrow takes it."""
+        cols: list[Any] = []
+        for name, conv in zip(self.model_fields, self._convs, strict=True):
+            values = [None if p is None else p.get(name) for p in parsed]
+            if conv is not None:
+                values = [conv(v) for v in values]
+            if name in self._timestamp_fields:
+                cols.append(_timestamps([_micros(v) for v in values]))
+            else:
+                cols.append(values)
+        return cols
+
+
+def arrow_batch(cols: Sequence[Any], schema: pa.Schema) -> pa.RecordBatch:
+    """A record batch of `schema` from its columns: Arrow arrays as they are, Python
+    lists converted to each field's type."""
+    arrays = [
+        c if isinstance(c, pa.Array) else pa.array(c, type=f.type)
+        for c, f in zip(cols, schema, strict=True)
+    ]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+class RowSchema(SourceSchema):
+    """The source's Spark schema and the Arrow form of its batches."""
+
+    def __init__(self, model: type[BaseModel] | None = None) -> None:
+        super().__init__(META_FIELDS, model, (*META_NAMES, KEY_COLUMN))
         self.wal_arrow = self.arrow.append(pa.field(KEY_COLUMN, pa.string()))
 
     def ddl(self) -> str:
@@ -277,20 +320,9 @@ class RowSchema:
             [m.content_type for m in metas],
             _timestamps([None if m.timestamp is None else m.timestamp * 1_000_000 for m in metas]),
         ]
-        for name, conv in zip(self.model_fields, self._convs, strict=True):
-            values = [None if p is None else p.get(name) for p in parsed]
-            if conv is not None:
-                values = [conv(v) for v in values]
-            if name in self._timestamp_fields:
-                cols.append(_timestamps([_micros(v) for v in values]))
-            else:
-                cols.append(values)
+        cols += self.model_values(parsed)
         cols.append(list(keys))
-        arrays = [
-            c if isinstance(c, pa.Array) else pa.array(c, type=f.type)
-            for c, f in zip(cols, self.wal_arrow, strict=True)
-        ]
-        return pa.RecordBatch.from_arrays(arrays, schema=self.wal_arrow)
+        return arrow_batch(cols, self.wal_arrow)
 
     def rows(self, wal_batch: pa.RecordBatch) -> pa.RecordBatch:
         """A write-ahead-log batch as Spark takes it (without the key column)."""

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from ..streams import stream_connection
 from ._core.batches import OnInvalid
 from ._core.stream_offsets import StartFrom, StartingPosition
-from ._options import _flag, _int, node_urls
+from ._options import _flag, _int, _known, _needed, node_urls
 from ._store import check_location
 
 STREAM_PORT = 5552
@@ -94,16 +94,8 @@ class StreamSourceOptions:
             "read_timeout_ms",
             "path",
         }
-        unknown = sorted(set(opts) - known)
-        if unknown:
-            raise ValueError(f"unknown rabbitmq-stream source option(s): {', '.join(unknown)}")
-        missing = [k for k in ("url", "checkpoint") if not opts.get(k)]
-        if missing:
-            raise ValueError(
-                "the rabbitmq-stream source needs option(s) "
-                + ", ".join(repr(m) for m in missing)
-                + " (checkpoint: the same path as the query's checkpointLocation)"
-            )
+        _known(opts, "rabbitmq-stream", known)
+        _needed(opts, "rabbitmq-stream", ("url", "checkpoint"))
         if bool(opts.get("stream")) == bool(opts.get("super_stream")):
             raise ValueError("the rabbitmq-stream source needs one of stream= or super_stream=")
         limit = opts.get("max_messages_per_trigger")

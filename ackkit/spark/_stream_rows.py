@@ -14,28 +14,16 @@ from typing import Any
 
 import pyarrow as pa
 from pydantic import BaseModel
-from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import (
-    BinaryType,
-    DataType,
-    LongType,
-    MapType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
-)
+from pyspark.sql.types import DataType, LongType, StringType, TimestampType
 
 from ._core import amqp10
 from ._rows import decode
-from ._schema import _micros, _timestamps, header_text, model_columns
+from ._schema import MESSAGE_FIELDS, SourceSchema, _timestamps, arrow_batch, header_text
 
 STREAM_META: tuple[tuple[str, DataType, bool], ...] = (
     ("stream", StringType(), False),
     ("offset", LongType(), False),
-    ("message_id", StringType(), True),
-    ("body", BinaryType(), True),
-    ("headers", MapType(StringType(), StringType(), True), True),
+    *MESSAGE_FIELDS,
     ("content_type", StringType(), True),
     ("timestamp", TimestampType(), True),
 )
@@ -111,18 +99,11 @@ def record(
     )
 
 
-class StreamRowSchema:
+class StreamRowSchema(SourceSchema):
     """The stream source's Spark schema and the Arrow form of its rows."""
 
     def __init__(self, model: type[BaseModel] | None = None) -> None:
-        self.model = model
-        fields = [StructField(n, t, nullable) for n, t, nullable in STREAM_META]
-        columns = model_columns(model, META_NAMES)
-        self.model_fields = [f.name for f, _c in columns]
-        self._convs: list[Any] = [c for _f, c in columns]
-        self.spark = StructType(fields + [f for f, _c in columns])
-        self._ts = {f.name for f, _c in columns if isinstance(f.dataType, TimestampType)}
-        self.arrow = to_arrow_schema(self.spark, timezone="UTC")
+        super().__init__(STREAM_META, model, META_NAMES)
 
     def batch(self, records: Sequence[Record]) -> pa.RecordBatch:
         """Arrow rows of `records` (valid ones: invalid records never become rows)."""
@@ -135,13 +116,5 @@ class StreamRowSchema:
             [r.content_type for r in records],
             _timestamps([r.timestamp_ms * 1000 for r in records]),
         ]
-        for name, conv in zip(self.model_fields, self._convs, strict=True):
-            values = [None if r.parsed is None else r.parsed.get(name) for r in records]
-            if conv is not None:
-                values = [conv(v) for v in values]
-            cols.append(_timestamps([_micros(v) for v in values]) if name in self._ts else values)
-        arrays = [
-            c if isinstance(c, pa.Array) else pa.array(c, type=f.type)
-            for c, f in zip(cols, self.arrow, strict=True)
-        ]
-        return pa.RecordBatch.from_arrays(arrays, schema=self.arrow)
+        cols += self.model_values([r.parsed for r in records])
+        return arrow_batch(cols, self.arrow)

@@ -86,20 +86,13 @@ class Range:
 
     @property
     def count(self) -> int:
+        """How many offsets the range holds."""
         return self.until - self.first
 
 
 @dataclass(frozen=True)
-class Loss:
+class Loss(Range):
     """Offsets ``[first, until)`` of ``stream`` that were not read and are gone."""
-
-    stream: str
-    first: int
-    until: int
-
-    @property
-    def count(self) -> int:
-        return self.until - self.first
 
     def message(self) -> str:
         return (
