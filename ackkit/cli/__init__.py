@@ -108,6 +108,7 @@ def build_cli() -> typer.Typer:
         tsv,
     )
     from ._queues import SOURCES, QueueSourceError, list_queues
+    from ._url import url_option
 
     def err() -> Console:  # made per call: the width and the streams are the caller's now
         return Console(stderr=True, highlight=False, soft_wrap=True)
@@ -139,13 +140,7 @@ def build_cli() -> typer.Typer:
     ) -> None:
         """ackkit: RabbitMQ acknowledgement tools."""
 
-    url_opt = typer.Option(
-        [DEFAULT_URL],
-        "--url",
-        envvar="AMQP_URL",
-        metavar="URL",
-        help="AMQP URL; for a cluster, once per node or h1:5672,h2:5672 in one URL.",
-    )
+    url_opt = url_option([DEFAULT_URL])
     format_opt = typer.Option(
         OutputFormat.AUTO,
         "--format",
@@ -294,12 +289,8 @@ def build_cli() -> typer.Typer:
     @cli.command("run")
     def run(
         target: str = typer.Argument(..., help="module:app (an App or AsyncApp, or a factory)."),
-        url: list[str] | None = typer.Option(  # noqa: B008 - typer's way
-            None,
-            "--url",
-            envvar="AMQP_URL",
-            metavar="URL",
-            help="Broker URL, once per node of a cluster (default: the app's own URL).",
+        url: list[str] | None = url_option(  # noqa: B008 - typer's way
+            None, "Broker URL, once per node of a cluster (default: the app's own URL)."
         ),
         workers: int = typer.Option(1, "--workers", "-w", min=1, help="Processes to run."),
         startup_timeout: float | None = typer.Option(

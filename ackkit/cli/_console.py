@@ -16,16 +16,11 @@ def add_console(cli: typer.Typer, *, err: Callable[[], Any], fail: Callable[...,
     import typer
 
     from ..dead_letters._queue import safe_error
+    from ._url import url_option
 
     @cli.command("console")
     def console(
-        url: list[str] | None = typer.Option(  # noqa: B008 - typer's way
-            None,
-            "--url",
-            envvar="AMQP_URL",
-            metavar="URL",
-            help="AMQP URL; for a cluster, once per node or h1:5672,h2:5672 in one URL.",
-        ),
+        url: list[str] | None = url_option(None),  # noqa: B008 - typer's way
         dlq_names: list[str] = typer.Option(  # noqa: B008 - typer's way
             [], "--dlq", help="A dead-letter queue to show (repeatable)."
         ),

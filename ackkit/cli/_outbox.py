@@ -19,19 +19,14 @@ def add_outbox(cli: typer.Typer, url_default: str, fail: Callable[..., Any]) -> 
     import typer
 
     from ._run import LOG_LEVELS, configure_logging
+    from ._url import url_option
 
     outbox = typer.Typer(help="The inbox's outbox (see ackkit.inbox).", no_args_is_help=True)
     cli.add_typer(outbox, name="outbox")
 
     @outbox.command("relay")
     def relay(
-        url: list[str] = typer.Option(  # noqa: B008 - typer's way
-            [url_default],
-            "--url",
-            envvar="AMQP_URL",
-            metavar="URL",
-            help="AMQP URL; for a cluster, once per node or h1:5672,h2:5672 in one URL.",
-        ),
+        url: list[str] = url_option([url_default]),  # noqa: B008 - typer's way
         dsn: str = typer.Option(
             ..., "--dsn", envvar="ACKKIT_OUTBOX_DSN", help="PostgreSQL DSN of the outbox."
         ),
