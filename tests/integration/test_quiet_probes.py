@@ -41,7 +41,8 @@ def test_queues_table_of_a_missing_queue_logs_no_warning(
     rabbitmq: BrokerHandle, fresh_queue: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    (row,) = queue_rows(rabbitmq.url, [fresh_queue])
+    _node, rows = queue_rows([rabbitmq.url], [fresh_queue])
+    (row,) = rows
     assert row.ready is None
     assert not_found_warnings(caplog) == []
 
