@@ -100,6 +100,9 @@ class RunResult:
     wall_s: float | None = None
     cpu_s: float | None = None
     cpu_us_per_msg: float | None = None
+    # voluntary context switches of the worker process per message (threads waiting on
+    # each other: the hand-off's cost that CPU time alone hides)
+    switches_per_msg: float | None = None
     reason: str | None = None
     retried: bool = False
     log_tail: list[str] = field(default_factory=list)
@@ -252,6 +255,8 @@ def run_one(
                 run.msgs_per_s = n_messages / run.wall_s
             if run.cpu_s is not None and n_messages:
                 run.cpu_us_per_msg = run.cpu_s * 1e6 / n_messages
+            if outcome.get("switches") is not None and n_messages:
+                run.switches_per_msg = outcome["switches"] / n_messages
 
             say("verifying")
             check = bench_case.check or broker.check_drained
@@ -281,6 +286,7 @@ def summarize(bench_case: Case, runs: list[RunResult]) -> dict[str, Any]:
     valid = [r for r in runs if r.status == "ok" and r.msgs_per_s is not None]
     rates = [r.msgs_per_s for r in valid if r.msgs_per_s is not None]
     cpus = [r.cpu_us_per_msg for r in valid if r.cpu_us_per_msg is not None]
+    switches = [r.switches_per_msg for r in valid if r.switches_per_msg is not None]
     if any(r.status == "n/a" for r in runs):
         status = "n/a"
     elif not valid:
@@ -297,6 +303,7 @@ def summarize(bench_case: Case, runs: list[RunResult]) -> dict[str, Any]:
         "min": min(rates) if rates else None,
         "max": max(rates) if rates else None,
         "cpu_us_per_msg": statistics.median(cpus) if cpus else None,
+        "switches_per_msg": statistics.median(switches) if switches else None,
         "valid_runs": len(valid),
         "reason": reasons[0] if reasons else None,
         "runs": [asdict(r) for r in runs],
@@ -383,11 +390,12 @@ def _num(value: float | None, fmt: str = "{:,.0f}") -> str:
 
 def results_table(report: dict[str, Any]) -> Table:
     table = Table(
-        title=f"msgs/s and CPU µs per message, {report['meta']['messages']:,} messages"
-        f" x {report['meta']['rounds']} round(s), fresh process per run"
+        title="msgs/s, CPU µs and voluntary context switches per message, "
+        f"{report['meta']['messages']:,} messages x {report['meta']['rounds']} round(s), "
+        "fresh process per run"
     )
     table.add_column("case", no_wrap=True, min_width=19)
-    for name in ("median", "min", "max", "µs CPU"):
+    for name in ("median", "min", "max", "µs CPU", "csw/msg"):
         table.add_column(name, justify="right", no_wrap=True, min_width=6)
     table.add_column("ok", justify="right", no_wrap=True)
     table.add_column("note")
@@ -403,6 +411,7 @@ def results_table(report: dict[str, Any]) -> Table:
             _num(res["min"]),
             _num(res["max"]),
             _num(res["cpu_us_per_msg"], "{:,.1f}"),
+            _num(res.get("switches_per_msg"), "{:.3f}"),
             "n/a" if status == "n/a" else f"{res['valid_runs']}/{len(res['runs'])}",
             note,
             style=style,

@@ -41,6 +41,11 @@ def _cpu(who: int) -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _switches() -> int:
+    """Voluntary context switches of this process so far (a thread waiting for another)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
+
+
 def _write(path: Path, result: dict[str, Any]) -> None:
     path.write_text(json.dumps(result))
 
@@ -81,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 
     result: dict[str, Any] = {"status": "ok"}
     cpu0, child0 = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
+    switches0 = _switches()
     t0 = time.perf_counter()
     measured: Any = None
     try:
@@ -93,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - t0
     cpu = _cpu(resource.RUSAGE_SELF) - cpu0
     child = _cpu(resource.RUSAGE_CHILDREN) - child0
-    result.update(wall_s=wall, cpu_s=cpu + child, cpu_children_s=child)
+    result.update(
+        wall_s=wall, cpu_s=cpu + child, cpu_children_s=child, switches=_switches() - switches0
+    )
     if isinstance(measured, dict) and result["status"] == "ok":
         # The case timed its own window (e.g. a steady state after start-up).
         result.update(measured_s=measured["seconds"], measured_messages=measured["messages"])
