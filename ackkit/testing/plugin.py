@@ -161,6 +161,18 @@ def pytest_configure(config: pytest.Config) -> None:
             config.addinivalue_line("markers", f"{name}: {description}")
 
 
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """What the kit's commands cost this session: rabbitmqctl runs (an Erlang VM each),
+    erl_call runs and node boots, and the tests that spent the most on them."""
+    from ._commands import spent_lines
+
+    lines = spent_lines()
+    if lines:
+        terminalreporter.section("ackkit test kit: broker commands")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     url = os.environ.get(ENV_URL, "").strip()
     mode = os.environ.get(ENV_MODE, "").strip() or "auto"

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ackkit.testing import BrokerError, BrokerHandle, BrokerUnavailable, NodeTLS
+from ackkit.testing._commands import count as count_run
 from ackkit.testing.providers import (
     ENV_BOOT_TIMEOUT,
     ENV_NODE_DIR,
@@ -252,6 +253,7 @@ class _OwnNode(_NodeFiles, BrokerHandle):
                 )
             time.sleep(0.1)
         self.boot_seconds = time.monotonic() - started
+        count_run("node boots", "", self.boot_seconds, 0.0)
         log.info(
             "RabbitMQ node %s up in %.1fs at %s", self.node_name, self.boot_seconds, self.masked_url
         )
