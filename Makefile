@@ -122,10 +122,12 @@ chaos: $(STAMP)
 # The long kill and soak runs, whose short forms are in make test: the chaos run at full
 # size (100,000 messages, 10 consumer kills, 2 broker restarts, 20 connection cuts), the
 # inbox crash test with 10,000 messages on App and on AsyncApp, and the Spark kill tests
-# (driver, executor and cluster kills) with fresh seeds (printed: rerun one with
-# ACKKIT_SPARK_KILL_SEED / ACKKIT_INBOX_CRASH_SEED). About an hour on 2 cores; figures in
+# (driver, executor and cluster kills, of the queue and the stream source) with fresh
+# seeds (printed: rerun one with ACKKIT_SPARK_KILL_SEED / ACKKIT_INBOX_CRASH_SEED). About an hour on 2 cores; figures in
 # bench-results/soak*.json and the test logs. When to run it: docs/development.md.
 SOAK_SPARK := tests/spark/test_spark_crash.py tests/spark/test_spark_cluster.py
+# the stream source's kills, full form: super streams need 3.11+, so on 4.3 whatever RABBITMQ
+SOAK_STREAMS := tests/spark/test_spark_streams_kill.py tests/spark/test_spark_cluster_streams.py
 soak: $(STAMP)
 	@status=0; \
 	$(call leg_env,$(RABBITMQ)) $(PY) -m tests.chaos --seed $$(date +%s) \
@@ -136,6 +138,7 @@ soak: $(STAMP)
 	        || status=1; \
 	done; \
 	ACKKIT_FUZZ=1 $(call leg_env,$(RABBITMQ)) $(PYTEST) $(SOAK_SPARK) -p no:cacheprovider -s || status=1; \
+	ACKKIT_FUZZ=1 $(call leg_env,4.3) $(PYTEST) $(SOAK_STREAMS) -p no:cacheprovider -s || status=1; \
 	exit $$status
 
 clean:
