@@ -32,6 +32,7 @@ from . import _frames as frames
 from . import flowing, refusals
 from ._pika import quiet_refusals
 from .executor import Executor
+from .handoff import Handoff
 from .host import Host as Host
 from .publisher import Publisher
 
@@ -55,7 +56,8 @@ class Consumer(Executor):
         super().__init__(spec.name, core, rt, log)
         self.rt = rt
         self.spec = spec
-        self.inbox: _queue.SimpleQueue[Delivery | None] = _queue.SimpleQueue()
+        # unstarted deliveries; with one handler thread, handed over a socket read at a time
+        self.inbox: Handoff[Delivery] = Handoff(self.lock, per_burst=spec.concurrency == 1)
         self.consumer_tag: str | None = None
         self.workers: list[threading.Thread] = []
         self.in_handler = 0
@@ -142,6 +144,7 @@ class Consumer(Executor):
         if ch is not self.channel:
             return
         refused, self.awaiting_ok = self.awaiting_ok, False
+        self.inbox.hand_over()  # a burst whose hand-over this channel's loop may not run
         with self.lock:
             lost = self.core.channel_closed()
         self.channel = None
@@ -202,15 +205,23 @@ class Consumer(Executor):
         )
         with self.lock:
             self.originals.put(t.generation, t.tag, d)
+            if t.verdict is None:
+                self.inbox.arrive(d, self._later)
+                return
             if t.verdict:
                 self.queue(Step(t.generation, t.verdict))
                 if self.no_ack:  # the broker settled it on send: its copy has its original
                     self.originals.drop(t.generation, t.tag)
-        if t.verdict is not None:  # decided, or held (by the flow gate, too)
-            if t.verdict:
-                self.flush()
-            return
-        self.inbox.put(d)
+        if t.verdict:  # decided (or, empty, held: by the flow gate too)
+            self.flush()
+
+    def _later(self, fn: Callable[[], None]) -> None:
+        """I/O thread: run `fn` once the current socket read is dealt with."""
+        conn = self.rt.connection
+        if conn is not None:
+            conn.ioloop.call_later(0, fn)
+        else:  # never expected while a delivery arrives: hand over at once
+            fn()
 
     def _start(self, held: Delivery) -> None:
         """A delivery the core held starts (`Start`): through the flow gate."""
@@ -264,10 +275,10 @@ class Consumer(Executor):
             self.rt.fail(exc, f"{self.spec.name}: worker thread failed")
 
     def _take_one_by_one(self) -> None:
-        inbox = self.inbox
+        take = self.inbox.take
         run = self._run_no_ack if self.no_ack else self._run
         while True:
-            d = inbox.get()
+            d = take()
             if d is None:
                 return
             run([d])
@@ -276,7 +287,7 @@ class Consumer(Executor):
         size = self.spec.batch_size or 1
         timeout = self.spec.batch_timeout
         while True:
-            first = self.inbox.get()
+            first = self.inbox.take()
             if first is None:
                 return
             batch = [first]
@@ -286,11 +297,11 @@ class Consumer(Executor):
                 if left <= 0:
                     break
                 try:
-                    nxt = self.inbox.get(timeout=left)
+                    nxt = self.inbox.take(timeout=left)
                 except _queue.Empty:
                     break
                 if nxt is None:
-                    self.inbox.put(None)
+                    self.inbox.leave_again()
                     break
                 batch.append(nxt)
             (self._run_no_ack if self.no_ack else self._run)(batch)

@@ -57,6 +57,8 @@ class Executor:
         # Decided steps wait here for the I/O thread, in decision order (see send()).
         self.outbox: deque[Step] = deque()
         self._flushing = False
+        # the connection whose I/O loop has a flush pending for this outbox (`send`)
+        self._woken: object = None
         # the actions after a Fence (of its step's generation) while its basic.qos-ok is
         # awaited
         self._fenced: Step | None = None
@@ -76,7 +78,11 @@ class Executor:
         """
         self.originals.decided(step.generation, step.actions)
         self.outbox.append(step)
-        self.io.call_soon(self.flush)
+        # One wake-up of the I/O thread for the steps decided until it flushes (a flush
+        # takes the whole outbox): none while one is pending on this connection's loop.
+        conn = self.io.connection
+        if self._woken is not conn or conn is None:
+            self._woken = conn if self.io.call_soon(self.flush) else None
 
     def queue(self, step: Step) -> None:
         """Holding `self.lock` right after the core decided `step`: into the outbox (the
@@ -111,6 +117,7 @@ class Executor:
 
     def flush(self) -> None:
         """Carry out the queued actions, oldest first."""
+        self._woken = None  # a step decided from now on wakes the loop again
         if self._flushing:
             return  # called from inside execute(): the running loop picks them up
         self._flushing = True

@@ -10,7 +10,6 @@ the worker inbox.
 
 from __future__ import annotations
 
-import queue as _queue
 import threading
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -19,6 +18,7 @@ if TYPE_CHECKING:
     from .._core.step import Step
     from .._interpreter.originals import Originals
     from .._messages.delivery import Delivery
+    from .handoff import Handoff
 
 
 class _Stopping(Protocol):
@@ -42,7 +42,7 @@ class FlowingConsumer(Protocol):
     @property
     def lock(self) -> threading.Lock: ...
     @property
-    def inbox(self) -> _queue.SimpleQueue[Delivery | None]: ...
+    def inbox(self) -> Handoff[Delivery]: ...
     @property
     def originals(self) -> Originals[Any]: ...
 
@@ -78,20 +78,13 @@ def switch(c: FlowingConsumer, on: bool) -> None:
 def _return_inbox(c: FlowingConsumer) -> None:
     """Deliveries waiting for a worker go back now rather than when a worker is free
     (those the core says may no longer start)."""
-    waiting: list[Delivery | None] = []
-    while True:
-        try:
-            waiting.append(c.inbox.get_nowait())
-        except _queue.Empty:
-            break
+    waiting = c.inbox.drain()
     with c.lock:
-        keep, acts = c.core.gating.withdraw([d._tracked for d in waiting if d is not None])
+        keep, acts = c.core.gating.withdraw([d._tracked for d in waiting])
         if acts:
             c.send(acts)
     stay = {id(t) for t in keep}
-    for d in waiting:
-        if d is None or id(d._tracked) in stay:
-            c.inbox.put(d)
+    c.inbox.put_back([d for d in waiting if id(d._tracked) in stay])
 
 
 def set_paused(c: FlowingConsumer, paused: bool) -> None:

@@ -10,7 +10,6 @@ app (`fail`).
 from __future__ import annotations
 
 import logging
-import queue as _queue
 import threading
 import time
 from collections.abc import Sequence
@@ -29,7 +28,6 @@ from .._core.shutdown import LAST_COPIES
 from .._core.stop_budget import COPY_GRACE, StopBudget, may_close
 from .._interpreter import stopping
 from .._interpreter.stopping import StopStep
-from .._messages.delivery import Delivery
 from .._messages.publish import EXCHANGE_CHANNELS, Outgoing, channel_for, not_confirmed
 from .._telemetry.observers import observing
 from . import flowing
@@ -213,14 +211,7 @@ class Runtime(Engine):
     def _return_left(self, c: Consumer) -> None:
         """Any thread: `c`'s deliveries no worker took and those the flow gate and the
         core hold go back to the (stopping) core, which returns each."""
-        left: list[Delivery] = []
-        while True:
-            try:
-                d = c.inbox.get_nowait()
-            except _queue.Empty:
-                break
-            if d is not None:
-                left.append(d)
+        left = c.inbox.drain()
         left.extend(flowing.waiting(c))  # held by the flow gate (a busy key, probing)
         if left:
             with c.lock:  # the stopping core releases each
@@ -230,8 +221,7 @@ class Runtime(Engine):
 
     def _join_workers(self, timeout: float, told: float | None = None) -> None:
         for c in self.consumers:
-            for _ in c.workers:
-                c.inbox.put(None)
+            c.inbox.close(len(c.workers))
         deadline = time.monotonic() + timeout
         for c in self.consumers:
             for th in c.workers:
