@@ -84,6 +84,10 @@ class Handoff(Generic[D]):
                 break
         return out + burst
 
+    def empty(self) -> bool:
+        """Nothing waits for a handler thread (nor for its hand-over)."""
+        return not self._ready and not self._burst
+
     def close(self, threads: int) -> None:
         """Each of `threads` handler threads leaves once nothing is ready for it."""
         for _ in range(threads):

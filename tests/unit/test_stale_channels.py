@@ -140,9 +140,10 @@ def test_sync_worker_skips_deliveries_of_a_closed_channel() -> None:
     def handle(d: Delivery) -> None:
         ran.append(d.delivery_tag)
 
+    loop = SimpleNamespace(call_later=lambda _s, _fn: None)  # the hand-over is by hand
     rt = SimpleNamespace(
         app=app,
-        connection=SimpleNamespace(is_open=True),
+        connection=SimpleNamespace(is_open=True, ioloop=loop),
         stopping=False,
         call_soon=lambda fn: None,
     )
@@ -154,8 +155,9 @@ def test_sync_worker_skips_deliveries_of_a_closed_channel() -> None:
         method = SimpleNamespace(delivery_tag=tag, redelivered=False, exchange="", routing_key="q")
         c._on_message(ch, method, SimpleNamespace(headers=None, message_id=None), b"{}")
     c.core.channel_closed()  # both still in the inbox
+    c.inbox.hand_over()  # as a closing channel does
     c.core.channel_opened()
-    c.inbox.put(None)
+    c.inbox.close(1)
     c._worker()
     assert ran == []
     assert c.core.counters.counts[Stage.DROPPED_STALE] == 2
