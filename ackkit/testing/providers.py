@@ -12,7 +12,8 @@ and ``mask_url`` come from :mod:`ackkit.testing` itself; this module holds the r
   ``rabbitmq-server`` is looked for (:data:`SBIN_DIRS`);
 - the plugins every node of the kit's own runs (:data:`PLUGINS`);
 - running a command with a timeout and checking its exit (:func:`run_command`,
-  :func:`check_command`), a free loopback port, whether a pid is alive, masking the
+  :func:`check_command`; each run counted for the session's tally, as a node's boot is
+  with :func:`count_run`), a free loopback port, whether a pid is alive, masking the
   passwords in a text;
 - the Docker engine: whether one answers (:func:`docker_engine`), its client, the kit's
   container and image names, removing the containers of test processes that are gone.
@@ -23,6 +24,7 @@ Nothing here starts a broker: the providers ackkit ships (``AMQP_URL``, Docker) 
 
 from ._commands import _check as check_command
 from ._commands import _run as run_command
+from ._commands import count as count_run
 from ._docker_engine import (
     LOCAL_REPOSITORY,
     container_name,
@@ -75,6 +77,7 @@ __all__ = [
     "SBIN_DIRS",
     "check_command",
     "container_name",
+    "count_run",
     "disable_ryuk",
     "docker_client",
     "docker_engine",

@@ -24,11 +24,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ackkit.testing import BrokerError, BrokerHandle, BrokerUnavailable, NodeTLS
-from ackkit.testing._commands import count as count_run
 from ackkit.testing.providers import (
     ENV_BOOT_TIMEOUT,
     ENV_NODE_DIR,
     check_command,
+    count_run,
     env_float,
     free_port,
     pid_alive,

@@ -107,6 +107,7 @@ PUBLIC["ackkit.testing.providers"] = [
     "SBIN_DIRS",
     "check_command",
     "container_name",
+    "count_run",
     "disable_ryuk",
     "docker_client",
     "docker_engine",
