@@ -143,7 +143,9 @@ class WireProperties(spec.Basic.Properties):
     aiormq gives a copy without message_id a random one (it matches basic.return by
     message_id): it is written too, so a returned copy is still recognised."""
 
-    def __init__(self, props: Mapping[str, Any]) -> None:
+    def __init__(self, props: Mapping[str, Any], encoded: bytes | None = None) -> None:
+        """`encoded` is not used: aiormq may give the copy a message_id before it is
+        written (`marshal`)."""
         super().__init__(message_id=props.get("message_id"))
         self.mapping = dict(props)
 

@@ -185,6 +185,9 @@ class Copy:
     """Bytes of its content header frame."""
     notes: tuple[str, ...] = ()
     """What had to give way (shortened headers, dropped headers), for a log line."""
+    encoded: bytes | None = None
+    """What the encoder wrote for `properties` as they are (None: not kept): a client
+    that sends these bytes need not encode the copy again."""
 
 
 class Unpublishable(ValueError):
@@ -243,6 +246,14 @@ def copy_properties(
     notes: list[str] = []
     ours: dict[str, Any] = {}
     removed: set[str] = set()
+    last: list[Any] = [None, b""]  # the properties encoded last, and their bytes
+
+    def encode_kept(p: Mapping[str, Any]) -> bytes:
+        b = encoder(p)
+        last[0], last[1] = p, b
+        return b
+
+    encoder, encode = encode, encode_kept
     for k, v in set_headers.items():
         if v is None:
             removed.add(k)
@@ -292,9 +303,10 @@ def copy_properties(
         n2 = len(encode(p))
         if n2 > limit:
             del p["headers"][H.COPY_NOTE]
+            last[0] = None  # changed since
         else:
             n = n2
-    return Copy(p, n + wire.FRAME_OVERHEAD, tuple(notes))
+    return Copy(p, n + wire.FRAME_OVERHEAD, tuple(notes), last[1] if last[0] is p else None)
 
 
 def _fit(

@@ -77,10 +77,14 @@ def _short(value: Any) -> bytes:
     return bytes((len(b),)) + b
 
 
+_PACK_LENGTH = struct.Struct(">I").pack
+_PACK_INT = struct.Struct(">i").pack
+
+
 def _long(b: bytes) -> bytes:
     if len(b) > 0xFFFFFFFF:
         raise EncodeError("long string over 4 GiB")
-    return struct.pack(">I", len(b)) + b
+    return _PACK_LENGTH(len(b)) + b
 
 
 def _stamp(value: Any) -> int:
@@ -99,6 +103,14 @@ def _stamp(value: Any) -> int:
 
 def encode_value(value: Any) -> bytes:
     """One field value: its type octet and its encoding."""
+    kind = type(value)  # the usual header values first (a copy's headers are encoded often)
+    if kind is str:
+        try:
+            return b"S" + _long(value.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            raise EncodeError(f"text that is not valid Unicode: {exc.reason}") from None
+    if kind is int and -(2**31) <= value < 2**31:
+        return b"I" + _PACK_INT(value)
     if isinstance(value, Field):
         return value.raw
     if isinstance(value, bool):
@@ -149,9 +161,12 @@ def encode_table(table: Mapping[Any, Any]) -> bytes:
         if not isinstance(k, (str, bytes)):
             raise EncodeError(f"table key of type {type(k).__name__}")
         try:
-            parts.append(_short(k))
+            name = k.encode("utf-8") if isinstance(k, str) else bytes(k)
         except UnicodeEncodeError:
             raise EncodeError(f"table key {k!r:.60} is not valid Unicode") from None
+        if len(name) > 255:
+            raise EncodeError(f"short string of {len(name)} bytes (at most 255)")
+        parts.append(bytes((len(name),)) + name)
         try:
             parts.append(encode_value(v))
         except EncodeError as exc:

@@ -22,7 +22,8 @@ P = TypeVar("P")
 class CopyProperties(Generic[P]):
     """The properties of a copy of a delivery, ready for one client: `read` gives a
     client's properties as an AMQP-name mapping ({} for None), `encode` the bytes the
-    client sends for such a mapping, `build` the client's properties object for it."""
+    client sends for such a mapping, `build` the client's properties object for it (given
+    the bytes `encode` wrote for it, when the core kept them: None otherwise)."""
 
     __slots__ = ("_build", "_encode", "_read")
 
@@ -30,7 +31,7 @@ class CopyProperties(Generic[P]):
         self,
         read: Callable[[Any], Mapping[str, Any]],
         encode: Callable[[Mapping[str, Any]], bytes],
-        build: Callable[[Mapping[str, Any]], P],
+        build: Callable[[Mapping[str, Any], bytes | None], P],
     ) -> None:
         self._read = read
         self._encode = encode
@@ -57,7 +58,7 @@ class CopyProperties(Generic[P]):
             user=user,
             encode=self._encode,
         )
-        return self._build(c.properties)
+        return self._build(c.properties, c.encoded)
 
 
 def copy_options(a: Republish, frame_max: int, user: str | None) -> dict[str, Any]:

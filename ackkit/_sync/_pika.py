@@ -76,9 +76,10 @@ class WireProperties(pika.BasicProperties):  # type: ignore[misc]
     """Basic properties that pika sends as ackkit's encoder wrote them (`wire`): pika
     cannot encode a float header, and decodes float and double ones as ints."""
 
-    def __init__(self, props: Mapping[str, Any]) -> None:
+    def __init__(self, props: Mapping[str, Any], encoded: bytes | None = None) -> None:
+        """`encoded`: what `wire.encode_properties(props)` gives, when already known."""
         super().__init__(headers=props.get("headers"))
-        self.wire = wire.encode_properties(props)
+        self.wire = wire.encode_properties(props) if encoded is None else encoded
         self.mapping = props
 
     def encode(self) -> list[bytes]:
@@ -133,8 +134,9 @@ def read_headers(props: Any) -> dict[str, Any]:
 
 
 def measure(props: Mapping[str, Any]) -> bytes:
-    """What pika sends for a copy with `props` (the encoder copies fit to frame_max)."""
-    return b"".join(WireProperties(props).encode())
+    """What pika sends for a copy with `props` (the encoder copies fit to frame_max):
+    `WireProperties` sends these bytes as they are."""
+    return wire.encode_properties(props)
 
 
 def copy_options(a: Any, ch: Any) -> dict[str, Any]:

@@ -84,6 +84,9 @@ def test_any_input_gives_a_copy_that_encodes_and_fits(
         original, ours, purpose=purpose, minimal=minimal, frame_max=frame_max
     )
     fits(c, frame_max)
+    # the bytes the core kept are the copy's encoding as it is (a client sends them as
+    # they are): kept whenever the copy did not change after its last encoding
+    assert c.encoded is None or c.encoded == wire.encode_properties(c.properties)
     h = c.properties["headers"]
     assert "\ufffd" in h[H.REASON]
     if not minimal and H.HEADERS_DROPPED not in h:
@@ -206,3 +209,14 @@ def test_broker_nacks_requeue_every_original_however_many_in_a_row() -> None:
         assert c.republished(a.token, False) == [Reject(tag, requeue=True)]
     assert c.counters.counts[Stage.COPY_REFUSED] == 50
     assert c.counters.counts[Stage.REJECTED] == 0
+
+
+def test_a_copy_that_fits_at_once_keeps_its_encoding_for_the_client() -> None:
+    """The usual dead letter: encoded once while it is fitted, and the client sends those
+    bytes (the sync runtime's WireProperties) instead of encoding it again."""
+    from ackkit._sync._pika import WireProperties
+
+    original = {"headers": {"k": "v", "n": 7}, "message_id": "m", "content_type": "a/b"}
+    c = copies.copy_properties(original, {H.REASON: "poison"}, purpose="dead-letter")
+    assert c.encoded is not None and c.encoded == wire.encode_properties(c.properties)
+    assert WireProperties(c.properties, c.encoded).encode() == [c.encoded]
