@@ -67,6 +67,18 @@ RATIOS: tuple[tuple[str, str, float], ...] = (
     ("ackkit.inbox.batch", "ackkit.inbox", 5.0),
 )
 
+#: (ackkit case, reference case, goal) on CPU per message: reference / ackkit, so 1.0
+#: means ackkit costs what the reference costs (the steady figure on a shared machine,
+#: where the msgs/s of one round swing).
+CPU_RATIOS: tuple[tuple[str, str, float], ...] = (
+    ("ackkit.sync.auto", "pika.batched", 0.9),
+    ("ackkit.sync.manual", "pika.batched", 0.9),
+    ("ackkit.async.auto", "aiopika.batched", 1.0),
+    ("ackkit.async.auto", "faststream.default", 5.0),
+    ("ackkit.deadletter", "publish.confirm", 0.9),
+    ("ackkit.inbox", "pika.psycopg", 0.9),
+)
+
 Status = Literal["ok", "invalid", "error", "n/a"]
 
 _PACKAGE = __package__ or "tests.benchmarks"
@@ -103,6 +115,9 @@ class RunResult:
     # voluntary context switches of the worker process per message (threads waiting on
     # each other: the hand-off's cost that CPU time alone hides)
     switches_per_msg: float | None = None
+    # the machine's 1-minute load average when the run ended; `busy`: above its CPUs
+    load: float | None = None
+    busy: bool = False
     reason: str | None = None
     retried: bool = False
     log_tail: list[str] = field(default_factory=list)
@@ -257,6 +272,10 @@ def run_one(
                 run.cpu_us_per_msg = run.cpu_s * 1e6 / n_messages
             if outcome.get("switches") is not None and n_messages:
                 run.switches_per_msg = outcome["switches"] / n_messages
+            load = _loadavg()
+            if load:
+                run.load = load[0]
+                run.busy = load[0] > (os.cpu_count() or 1)
 
             say("verifying")
             check = bench_case.check or broker.check_drained
@@ -303,6 +322,11 @@ def summarize(bench_case: Case, runs: list[RunResult]) -> dict[str, Any]:
         "min": min(rates) if rates else None,
         "max": max(rates) if rates else None,
         "cpu_us_per_msg": statistics.median(cpus) if cpus else None,
+        # (max - min) / median of msgs/s: how far one round is from another
+        "spread": round((max(rates) - min(rates)) / statistics.median(rates), 3)
+        if len(rates) > 1 and statistics.median(rates)
+        else None,
+        "busy_runs": sum(r.busy for r in runs),
         "switches_per_msg": statistics.median(switches) if switches else None,
         "valid_runs": len(valid),
         "reason": reasons[0] if reasons else None,
@@ -320,6 +344,16 @@ def compute_ratios(cases: dict[str, dict[str, Any]]) -> dict[str, float | None]:
         a = (cases.get(num) or {}).get("median")
         b = (cases.get(den) or {}).get("median")
         ratios[ratio_key(num, den)] = round(a / b, 4) if a and b else None
+    return ratios
+
+
+def compute_cpu_ratios(cases: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+    """Reference CPU per message / ackkit's, for each of `CPU_RATIOS`."""
+    ratios: dict[str, float | None] = {}
+    for num, den, _goal in CPU_RATIOS:
+        a = (cases.get(num) or {}).get("cpu_us_per_msg")
+        b = (cases.get(den) or {}).get("cpu_us_per_msg")
+        ratios[ratio_key(num, den)] = round(b / a, 4) if a and b else None
     return ratios
 
 
@@ -419,14 +453,17 @@ def results_table(report: dict[str, Any]) -> Table:
     return table
 
 
-def ratios_table(report: dict[str, Any]) -> Table:
-    table = Table(title="ratios (median / median)")
+def ratios_table(report: dict[str, Any], cpu: bool = False) -> Table:
+    """The msgs/s ratios (median / median) against their targets; with `cpu`, the CPU
+    per message ratios (reference / ackkit) against their goals."""
+    title = "CPU ratios (reference / ackkit, CPU per message)" if cpu else "ratios"
+    table = Table(title=title if cpu else f"{title} (median / median)")
     table.add_column("ratio")
     table.add_column("value", justify="right")
-    table.add_column("target", justify="right")
+    table.add_column("goal" if cpu else "target", justify="right")
     table.add_column("", justify="center")
-    targets = report["ratio_targets"]
-    for key, value in report["ratios"].items():
+    targets = report["cpu_ratio_goals" if cpu else "ratio_targets"]
+    for key, value in report["cpu_ratios" if cpu else "ratios"].items():
         target = targets[key]
         if value is None:
             mark, style = "n/a", "dim"
@@ -447,6 +484,8 @@ def _run_line(run: RunResult) -> str:
         f"r{run.round} {run.case}: {_num(run.msgs_per_s)} msg/s, "
         f"{_num(run.cpu_us_per_msg, '{:,.1f}')} µs CPU/msg"
     )
+    if run.busy:
+        text += f" (load {run.load:.1f}: busy)"
     if run.status == "invalid":
         return f"[yellow]{text} INVALID: {run.reason}[/yellow]"
     return text
@@ -542,10 +581,20 @@ def run_benchmarks(cfg: Config, console: Console | None = None) -> dict[str, Any
         "cases": cases,
         "ratios": compute_ratios(cases),
         "ratio_targets": {ratio_key(n, d): t for n, d, t in RATIOS},
+        "cpu_ratios": compute_cpu_ratios(cases),
+        "cpu_ratio_goals": {ratio_key(n, d): g for n, d, g in CPU_RATIOS},
         "meta": meta,
     }
     console.print(results_table(report))
     console.print(ratios_table(report))
+    console.print(ratios_table(report, cpu=True))
+    busy = {c: r["busy_runs"] for c, r in cases.items() if r.get("busy_runs")}
+    if busy:
+        console.print(
+            f"[yellow]runs that ended with the load average above {os.cpu_count()} CPUs: "
+            + ", ".join(f"{c} {n}" for c, n in busy.items())
+            + " (their figures are noisier)[/yellow]"
+        )
 
     if cfg.json_path is not None:
         cfg.json_path.parent.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from .broker import QueueState, delete_queue, queue_state, reachable
-from .harness import DEFAULT_URL, RATIOS, Config, ratio_key, run_benchmarks
+from .harness import CPU_RATIOS, DEFAULT_URL, RATIOS, Config, ratio_key, run_benchmarks
 
 URL = os.environ.get("AMQP_URL", DEFAULT_URL)
 CASES = ["pika.noack", "pika.batched", "ackkit.sync.auto"]
@@ -66,6 +66,15 @@ def test_harness_runs_cases_and_leaves_queues_empty(broker_url: str, tmp_path: P
         ratios = data["ratios"]
         assert ratios["ackkit.sync.auto/pika.batched"] > 0  # both sides ran in this run
         assert ratios["ackkit.deadletter/publish.confirm"] is None  # neither side ran
+        # on CPU per message too (reference / ackkit), with the goals beside them
+        cpu = data["cpu_ratios"]
+        keys = {ratio_key(n, d) for n, d, _ in CPU_RATIOS}
+        assert set(cpu) == keys == set(data["cpu_ratio_goals"])
+        sync = data["cases"]["ackkit.sync.auto"]["cpu_us_per_msg"]
+        raw = data["cases"]["pika.batched"]["cpu_us_per_msg"]
+        assert cpu["ackkit.sync.auto/pika.batched"] == round(raw / sync, 4)
+        assert cpu["ackkit.deadletter/publish.confirm"] is None
+        assert data["cases"]["pika.batched"]["runs"][0]["switches_per_msg"] is not None
         meta = data["meta"]
         assert {"date", "broker", "python", "machine", "messages", "rounds"} <= set(meta)
         assert meta["messages"] == 500 and meta["rounds"] == 1
