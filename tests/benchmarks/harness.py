@@ -338,22 +338,18 @@ def ratio_key(num: str, den: str) -> str:
     return f"{num}/{den}"
 
 
-def compute_ratios(cases: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+def compute_ratios(cases: dict[str, dict[str, Any]], cpu: bool = False) -> dict[str, float | None]:
+    """Median msgs/s of ackkit / of the reference, for each of `RATIOS`; with `cpu`, CPU
+    per message of the reference / of ackkit, for each of `CPU_RATIOS` (both: higher is
+    better for ackkit)."""
     ratios: dict[str, float | None] = {}
-    for num, den, _target in RATIOS:
-        a = (cases.get(num) or {}).get("median")
-        b = (cases.get(den) or {}).get("median")
+    field = "cpu_us_per_msg" if cpu else "median"
+    for num, den, _goal in CPU_RATIOS if cpu else RATIOS:
+        a = (cases.get(num) or {}).get(field)
+        b = (cases.get(den) or {}).get(field)
+        if cpu:
+            a, b = b, a
         ratios[ratio_key(num, den)] = round(a / b, 4) if a and b else None
-    return ratios
-
-
-def compute_cpu_ratios(cases: dict[str, dict[str, Any]]) -> dict[str, float | None]:
-    """Reference CPU per message / ackkit's, for each of `CPU_RATIOS`."""
-    ratios: dict[str, float | None] = {}
-    for num, den, _goal in CPU_RATIOS:
-        a = (cases.get(num) or {}).get("cpu_us_per_msg")
-        b = (cases.get(den) or {}).get("cpu_us_per_msg")
-        ratios[ratio_key(num, den)] = round(b / a, 4) if a and b else None
     return ratios
 
 
@@ -581,7 +577,7 @@ def run_benchmarks(cfg: Config, console: Console | None = None) -> dict[str, Any
         "cases": cases,
         "ratios": compute_ratios(cases),
         "ratio_targets": {ratio_key(n, d): t for n, d, t in RATIOS},
-        "cpu_ratios": compute_cpu_ratios(cases),
+        "cpu_ratios": compute_ratios(cases, cpu=True),
         "cpu_ratio_goals": {ratio_key(n, d): g for n, d, g in CPU_RATIOS},
         "meta": meta,
     }
