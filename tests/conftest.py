@@ -95,14 +95,18 @@ def _in_memory_transport(item: pytest.Item) -> bool:
 # each such test runs on one runtime per leg, the other runtime on the other leg, picked by
 # the test's name and its other parameters (stable from run to run, each runtime about
 # half the time). Together the legs still run every test on both runtimes and on both
-# brokers. A test marked `legs_share("name")` shares out its parameter `name` instead (each
-# value on one leg; the test's other parameters meet every value across the legs), one
-# marked `legs_share()` its runs in their order (for runs that already pair the runtime
-# with another parameter, as the alarm tests do). Only the modules under ACKKIT_TEST_PAIRED
-# (the suites both legs run) are shared out, but for those in ACKKIT_TEST_UNPAIRED (those
-# one leg runs alone) and the contract suite (tests/contract, about a runtime meeting a
-# broker: both, on each leg). Unset (a plain pytest run, make test-matrix): every run
-# everywhere.
+# brokers. The contract suite is shared out the same way (its in-memory broker's runs,
+# which one leg runs alone, are not; the Docker leg runs both runtimes on a container).
+# A test marked `legs_share("name")` shares out its parameter `name` instead (each value
+# on one leg; the test's other parameters meet every value across the legs), one marked
+# `legs_share()` its runs in their order (for runs that already pair the runtime with
+# another parameter, as the alarm tests do). A test marked `one_leg` (its subject is not
+# the broker's version: the inbox's database, the DLQ tools, publishing shapes) runs each
+# run the legs do not already share out on one leg only, picked by its node id: the pair
+# of legs runs it once, on one broker or the other. Only the modules under
+# ACKKIT_TEST_PAIRED (the suites both legs run) are shared out, but for those in
+# ACKKIT_TEST_UNPAIRED (those one leg runs alone). Unset (a plain pytest run, make
+# test-matrix): every run everywhere.
 _PICK = os.environ.get("ACKKIT_TEST_RUNTIMES", "both")
 PICK = int(_PICK.removeprefix("pick:")) if _PICK.startswith("pick:") else None
 _PAIRED = tuple(os.environ.get("ACKKIT_TEST_PAIRED", "tests/").split())
@@ -121,7 +125,7 @@ def _shared_param(item: pytest.Item) -> str | None:
     """The parameter the broker legs share out for `item`, if any."""
     path = item.nodeid.split("::", 1)[0]
     callspec = getattr(item, "callspec", None)
-    if callspec is None or path.startswith("tests/contract/") or not path.startswith(_PAIRED):
+    if callspec is None or not path.startswith(_PAIRED) or _in_memory_transport(item):
         return None
     if _UNPAIRED and path.startswith(_UNPAIRED):
         return None
@@ -135,14 +139,29 @@ def _shared_param(item: pytest.Item) -> str | None:
     return runtime[0] if len(runtime) == 1 else None
 
 
+def _one_leg(item: pytest.Item) -> bool:
+    """`item` is marked `one_leg` in a suite both broker legs run (not one a leg runs
+    alone): it runs on one leg only."""
+    path = item.nodeid.split("::", 1)[0]
+    if not path.startswith(_PAIRED) or _in_memory_transport(item):
+        return False
+    if _UNPAIRED and path.startswith(_UNPAIRED):
+        return False
+    return item.get_closest_marker("one_leg") is not None
+
+
 def _left_to_the_other_leg(items: list[pytest.Item]) -> set[str]:
     """The node ids this leg leaves to the other: in each group of runs of one test that
-    differ only in the shared parameter, the values alternate between the legs."""
+    differ only in the shared parameter, the values alternate between the legs; a run of
+    a `one_leg` test that is not shared out that way goes to the leg its node id picks."""
     groups: dict[tuple[Any, ...], list[Any]] = {}
     shared = []
+    gone = set()
     for item in items:
         name = _shared_param(item)
         if name is None:
+            if _one_leg(item) and (zlib.crc32(item.nodeid.encode()) + (PICK or 0)) % 2:
+                gone.add(item.nodeid)
             continue
         params = item.callspec.params  # type: ignore[attr-defined]
         if name == _EVERY_RUN:  # the test's runs alternate, whatever their parameters
@@ -157,7 +176,6 @@ def _left_to_the_other_leg(items: list[pytest.Item]) -> set[str]:
             values.append(value)
         index = _RUNTIME_VALUES[value] if name in _RUNTIME_PARAMS else None
         shared.append((item, key, value, index))
-    gone = set()
     for item, key, value, index in shared:
         i = groups[key].index(value) if index is None else index
         if (zlib.crc32(repr(key).encode()) + i + (PICK or 0)) % 2:

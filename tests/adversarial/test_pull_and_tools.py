@@ -30,7 +30,7 @@ from ackkit.cli import build_cli
 from ackkit.dead_letters._queue import DeadLetterQueue, inspect_dead_letters, replay_dead_letters
 from tests.contract.conftest import Broker, LoopThread, Runtime
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.one_leg]
 
 
 def declare(url: str, *queues: str) -> None:

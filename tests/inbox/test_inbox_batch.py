@@ -38,6 +38,8 @@ from ._harness import (
 )
 from .test_inbox_contract import Setup, queue, setup  # noqa: F401 (fixtures)
 
+pytestmark = pytest.mark.one_leg  # the database is the subject, not the broker
+
 KINDS = ["sync", "async"]
 
 Verdict = Callable[[int, list[str]], "int | None"]

@@ -50,6 +50,8 @@ def queue(setup: Setup, queue_factory: Any) -> str:
     return str(queue_factory("inbox", broker=setup.broker))
 
 
+pytestmark = pytest.mark.one_leg  # the database is the subject, not the broker
+
 KINDS = ["sync", "async"]
 
 

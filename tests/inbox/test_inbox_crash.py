@@ -35,7 +35,7 @@ from ackkit_testkit import wait_postgres
 
 from ._harness import eventually
 
-pytestmark = [pytest.mark.integration, pytest.mark.chaos]
+pytestmark = [pytest.mark.integration, pytest.mark.chaos, pytest.mark.one_leg]
 
 N = int(os.environ.get("ACKKIT_INBOX_CRASH_N", "2000"))
 SEED = int(os.environ.get("ACKKIT_INBOX_CRASH_SEED", "21"))

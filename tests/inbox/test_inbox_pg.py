@@ -26,7 +26,7 @@ from ._harness import (
     running,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.one_leg]
 
 KINDS = ["sync", "async"]
 

@@ -23,7 +23,7 @@ from ackkit.testing import BrokerHandle
 
 from ._harness import eventually, running
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.one_leg]
 
 
 def outbox_ids(dsn: str) -> list[str]:

@@ -17,7 +17,7 @@ from ackkit.testing import BrokerHandle
 
 from ._harness import effects, effects_table, eventually, running
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.one_leg]
 
 KINDS = ["sync", "async"]
 

@@ -23,7 +23,7 @@ from ackkit.testing import BrokerHandle
 from ._harness import effects, effects_table, eventually, running
 from .test_outbox_pg import outbox_rows
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.one_leg]
 
 N = 200
 HOLD = 1.5

@@ -30,7 +30,7 @@ if str(REPO) not in sys.path:
 from tests.adversarial.rawamqp import RawClient
 from tests.unit.test_attempt_header_rule import INTEGER_KINDS, fields
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.one_leg]
 
 # Every integer width RabbitMQ accepts in a table; "l" is the one ackkit writes.
 assert set(INTEGER_KINDS) >= {"b", "B", "s", "u", "I", "i", "l"}

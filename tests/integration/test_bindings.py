@@ -21,7 +21,7 @@ from ackkit import App, AsyncApp, Queue
 from ackkit.errors import MessageUnroutable, TopologyConflict
 from ackkit.topology import Bind, Exchange, ExchangeType
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.one_leg]
 
 
 @pytest.fixture

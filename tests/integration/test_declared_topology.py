@@ -17,7 +17,7 @@ from ackkit import App, AsyncApp, Queue
 from ackkit.errors import TopologyConflict
 from ackkit.topology import Exchange, ExchangeType
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.one_leg]
 
 
 @pytest.fixture

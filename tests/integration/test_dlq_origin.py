@@ -12,7 +12,7 @@ from _retry_support import channel, drain
 from ackkit.dead_letters._queue import DeadLetterQueue
 from tests.adversarial.rawamqp import Field
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.one_leg]
 
 
 def test_garbage_next_to_a_valid_origin_does_not_stop_the_replay(

@@ -10,7 +10,7 @@ import pytest
 
 from ackkit import AckMode, App, Retry
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.one_leg]
 
 
 class CardDeclined(Exception):

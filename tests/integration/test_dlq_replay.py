@@ -17,7 +17,7 @@ from ackkit import App, Consumer, Delivery, Retry
 from ackkit._core import headers as H
 from ackkit.dead_letters._queue import DeadLetterQueue, inspect_dead_letters, replay_dead_letters
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.one_leg]
 
 
 def fill_dlq(rabbitmq: Any, q: str, n: int, error: type[Exception] = ValueError) -> None:

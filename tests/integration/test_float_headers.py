@@ -13,7 +13,7 @@ from _apps import Runner
 import ackkit
 from ackkit import App, AsyncApp, AsyncDelivery, Delivery
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.one_leg]
 
 HEADERS: dict[str, Any] = {
     "rate": 2.5,

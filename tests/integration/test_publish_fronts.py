@@ -20,7 +20,7 @@ from ackkit.testing import BrokerHandle
 from tests.unit._fronts import FRONTS, Fronts, fronts
 from tests.unit.test_publish_fronts import bodies, options
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.one_leg]
 
 PROPERTIES = (
     "content_type",

@@ -21,7 +21,7 @@ from ackkit import App, AsyncApp, AsyncDelivery, Delivery
 from ackkit._core import headers as H
 from ackkit.errors import MessageUnroutable, PublishNacked, PublishNotConfirmed
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.one_leg]
 
 KINDS = ["sync", "async"]
 

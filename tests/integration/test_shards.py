@@ -28,7 +28,7 @@ from ackkit.shards import (
     shard_queues,
 )
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.one_leg]
 
 
 @given(key=st.text(max_size=60), shards=st.integers(1, 64))

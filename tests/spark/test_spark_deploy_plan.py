@@ -32,7 +32,7 @@ from ackkit.spark._deploy import (
 )
 from ackkit.spark._wal import WriteAheadLog
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.one_leg]
 
 NAMES = st.lists(st.text("abcxyz.-_", min_size=1, max_size=6), min_size=1, max_size=6, unique=True)
 

@@ -32,7 +32,7 @@ from ackkit.spark._schema import KEY_COLUMN, RowMeta, load_model
 from ackkit.spark._store import Store, child_location, masked, normalize_location
 from ackkit.spark._wal import WriteAheadLog
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.one_leg]
 
 
 class Color(str, enum.Enum):

@@ -1,5 +1,6 @@
-"""make test's broker legs share out the runs parametrized by runtime (tests/conftest.py):
-together they still run every one, each once, and each leg keeps both runtimes."""
+"""make test's broker legs share out the runs parametrized by runtime, and the runs of the
+tests marked `one_leg` (tests/conftest.py): together they still run every one, each once,
+each leg keeps both runtimes, and the in-memory broker's runs stay whole."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ MODULES = [
     "tests/integration/test_crash_loops.py",  # shares out its queue type instead
     "tests/integration/test_stop_returns_once.py",  # App / AsyncApp, with another parameter
     "tests/adversarial/test_alarms.py",  # runtimes paired with alarms: the runs shared out
-    "tests/contract/test_pull.py",  # the contract suite: kept whole on each leg
+    "tests/contract/test_ordering.py",  # the contract suite: its in-memory runs kept whole
+    "tests/integration/test_dlq_replay.py",  # one_leg: each test on one leg
 ]
 
 
@@ -45,12 +47,17 @@ def test_the_two_legs_together_run_every_run_once_and_each_leg_both_runtimes() -
     first = collect(ACKKIT_TEST_RUNTIMES="pick:0", **shared)
     second = collect(ACKKIT_TEST_RUNTIMES="pick:1", **shared)
     assert first | second == every
-    # not parametrized, and the contract suite: on both legs
-    whole = {i for i in every if "[" not in i or "tests/contract/" in i}
+    # not parametrized (but one_leg), and the in-memory broker's runs: on both legs
+    one_leg = {i for i in every if "test_dlq_replay" in i}
+    memory = {i for i in every if "tests/contract/" in i and "-memory" in i}
+    whole = {i for i in every if "[" not in i and i not in one_leg} | memory
     assert whole and first & second == whole  # the rest runs on exactly one leg
+    assert one_leg & first and one_leg & second and not one_leg & first & second
     for leg in (first, second):
         runs = leg - whole
         assert any("[sync" in i for i in runs) and any("[async" in i for i in runs)
+        ordering = [i for i in runs if "test_ordering" in i]
+        assert ordering and all("-rabbitmq" in i for i in ordering)
         loops = [i for i in runs if "kills_its_consumer" in i]
         assert len(loops) == 3 and {"prompt", "slow", "async"} == {
             i.rsplit("-", 1)[1].rstrip("]") for i in loops
