@@ -1,8 +1,10 @@
 """Policies on the test's broker: what an operator sets with ``rabbitmqctl set_policy``.
 
-A real node (one the kit started, or a container) gets them through ``rabbitmqctl``;
-the in-memory broker applies them itself (`_mem_topology`), with RabbitMQ's rules for
-combining a policy with the queue's own arguments.
+A real node of the kit's own (or its container) gets them through erl_call, an Erlang
+expression evaluated on the node (milliseconds, where each ``rabbitmqctl`` run boots an
+Erlang VM: most of a second of CPU); any other broker the kit reaches through
+``rabbitmqctl``. The in-memory broker applies them itself (`_mem_topology`), with
+RabbitMQ's rules for combining a policy with the queue's own arguments.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ import re
 import time
 from collections.abc import Mapping
 from typing import Any
+
+from ._errors import BrokerError
+from ._queries import _erl_binary
 
 APPLY_TO = ("queues", "classic_queues", "quorum_queues", "all")
 """What a queue policy may apply to (``--apply-to``; 3.x knows "queues" and "all")."""
@@ -38,13 +43,64 @@ def check_policy(name: str, pattern: str, definition: Mapping[str, Any], apply_t
             )
 
 
+_ACTOR = _erl_binary("ackkit-test-kit")  # the acting user the broker records
+# "OK;ok", or "OK;!" and the node's reason for R in hex (as rabbitmqctl would print it)
+_ANSWER = (
+    'case R of ok -> "OK;ok"; _ -> T = case R of {error_string, S} -> S; '
+    '{error, F, A} -> io_lib:format(F, A); _ -> io_lib:format("~p", [R]) end, '
+    'lists:flatten(["OK;!" | [io_lib:format("~2.16.0b", [B]) || '
+    "<<B>> <= unicode:characters_to_binary(T)]]) end."
+)
+
+
+def _set_policy_expr(
+    vhost: str, name: str, pattern: str, definition: str, priority: int, apply_to: str
+) -> str:
+    """What ``rabbitmqctl set_policy`` calls (the definition as JSON): `_ANSWER`."""
+    args = ", ".join(
+        _erl_binary(a) for a in (vhost, name, pattern, definition, str(priority), apply_to)
+    )
+    return f"R = rabbit_policy:parse_set({args}, {_ACTOR}), {_ANSWER}"
+
+
+def _clear_policy_expr(vhost: str, name: str) -> str:
+    """What ``rabbitmqctl clear_policy`` calls: `_ANSWER`."""
+    expr = f"rabbit_policy:delete({_erl_binary(vhost)}, {_erl_binary(name)}, {_ACTOR})"
+    return f"R = {expr}, {_ANSWER}"
+
+
+def _policy_name_expr(vhost: str, queue: str) -> str:
+    """The name of the policy that applies to ``queue``: "OK;=" and the name in hex
+    ("OK;=" alone for none), "OK;missing" for no such queue."""
+    queue_ref = f"rabbit_misc:r({_erl_binary(vhost)}, queue, {_erl_binary(queue)})"
+    return (
+        f"R = case rabbit_amqqueue:lookup({queue_ref}) of {{ok, Q}} -> "
+        'case rabbit_policy:name(Q) of none -> "="; N -> ["=" | '
+        '[io_lib:format("~2.16.0b", [B]) || <<B>> <= N]] end; '
+        '_ -> "missing" end, lists:flatten(["OK;", R]).'
+    )
+
+
+def _reason(answer: str) -> str:
+    """The node's reason in an `_ANSWER` that is not "ok", on one line."""
+    try:
+        text = bytes.fromhex(answer.removeprefix("!")).decode("utf-8", "replace")
+    except ValueError:
+        text = answer
+    return " ".join(text.split())
+
+
 class PolicyControl:
     """``set_policy`` / ``clear_policy`` / ``policy_of`` of a broker handle: through
-    rabbitmqctl here; the in-memory broker puts, drops and reads policies itself."""
+    erl_call on a node of the kit's own, else rabbitmqctl; the in-memory broker puts,
+    drops and reads policies itself."""
 
     vhost: str
 
     def ctl(self, *args: str, timeout: float = 60.0) -> str:  # pragma: no cover - the handle's
+        raise NotImplementedError
+
+    def _erl_eval(self, expr: str) -> str | None:  # pragma: no cover - the handle's
         raise NotImplementedError
 
     def set_policy(
@@ -78,24 +134,30 @@ class PolicyControl:
     def _put_policy(
         self, name: str, pattern: str, definition: Mapping[str, Any], apply_to: str, priority: int
     ) -> None:
-        self.ctl(
-            "set_policy",
-            "-p",
-            self.vhost,
-            "--apply-to",
-            apply_to,
-            "--priority",
-            str(priority),
-            name,
-            pattern,
-            json.dumps(dict(definition)),
-        )
+        text = json.dumps(dict(definition))
+        out = self._erl_eval(_set_policy_expr(self.vhost, name, pattern, text, priority, apply_to))
+        if out is None:
+            self.ctl(
+                "set_policy", "-p", self.vhost, "--apply-to", apply_to,
+                "--priority", str(priority), name, pattern, text,
+            )  # fmt: skip
+        elif out != "ok":
+            raise BrokerError(f"the broker refused policy {name!r}: {_reason(out)}")
 
     def _drop_policy(self, name: str) -> None:
-        self.ctl("clear_policy", "-p", self.vhost, name)
+        out = self._erl_eval(_clear_policy_expr(self.vhost, name))
+        if out is None:
+            self.ctl("clear_policy", "-p", self.vhost, name)
+        elif out != "ok":
+            raise BrokerError(f"the broker could not clear policy {name!r}: {_reason(out)}")
 
     def policy_of(self, queue: str) -> str | None:
         """The name of the policy that applies to ``queue`` now, or None."""
+        out = self._erl_eval(_policy_name_expr(self.vhost, queue))
+        if out is not None and out.startswith("="):
+            return bytes.fromhex(out[1:]).decode("utf-8") or None
+        if out == "missing":
+            return None
         out = self.ctl(
             "list_queues", "-p", self.vhost, "name", "policy", "--formatter", "json", "-q"
         )

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from ackkit.testing import BrokerError
+
 from .conftest import Broker, eventually
 from .fidelity import bodies, deaths, declare, publish, transport
 
@@ -263,6 +265,24 @@ def test_a_policy_combines_with_the_queues_arguments(broker: Broker, queue_facto
         with contextlib.suppress(Exception):
             broker.handle.clear_policy(name)
     assert bodies(broker, q) == [b"1", b"3", b"4"]
+
+
+def test_a_policy_the_node_refuses_raises_its_reason(
+    broker: Broker, queue_factory: Any, transport: str
+) -> None:
+    """A policy value RabbitMQ refuses (a length that is no number) raises BrokerError
+    with the node's own reason, and sets nothing. The in-memory broker checks a policy's
+    names, not its values: this is about the real node's control path."""
+    if transport != "rabbitmq":
+        pytest.skip("the in-memory broker does not check policy values")
+    q = queue_factory()
+    declare(broker, q)
+    name = f"fidelity-{q}"
+    with pytest.raises(BrokerError, match="not a valid maximum length"):
+        broker.handle.set_policy(name, f"^{re.escape(q)}$", {"max-length": "many"})
+    assert broker.handle.policy_of(q) is None
+    with pytest.raises(BrokerError):
+        broker.handle.clear_policy(name)  # there is none to clear
 
 
 def test_a_policy_dead_letters_a_queue_that_has_no_dlx(broker: Broker, queue_factory: Any) -> None:

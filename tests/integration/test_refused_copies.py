@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import json
 import logging
 import threading
 import time
@@ -73,23 +72,12 @@ def listen(
 @contextlib.contextmanager
 def policy(broker: Any, pattern: str, definition: dict[str, Any]) -> Iterator[str]:
     name = f"ackkit-test-{uuid.uuid4().hex[:8]}"
-    broker.ctl(
-        "set_policy",
-        "-p",
-        broker.vhost,
-        "--apply-to",
-        "queues",
-        "--priority",
-        "100",
-        name,
-        pattern,
-        json.dumps(definition),
-    )
+    broker.set_policy(name, pattern, definition, priority=100)
     try:
         yield name
     finally:
         with contextlib.suppress(Exception):
-            broker.ctl("clear_policy", "-p", broker.vhost, name)
+            broker.clear_policy(name)
 
 
 def total(broker: Any, queue: str) -> int:
