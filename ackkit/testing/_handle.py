@@ -23,6 +23,7 @@ from ._helpers import KitHelpers, counts_not_reached, counts_reached, wanted_cou
 from ._policies import PolicyControl
 from ._queries import (
     QueueCounts,
+    _close_named_expr,
     _counts_all_expr,
     _exchange_names_expr,
     _parse_list_exchanges_json,
@@ -349,6 +350,24 @@ class BrokerHandle(KitHelpers, PolicyControl):
     def close_connections(self, reason: str = "closed by the ackkit test kit") -> None:
         """Force-close every client connection of the node (or vhost for AMQP_URL brokers)."""
         self.ctl("close_all_connections", "--global", reason)
+
+    def close_connections_named(
+        self, name: str, reason: str = "closed by the ackkit test kit"
+    ) -> int:
+        """Force-close (CONNECTION_FORCED) the client connections named ``name`` (an app's
+        ``connection_name``): only that app loses its connection, even on a shared broker;
+        returns how many."""
+        out = self._erl_eval(_close_named_expr(name, reason))
+        if out is not None and out.isdigit():
+            return int(out)
+        listing = self.ctl("list_connections", "-p", self.vhost, "pid", "client_properties", "-q")
+        mine = f'{{"connection_name","{name}"}}'
+        pids = [
+            ln.split("\t", 1)[0] for ln in listing.splitlines() if ln.startswith("<") and mine in ln
+        ]
+        for pid in pids:
+            self.ctl("close_connection", pid, reason)
+        return len(pids)
 
     def _not_owned(self, op: str) -> BrokerNotOwned:
         return BrokerNotOwned(

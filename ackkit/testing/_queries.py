@@ -1,4 +1,5 @@
-"""What the kit asks a node about its queues and exchanges, and how it reads the answers.
+"""What the kit asks a node about its queues, exchanges and connections, and how it reads
+the answers.
 
 Two ways to ask: an Erlang expression evaluated on the node through erl_call
 (fast, only for nodes of the kit's own), and rabbitmqctl's JSON output (every
@@ -115,6 +116,20 @@ def _read_exchange_names(out: str) -> list[str]:
     """The sorted names in an answer to ``_exchange_names_expr``; ValueError when
     the answer is not understood."""
     return sorted(bytes.fromhex(h).decode("utf-8") for h in out.split(";") if h)
+
+
+def _close_named_expr(name: str, reason: str) -> str:
+    """Force-closes the client connections named ``name`` (their ``connection_name``
+    client property) anywhere in the cluster; answers "OK;<how many>"."""
+    return (
+        f"N = {_erl_binary(name)}, Named = fun(P) -> case catch "
+        "rabbit_networking:connection_info(P, [client_properties]) of "
+        "[{client_properties, Props}] when is_list(Props) -> "
+        'lists:member({<<"connection_name">>, longstr, N}, Props); _ -> false end end, '
+        "Ps = [P || P <- rabbit_networking:connections(), Named(P)], "
+        f"[rabbit_networking:close_connection(P, binary_to_list({_erl_binary(reason)})) "
+        '|| P <- Ps], lists:flatten(["OK;", integer_to_list(length(Ps))]).'
+    )
 
 
 # --------------------------------------------------------------------------- rabbitmqctl (JSON)

@@ -167,18 +167,7 @@ class Broker:
         """Force-close (CONNECTION_FORCED) the connections whose connection_name is `name`.
 
         Only the app under test loses its connection, even on a shared broker."""
-        if isinstance(self.handle, InMemoryBroker):
-            return self.handle.close_connections_named(name, "closed by the ackkit contract suite")
-        out = self.handle.ctl(
-            "list_connections", "-p", self.handle.vhost, "pid", "client_properties", "--quiet"
-        )
-        mine = f'{{"connection_name","{name}"}}'
-        pids = [
-            ln.split("\t", 1)[0] for ln in out.splitlines() if ln.startswith("<") and mine in ln
-        ]
-        for pid in pids:
-            self.handle.ctl("close_connection", pid, "closed by the ackkit contract suite")
-        return len(pids)
+        return self.handle.close_connections_named(name, "closed by the ackkit contract suite")
 
 
 def eventually(check: Callable[[], bool], timeout: float = 15.0, what: str = "") -> None:
