@@ -8,56 +8,37 @@ requeue, retry in process, a retry copy in a delay queue, a dead letter), and
 the copies a delivery can leave behind (dead letter, restamp). Each returns
 the actions a runtime carries out, and counts and reports what it did.
 
-It is handed what it uses: the policy, the ledger (tags and acks), the
-confirms (copies awaiting the broker), the report (counters, observer), the
-queues (which of its own queues a copy declares first), the requeues this
-listener made (`lost.Requeues`, told of every explicit requeue) and the
-wall clock the copies' headers are stamped with.
+It is handed the listener's `parts.Parts` (it tells every explicit requeue to
+their `Requeues`, and stamps the copies' headers with their wall clock) and the
+queues (which of its own queues a copy declares first).
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from . import copies
 from .actions import Action, CopyPurpose, Nack, Reinvoke, Reject, Republish, SettleKind
 from .errors import AlreadySettled, RetryLater, SettleNotAllowed
 from .events import Stage
 from .failure import Fate, decide
-from .ledger import Ledger
-from .lost import Requeues
-from .policy import AckMode, ListenerPolicy, Unsettled
-from .report import Report
-from .republish import Confirms
+from .parts import Part, Parts
+from .policy import AckMode, Unsettled
 from .topology import Queues
 from .tracked import Tracked
 
 _BATCHED = (AckMode.AUTO, AckMode.DUPS_OK, AckMode.TRANSACTED)
 
 
-class Fates:
+class Fates(Part):
     """The settling moves of one listener."""
 
-    def __init__(
-        self,
-        policy: ListenerPolicy,
-        ledger: Ledger,
-        confirms: Confirms,
-        report: Report,
-        queues: Queues,
-        requeues: Requeues,
-        wallclock: Callable[[], float],
-    ) -> None:
-        self.policy = policy
-        self.mode = policy.mode
-        self._ledger = ledger
-        self._confirms = confirms
-        self._report = report
-        self._emit = report.emit
+    def __init__(self, parts: Parts, queues: Queues) -> None:
+        super().__init__(parts)
         self._queues = queues
-        self._requeues = requeues
-        self._wallclock = wallclock
+        self._requeues = parts.requeues
+        self._wallclock = parts.wallclock
 
     def finish(
         self, t: Tracked, exc: BaseException | None = None, traceback: str | None = None

@@ -1,8 +1,8 @@
 """The flow gate's answers in the core's own protocol: actions, like every other answer.
 
 `gate.Flow` decides pause, circuit breaker, rate limit and per-key serial mode;
-this part of `ListenerCore` (`ListenerCore.gating`, handed the gate, the
-ledger, the report and whether its runtime carries out `Consume` and `Run`)
+this part of `ListenerCore` (`ListenerCore.gating`, handed the listener's
+`parts.Parts`, the gate and whether its runtime carries out `Consume` and `Run`)
 turns its `FlowStep`s into what a runtime already
 carries out: a `Consume` (hold a consumer or not) first, then the `Nack` of
 each delivery given back unstarted, then a `Run` for each delivery the gate let
@@ -29,24 +29,19 @@ from collections.abc import Sequence
 from .actions import Action, Consume, Nack, Run
 from .events import Stage
 from .gate import Admission, Flow, FlowStep
-from .ledger import Ledger
+from .parts import Part, Parts
 from .policy import AckMode
-from .report import Report
 from .step import Step
 from .tracked import Tracked
 
 
-class Gating:
+class Gating(Part):
     """The flow gate's part of a `ListenerCore`."""
 
-    def __init__(
-        self, flow: Flow, ledger: Ledger, report: Report, mode: AckMode, *, gated: bool
-    ) -> None:
+    def __init__(self, parts: Parts, flow: Flow, *, gated: bool) -> None:
+        super().__init__(parts)
         self.flow = flow
         """The gate itself: its `state` (and `paused`) for the runtime to read."""
-        self._mode = mode
-        self._ledger = ledger
-        self._emit = report.emit
         # The runtime holds a consumer of its own and carries out `Consume` and `Run`
         # (the App's and AsyncApp's consumers): `receive`, `begin` and `tick` ask the
         # gate. False (pull, Spark, a core on its own): deliveries are never held or
@@ -76,7 +71,7 @@ class Gating:
     def hold_back(self, t: Tracked, why: str) -> list[Action]:
         """Return a delivery unstarted because the listener stopped consuming (paused, a
         tripped breaker): requeued, and its redelivery is not counted as an attempt."""
-        if t.settled or not self._ledger.current(t) or self._mode is AckMode.NONE:
+        if t.settled or not self._ledger.current(t) or self.mode is AckMode.NONE:
             return []
         self._ledger.gone(t)
         self.flow.owe(t.message_id)

@@ -2,8 +2,9 @@
 
 The core is the one entry point a runtime talks to. It is composed, as h11's
 `Connection` holds its `ConnectionState`: it holds its parts as objects, each
-built here and handed what it uses (the policy, the clocks, and the parts it
-works with), none reaching into another's state:
+built here and handed what it uses (the deciding ones the shared `parts.Parts`:
+the policy, the clocks, the report, ledger, confirms and requeues; and the other
+parts they work with), none reaching into another's state:
 
 - `report.Report`: the counters, and the events the observer wants;
 - `ledger.Ledger`: channel generations, the tag window and when acks go out;
@@ -14,8 +15,8 @@ works with), none reaching into another's state:
   and which of them a copy declares first;
 - `fates.Fates`: how a delivery ends (finish, settle, ack, requeue, retry,
   dead-letter), `failure.decide` being the rule for a failure;
-- `lost.Requeues` and `lost.LostRuns`: the explicit requeues of this process, and
-  what bounds a crash loop when attempts do not;
+- `requeues.Requeues` and `lost.LostRuns`: the explicit requeues of this process,
+  and what bounds a crash loop when attempts do not;
 - `gating.Gating`: the flow gate's answers as actions (`Consume`, `Run`);
 - `shutdown.Shutdown`: whether a handler may start, and stopping.
 
@@ -45,10 +46,12 @@ from .flow import NO_FLOW
 from .gate import Flow
 from .gating import Gating
 from .ledger import Ledger
-from .lost import LostRuns, Requeues
+from .lost import LostRuns
+from .parts import Parts
 from .policy import AckMode, ListenerPolicy
 from .report import Report
 from .republish import MAX_LOST_COPIES, Confirms
+from .requeues import Requeues
 from .shutdown import Shutdown
 from .step import Step
 from .topology import Queues, QueueSpec, missing_queue
@@ -126,19 +129,17 @@ class ListenerCore:
         confirms.flow = flow  # told of refused and accepted copies
         self.queues = Queues(policy, confirms, broker, declare_on_use=declare_on_use)
         """The queues the listener needs, and their arguments on this broker."""
-        requeues = Requeues(policy)
-        self._fates = fates = Fates(
-            policy, ledger, confirms, report, self.queues, requeues, wallclock
-        )
+        parts = Parts(policy, report, ledger, confirms, Requeues(policy), clock, wallclock)
+        self._fates = fates = Fates(parts, self.queues)
         # an inbox listener: a redelivery whose key is recorded is a duplicate, never a
         # crash loop or an exhausted message (see `LostRuns.look_up_first`)
-        self.lost = LostRuns(policy, ledger, confirms, report, fates, requeues, clock, dedup)
+        self.lost = LostRuns(parts, fates, dedup)
         """Lost handler runs (an inbox's runtime asks `look_up_first`, `duplicate`)."""
         # The runtime holds a consumer of its own and carries out `Consume` and `Run`
         # (`gated`: the App's and AsyncApp's consumers); see `gating`.
-        self.gating = Gating(flow, ledger, report, mode, gated=gated)
+        self.gating = Gating(parts, flow, gated=gated)
         """The flow gate (`consuming`, `set_paused`, `withdraw`, `admit`, its `flow`)."""
-        self.shutdown = Shutdown(policy, ledger, confirms, report, fates, self.lost, self.gating)
+        self.shutdown = Shutdown(parts, fates, self.lost, self.gating)
         """Starting handlers, and the stop sequence (`stop`, `give_back`, `quiescent`)."""
         self._count = CountSource.REDELIVERED
         self.use_broker(broker)

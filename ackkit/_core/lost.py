@@ -16,102 +16,37 @@ duplicate to ack, never a crash loop (nor an exhausted message). Its runtime loo
 key up before `start` charges the run or dead-letters the message (`look_up_first`):
 found, it acks the duplicate; not found, `start` decides as for any listener.
 
-`LostRuns` is a part of `ListenerCore`, handed the policy, the ledger, the
-confirms (its charged copies), the report, the fates (for a dead letter), the
-`Requeues` it shares with the fates, the clock, and whether it is an inbox's.
+`LostRuns` is a part of `ListenerCore`, handed the listener's `parts.Parts` (the
+confirms carry its charged copies; it forgives what their `Requeues` were told
+by the fates), the fates (for a dead letter), and whether it is an inbox's.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import Mapping
+from typing import Any
 
 from . import copies
 from . import headers as H
 from .actions import Action, CopyPurpose, Republish, Start
 from .events import Stage
-from .ledger import Ledger
-from .policy import ListenerPolicy
-from .report import Report
-from .republish import Confirms
+from .fates import Fates
+from .parts import Part, Parts
 from .tracked import Tracked
 
-MAX_REQUEUED = 100_000
-"""Explicit requeues remembered per listener (see `Requeues.owe`); oldest first out."""
 CHARGE_WAIT = 10.0
 """Seconds a suspect waits at most for the charged copy before it (see `slot_free`)."""
 
 
-class Requeues:
-    """The explicit requeues of this process, by message (see `owe`): shared by the
-    fates, which make them, and the lost runs, which forgive their redeliveries."""
-
-    def __init__(self, policy: ListenerPolicy) -> None:
-        self.policy = policy
-        self._requeued: dict[str, int] = {}
-
-    def owe(self, t: Tracked) -> None:
-        """`t` goes back to its queue by an explicit requeue (the handler's, or
-        RequeueMessage): its redelivery here is no lost run (see `LostRuns.lost_run`).
-        Only this process knows: a redelivery to another consumer counts as one."""
-        if self.policy.retry.max_attempts > 1:
-            return  # attempts bound a redelivery there
-        key = t.message_id or f"\0{t.exchange}\0{t.routing_key}"
-        r = self._requeued
-        r[key] = r.pop(key, 0) + 1
-        if len(r) > MAX_REQUEUED:
-            del r[next(iter(r))]
-
-    def forgive(self, t: Tracked) -> bool:
-        """Is redelivered `t` one we requeued explicitly (see `owe`)?"""
-        r = self._requeued
-        if not r:
-            return False
-        key = t.message_id or f"\0{t.exchange}\0{t.routing_key}"
-        n = r.pop(key, 0)
-        if n > 1:
-            r[key] = n - 1
-        return n > 0
-
-
-class DeadLetters(Protocol):
-    """What `LostRuns` uses of the listener's fates (fates.Fates): the actions that
-    dead-letter a message."""
-
-    def dead_letter(
-        self,
-        t: Tracked,
-        reason: str,
-        exc: BaseException | None,
-        tb: str | None,
-        attempts: int | None = None,
-    ) -> list[Action]:
-        """The actions that send `t` to the dead-letter queue (or reject it) for `reason`."""
-        ...
-
-
-class LostRuns:
+class LostRuns(Part):
     """The lost-run state of one listener."""
 
-    def __init__(
-        self,
-        policy: ListenerPolicy,
-        ledger: Ledger,
-        confirms: Confirms,
-        report: Report,
-        fates: DeadLetters,
-        requeues: Requeues,
-        clock: Callable[[], float],
-        dedup: bool = False,
-    ) -> None:
-        self._policy = policy
-        self._ledger = ledger
-        self._confirms = confirms
-        self._emit = report.emit
+    def __init__(self, parts: Parts, fates: Fates, dedup: bool = False) -> None:
+        super().__init__(parts)
         self._fates = fates
-        self._requeues = requeues
-        self._clock = clock
+        self._requeues = parts.requeues
+        self._clock = parts.clock
         self.dedup = dedup
         """The runtime records the keys of committed runs (an inbox listener): see
         `look_up_first`."""
@@ -196,7 +131,7 @@ class LostRuns:
         self.charging, self._charged_at = uuid.uuid4().hex, self._clock()
         hdrs = copies.restamp_headers(t, self.charging)
         hdrs[H.LOST] = n
-        return self._confirms.issue(t, self._policy.queue, hdrs, CopyPurpose.RESTAMP)
+        return self._confirms.issue(t, self.policy.queue, hdrs, CopyPurpose.RESTAMP)
 
     def slot_free(self) -> bool:
         """May a redelivery's run be charged now (see `_charge_lost`)? Not while the

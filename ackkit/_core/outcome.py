@@ -18,33 +18,15 @@ from typing import Protocol
 
 from .actions import Action
 from .errors import RequeueMessage
+from .fates import Fates
 from .policy import AckMode
 from .step import Step
 from .tracked import Tracked
 
 
-class Finisher(Protocol):
-    """What `handled` needs of the core's fates (`fates.Fates`; a protocol, so this
-    module does not import the parts that call it)."""
-
-    @property
-    def mode(self) -> AckMode: ...
-
-    def finish(
-        self, t: Tracked, exc: BaseException | None = None, traceback: str | None = None
-    ) -> list[Action]: ...
-
-    def finish_batch(
-        self,
-        batch: Sequence[Tracked],
-        done: int,
-        exc: BaseException | None = None,
-        traceback: str | None = None,
-    ) -> list[Action]: ...
-
-
 class Stopper(Protocol):
-    """What `handled` needs of the core's shutdown (`shutdown.Shutdown`)."""
+    """What `handled` needs of the core's shutdown (`shutdown.Shutdown`; a protocol, as
+    `shutdown` imports this module)."""
 
     @property
     def stopping(self) -> bool: ...
@@ -111,7 +93,7 @@ def succeeded(result: object, size: int, batch: bool) -> int:
 
 def handled(
     idle: Step,
-    core: Finisher,
+    fates: Fates,
     shutdown: Stopper,
     batch: Sequence[Tracked],
     result: object = None,
@@ -131,27 +113,27 @@ def handled(
     if exc is None and not is_batch and not undecodable and len(batch) == 1:
         # The hot path: one delivery, its handler returned (usually an ack held for the
         # next multiple-ack frame, so nothing to send now).
-        done = core.finish(batch[0])
+        done = fates.finish(batch[0])
         return Step(idle.generation, done) if done else idle
     generation = idle.generation
     stop: BaseException | None = None
     acts: list[Action] = []
     if exc is None:
-        acts.extend(core.finish_batch(batch, succeeded(result, len(batch), is_batch)))
+        acts.extend(fates.finish_batch(batch, succeeded(result, len(batch), is_batch)))
     elif isinstance(exc, EXIT_SIGNALS):
         stop = exc
-        if core.mode is AckMode.NONE:  # nothing to give back: the broker forgot them on send
-            acts.extend(core.finish_batch(batch, 0, exc, traceback))
+        if fates.mode is AckMode.NONE:  # nothing to give back: the broker forgot them on send
+            acts.extend(fates.finish_batch(batch, 0, exc, traceback))
         else:
             # Back to the queue, not a failure of the message. A redelivery counts as an
             # attempt as usual, so a message that makes its handler exit every time still
             # reaches max attempts and the DLQ.
             why = RequeueMessage(f"handler interrupted by {type(exc).__name__}")
-            acts.extend(core.finish_batch(batch, 0, why))
+            acts.extend(fates.finish_batch(batch, 0, why))
     else:
-        acts.extend(core.finish_batch(batch, 0, exc, traceback))
+        acts.extend(fates.finish_batch(batch, 0, exc, traceback))
     for t, e in undecodable:
-        acts.extend(core.finish(t, e, None))
+        acts.extend(fates.finish(t, e, None))
     rerun = tuple(t for t in batch if t.again is not None)
     if not rerun:
         return Step(generation, acts, stop=stop)

@@ -1,7 +1,7 @@
 """Starting handlers, and stopping: the part of `ListenerCore` a shutdown runs through.
 
-`Shutdown` (`ListenerCore.shutdown`) is handed the policy, the ledger, the
-confirms, the report, and the parts whose deliveries it starts or returns: the
+`Shutdown` (`ListenerCore.shutdown`) is handed the listener's `parts.Parts`, and
+the parts whose deliveries it starts or returns: the
 fates (a doomed delivery's dead letter), the lost runs (a suspect's charged
 copy) and the gating (a key a delivery leaves in the flow gate).
 
@@ -38,11 +38,9 @@ from .actions import Action, CopyPurpose, Nack, Republish, TxCommit
 from .events import Stage
 from .fates import Fates
 from .gating import Gating
-from .ledger import Ledger
 from .lost import LostRuns
-from .policy import AckMode, ListenerPolicy
-from .report import Report
-from .republish import Confirms
+from .parts import Part, Parts
+from .policy import AckMode
 from .step import Step
 from .tracked import Tracked
 
@@ -54,24 +52,11 @@ LAST_COPIES = 0.3
 from then on no unstarted delivery goes back as a copy (`give_back`)."""
 
 
-class Shutdown:
+class Shutdown(Part):
     """Start and stop decisions of one listener."""
 
-    def __init__(
-        self,
-        policy: ListenerPolicy,
-        ledger: Ledger,
-        confirms: Confirms,
-        report: Report,
-        fates: Fates,
-        lost: LostRuns,
-        gating: Gating,
-    ) -> None:
-        self._policy = policy
-        self._mode = policy.mode
-        self._ledger = ledger
-        self._confirms = confirms
-        self._emit = report.emit
+    def __init__(self, parts: Parts, fates: Fates, lost: LostRuns, gating: Gating) -> None:
+        super().__init__(parts)
         self._fates = fates
         self._lost = lost
         self._gating = gating
@@ -88,7 +73,7 @@ class Shutdown:
         """May a handler start on `t` now (called just before)? Not when its channel closed
         since it was delivered: the broker has requeued it, so running the handler would
         only duplicate the work its redelivery will do (and delay that redelivery)."""
-        if self._mode is AckMode.NONE:
+        if self.mode is AckMode.NONE:
             return True  # the broker forgot it on send: this is the only chance
         if t.settled:
             return False
@@ -186,7 +171,7 @@ class Shutdown:
         leave = self._gating.leave(t)  # it will not run (again) here: its key goes on
         if t.settled or not self._ledger.current(t):
             return leave
-        if started or self._mode is AckMode.NONE:
+        if started or self.mode is AckMode.NONE:
             self._ledger.gone(t)
             self._emit(Stage.RETURNED, t, "handler cancelled at shutdown")
             return [Nack(t.tag, requeue=True), *leave]
@@ -209,7 +194,7 @@ class Shutdown:
         once the copy is confirmed)."""
         self._emit(Stage.RETURNED, t, f"shutdown before start: attempt {t.attempt} kept on a copy")
         hdrs = copies.restamp_headers(t, uuid.uuid4().hex)
-        return self._confirms.issue(t, self._policy.queue, hdrs, CopyPurpose.RESTAMP)
+        return self._confirms.issue(t, self.policy.queue, hdrs, CopyPurpose.RESTAMP)
 
     def return_next(self) -> list[Action]:
         """A copy was answered: the copies of the unstarted deliveries waiting their turn,
@@ -243,7 +228,7 @@ class Shutdown:
             self._ledger.gone(t)
             self._emit(Stage.RETURNED, t, "shutdown before start: no time left for a copy")
             acts.append(Nack(t.tag, requeue=True))
-        if acts and self._mode is AckMode.TRANSACTED:
+        if acts and self.mode is AckMode.TRANSACTED:
             acts.append(TxCommit())
         return acts
 
