@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .._core.consume import Consuming
 from .._core.events import Observer
 from .._core.exchanges import Bind
 from .._core.listener import ListenerCore
@@ -65,6 +66,17 @@ class ListenerSpec:
             hold_early_copies=True,
             dedup=self.inbox is not None,
             gated=True,
+        )
+
+    def consuming(self, core: ListenerCore) -> Consuming:
+        """What a refused or cancelled consumer of this listener comes to (the core's
+        `Consuming`, on the flow gate of `core`, the one `consumer_core` built)."""
+        return Consuming(
+            core.gating.flow,
+            self.name,
+            self.queue,
+            declare=self.declare,
+            exclusive=self.exclusive,
         )
 
 

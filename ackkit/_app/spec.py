@@ -27,6 +27,7 @@ from .._core.topology import check_delivery_limit
 from .._telemetry.logs import LifecycleLog
 from .asyncapi import document
 from .handler import Binding, Decoder
+from .launch import Launch
 from .listener_options import check_inbox as _check_inbox
 from .listener_options import translate as _translate
 from .listener_spec import Instrument as Instrument
@@ -170,12 +171,14 @@ class AppBase(SettingsView):
         if not self.specs:
             raise RuntimeError(f"{kind} has no listeners: register one with @app.listener(...)")
         rt = runtime(
-            self.settings,
-            self.specs,
-            observer=self._observer(),
-            observers=tuple(self._observers),
-            instruments=self._run_instruments(),
-            topology=self._plan(),
+            Launch(
+                self.settings,
+                self.specs,
+                observer=self._observer(),
+                observers=tuple(self._observers),
+                instruments=self._run_instruments(),
+                topology=self._plan(),
+            )
         )
         self._runtime = rt
         try:

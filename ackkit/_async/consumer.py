@@ -46,7 +46,7 @@ from aiormq.abc import AbstractChannel, AbstractConnection, DeliveredMessage
 from .._app.spec import Instrument, ListenerSpec, probe_for
 from .._connection.salvage import describe
 from .._core.actions import Consume, TxSelect
-from .._core.consume import RETRY_DELAY, Consuming
+from .._core.consume import RETRY_DELAY
 from .._core.events import Observer
 from .._core.listener import ListenerCore
 from .._core.policy import AckMode
@@ -112,13 +112,7 @@ class AsyncConsumer(ChannelSettler):
         self._opening = False
         self.consuming = False  # a basic.consume is on its way
         # what a refused or cancelled consumer comes to (the core's `Consuming`)
-        self.consume_state = Consuming(
-            self.core.gating.flow,
-            spec.name,
-            spec.queue,
-            declare=spec.declare,
-            exclusive=spec.exclusive,
-        )
+        self.consume_state = spec.consuming(self.core)
         self.refused_on: AbstractChannel | None = None  # the channel whose consume was refused
         self._reasons: frames.Reasons | None = None  # of the channel's connection
         self.failures = FailureLog(log)

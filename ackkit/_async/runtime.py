@@ -7,8 +7,8 @@ flushes pending acks every `TICK`, and carries out each phase of a graceful stop
 that must not go on quietly (a failure of ackkit's own tasks, a handler that
 raised an interpreter-exit signal) stops the app through `fail()`.
 
-The runtime reads nothing of the app: it gets a `Settings` value, the
-listener specs, the observers for their cores and the instrument hooks.
+The runtime reads nothing of the app: it gets a `Launch` (`ackkit._app.launch`): the
+settings, the listener specs, the observers for their cores and the instrument hooks.
 """
 
 from __future__ import annotations
@@ -27,16 +27,13 @@ from aiormq.abc import AbstractConnection
 from tenacity import AsyncRetrying, retry_if_exception_type
 
 from .._app.declaring import declaration
-from .._app.settings import Settings
-from .._app.spec import Instrument, ListenerSpec
+from .._app.launch import Launch
 from .._connection.addresses import Rotation
 from .._connection.io import TICK, ConnectFailed, FatalConnectError, reconnect_policy
 from .._connection.url import mask_text, mask_url
 from .._core.brokers import traits_of
 from .._core.consume import check_channels, spare_channels
 from .._core.errors import TopologyConflict
-from .._core.events import Observer
-from .._core.exchanges import Plan, plan
 from .._core.shutdown import LAST_COPIES
 from .._core.stop_budget import StopBudget, may_close
 from .._interpreter import stopping
@@ -55,33 +52,28 @@ log = logging.getLogger("ackkit")
 class AsyncRuntime:
     """Runs the listeners of an AsyncApp until stopped; reconnects with backoff."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        specs: Sequence[ListenerSpec],
-        observer: Observer | None = None,
-        observers: Sequence[Observer] = (),
-        instruments: Sequence[Instrument] = (),
-        topology: Plan | None = None,
-    ) -> None:
+    def __init__(self, launch: Launch) -> None:
+        settings = launch.settings
         self.settings = settings
         # The node address each connection attempt uses: with several, the next one
         # after a failed attempt or a lost connection (`ackkit._connection.addresses`).
         self.rotation = Rotation(settings.urls)
         self.safe_url = settings.safe_url  # the current attempt's address, once it has one
         # Exchanges, bindings and the queues no listener consumes: the app's `_plan()`.
-        self.exchanges = plan((s.queue, s.binds) for s in specs) if topology is None else topology
+        self.exchanges = launch.exchanges
         self.loop = asyncio.get_running_loop()
         # `observer` (ackkit's log lines) is called in place; the app's registered
         # `observers` on a thread of their own, off the listeners' locks
         # (`ackkit._telemetry.observers`).
-        observer, self.events = observing(observer, observers)
+        observer, self.events = observing(launch.observer, launch.observers)
         # The app's messages, a channel per exchange (`channel_for`); the default
         # exchange's also carries a settler's copies.
         self.publisher = AsyncPublisher(self)
         self.publishers: dict[str, AsyncPublisher] = {"": self.publisher}
         self.exchange_channels = 0  # how many of those the connection has room for
-        self.consumers = [AsyncConsumer(self, s, observer, instruments) for s in specs]
+        self.consumers = [
+            AsyncConsumer(self, s, observer, launch.instruments) for s in launch.specs
+        ]
         self.connection: aio_pika.abc.AbstractConnection | None = None
         self.amqp: AbstractConnection | None = None
         self.numbers = ChannelNumbers()

@@ -19,7 +19,6 @@ from .._app.invocation import Invocation
 from .._app.spec import Instrument, ListenerSpec, probe_for
 from .._connection.salvage import describe
 from .._core.actions import Republish, TxSelect
-from .._core.consume import Consuming
 from .._core.events import Observer
 from .._core.listener import ListenerCore
 from .._core.policy import AckMode
@@ -68,13 +67,7 @@ class Consumer(Executor):
         self.failures = FailureLog(log)
         self.probe = probe_for(instruments, spec, self.core)  # metrics, tracing: None when off
         # what a refused or cancelled consumer comes to (the core's `Consuming`)
-        self.consuming = Consuming(
-            self.core.gating.flow,
-            spec.name,
-            spec.queue,
-            declare=spec.declare,
-            exclusive=spec.exclusive,
-        )
+        self.consuming = spec.consuming(self.core)
         self.awaiting_ok = False  # a basic.consume the broker has not answered yet
         self.tx: SyncInbox | None = None  # inbox=: the handler runs in its transaction
         if spec.inbox is not None:

@@ -16,14 +16,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._app.declaring import declaration
-from .._app.settings import Settings
-from .._app.spec import Instrument, ListenerSpec
+from .._app.launch import Launch
 from .._connection.io import ConnectFailed, FatalConnectError
 from .._core.brokers import traits_of
 from .._core.consume import check_channels, spare_channels
 from .._core.errors import TopologyConflict
-from .._core.events import Observer
-from .._core.exchanges import Plan, plan
 from .._core.shutdown import LAST_COPIES
 from .._core.stop_budget import COPY_GRACE, StopBudget, may_close
 from .._interpreter import stopping
@@ -42,26 +39,19 @@ log = logging.getLogger("ackkit")
 class Runtime(Engine):
     """Runs the listeners of an App until stopped; reconnects with backoff."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        specs: Sequence[ListenerSpec],
-        observer: Observer | None = None,
-        observers: Sequence[Observer] = (),
-        instruments: Sequence[Instrument] = (),
-        topology: Plan | None = None,
-    ) -> None:
+    def __init__(self, launch: Launch) -> None:
+        settings = launch.settings
         super().__init__(
             settings.url, settings.safe_url, settings.reconnect_max_interval, settings.urls
         )
         self.settings = settings
         # Exchanges, bindings and the queues no listener consumes: the app's `_plan()`.
-        self.exchanges = plan((s.queue, s.binds) for s in specs) if topology is None else topology
+        self.exchanges = launch.exchanges
         # `observer` (ackkit's log lines) is called in place; the app's registered
         # `observers` on a thread of their own, off the listeners' locks
         # (`ackkit._telemetry.observers`).
-        observer, self.events = observing(observer, observers)
-        self.consumers = [Consumer(self, s, observer, instruments) for s in specs]
+        observer, self.events = observing(launch.observer, launch.observers)
+        self.consumers = [Consumer(self, s, observer, launch.instruments) for s in launch.specs]
         # The app's own messages, a channel per exchange (`channel_for`); each listener
         # has its copies' channel.
         self.publisher = Publisher(self)

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 import ackkit
 import ackkit.pull
 from ackkit import App, AsyncApp
+from ackkit._app.launch import Launch
 from ackkit._app.settings import Settings
 from ackkit._connection import addresses
 from ackkit._connection.addresses import Rotation
@@ -196,7 +197,7 @@ def test_the_async_runtime_tries_the_addresses_in_order(monkeypatch: pytest.Monk
 
     async def main() -> None:
         runtime = rt_module.AsyncRuntime(
-            Settings.check(urls, reconnect_max_interval=0.001), specs=[]
+            Launch(Settings.check(urls, reconnect_max_interval=0.001), specs=[])
         )
 
         async def open_connection(url: str, **kw: Any) -> Any:

@@ -13,6 +13,7 @@ import asyncio
 import time
 
 from ackkit import AsyncApp, AsyncDelivery
+from ackkit._app.launch import Launch
 from ackkit._async.runtime import AsyncRuntime
 
 
@@ -23,7 +24,7 @@ def test_the_stop_waits_for_the_original_ack_of_a_listeners_confirmed_copy() -> 
     async def handle(d: AsyncDelivery) -> None: ...
 
     async def main() -> tuple[bool, bool]:
-        rt = AsyncRuntime(app.settings, app.specs)
+        rt = AsyncRuntime(Launch(app.settings, app.specs))
         c = rt.consumers[0]
         assert c.copies is not rt.publisher  # a listener's copies: a publisher of its own
         c.core.shutdown.stop()
