@@ -12,6 +12,7 @@ import ssl
 import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar, overload
 
 from .._connection import addresses
 from .._connection.tls import TLS, client_tls
@@ -20,6 +21,7 @@ from .._core import checks as C
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2f"
 _DAY = 86_400.0
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,34 @@ class Settings:
         return Settings.check(url, **opts)  # type: ignore[arg-type]
 
 
+class _Option(Generic[T]):
+    """One app option as an attribute of `SettingsView`: read from the app's `Settings`,
+    and set by a new `Settings` with it replaced (checked again, used from the next
+    start)."""
+
+    def __init__(self, doc: str) -> None:
+        self.__doc__ = doc
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, view: None, owner: type) -> _Option[T]: ...
+
+    @overload
+    def __get__(self, view: SettingsView, owner: type) -> T: ...
+
+    def __get__(self, view: SettingsView | None, owner: type) -> T | _Option[T]:
+        if view is None:
+            return self
+        value: T = getattr(view.settings, self.name)
+        return value
+
+    def __set__(self, view: SettingsView, value: T) -> None:
+        view.settings = view.settings.replace(**{self.name: value})
+
+
 class SettingsView:
     """An app's settings as attributes: each one checked again when set (a new frozen
     `Settings`, used from the next start)."""
@@ -144,50 +174,17 @@ class SettingsView:
         """The broker URL with its password masked, for logs."""
         return self.settings.safe_url
 
-    @property
-    def heartbeat(self) -> int:
-        """AMQP heartbeat in seconds (0: off)."""
-        return self.settings.heartbeat
-
-    @heartbeat.setter
-    def heartbeat(self, value: int) -> None:
-        self.settings = self.settings.replace(heartbeat=value)
-
-    @property
-    def shutdown_timeout(self) -> float:
-        """Seconds a graceful stop waits for running handlers."""
-        return self.settings.shutdown_timeout
-
-    @shutdown_timeout.setter
-    def shutdown_timeout(self, value: float) -> None:
-        self.settings = self.settings.replace(shutdown_timeout=value)
-
-    @property
-    def reconnect_max_interval(self) -> float:
-        """The longest wait between reconnect attempts, in seconds."""
-        return self.settings.reconnect_max_interval
-
-    @reconnect_max_interval.setter
-    def reconnect_max_interval(self, value: float) -> None:
-        self.settings = self.settings.replace(reconnect_max_interval=value)
-
-    @property
-    def startup_timeout(self) -> float:
-        """Seconds `start()` / `run()` waits for a first connection."""
-        return self.settings.startup_timeout
-
-    @startup_timeout.setter
-    def startup_timeout(self, value: float) -> None:
-        self.settings = self.settings.replace(startup_timeout=value)
-
-    @property
-    def connection_name(self) -> str:
-        """The name the broker shows for the app's connection."""
-        return self.settings.connection_name
-
-    @connection_name.setter
-    def connection_name(self, value: str) -> None:
-        self.settings = self.settings.replace(connection_name=value)
+    heartbeat: _Option[int] = _Option("AMQP heartbeat in seconds (0: off).")
+    shutdown_timeout: _Option[float] = _Option(
+        "Seconds a graceful stop waits for running handlers."
+    )
+    reconnect_max_interval: _Option[float] = _Option(
+        "The longest wait between reconnect attempts, in seconds."
+    )
+    startup_timeout: _Option[float] = _Option(
+        "Seconds `start()` / `run()` waits for a first connection."
+    )
+    connection_name: _Option[str] = _Option("The name the broker shows for the app's connection.")
 
     @property
     def tls(self) -> tuple[ssl.SSLContext, str | None] | None:
