@@ -10,11 +10,11 @@ the worker inbox.
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .host import OnChannel
+
 if TYPE_CHECKING:
-    from .._core.listener import ListenerCore
     from .._core.step import Step
     from .._interpreter.originals import Originals
     from .._messages.delivery import Delivery
@@ -28,19 +28,11 @@ class _Stopping(Protocol):
     def stopping(self) -> bool: ...
 
 
-class FlowingConsumer(Protocol):
+class FlowingConsumer(OnChannel, Protocol):
     """What this module uses of the App consumer (`consumer.Consumer`)."""
-
-    consumer_tag: str | None
 
     @property
     def rt(self) -> _Stopping: ...
-    @property
-    def core(self) -> ListenerCore: ...
-    @property
-    def channel(self) -> Any: ...
-    @property
-    def lock(self) -> threading.Lock: ...
     @property
     def inbox(self) -> Handoff[Delivery]: ...
     @property

@@ -12,38 +12,29 @@ deleted queue first, a quiet standby, or `fail()`.
 from __future__ import annotations
 
 import logging
-import threading
 from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from .._interpreter.refusals import carry_out
 from .._telemetry.logs import log_cancel
+from .host import OnChannel
 
 if TYPE_CHECKING:
     from .._app.listener_spec import ListenerSpec
     from .._core.consume import Consuming
-    from .._core.listener import ListenerCore
     from .host import Host
 
 log = logging.getLogger("ackkit")
 
 
-class RefusedConsumer(Protocol):
+class RefusedConsumer(OnChannel, Protocol):
     """What this module uses of the App consumer (`consumer.Consumer`)."""
-
-    consumer_tag: str | None
 
     @property
     def rt(self) -> Host[Self]: ...
     @property
     def spec(self) -> ListenerSpec: ...
     @property
-    def core(self) -> ListenerCore: ...
-    @property
     def consuming(self) -> Consuming: ...
-    @property
-    def channel(self) -> Any: ...
-    @property
-    def lock(self) -> threading.Lock: ...
 
     def _reopen(self, conn: Any) -> None: ...
 
