@@ -146,18 +146,14 @@ class Binding:
                 raise BadPayload(f"body of {n} bytes exceeds max_body_size={limit}")
             return d.body if kind == "bytes" else d.text()
         self.decoder.check(d)
-        if kind == "model":
+        if kind in ("model", "adapter"):  # pydantic: a BaseModel, or a TypeAdapter
+            model = self.model
+            validate = model.model_validate_json if kind == "model" else model.validate_json
             try:
-                return self.model.model_validate_json(d.body)
+                return validate(d.body)
             except ValidationError as exc:
-                raise BadPayload(_validation_reason(self.model, exc)) from None
-            except RecursionError:
-                raise BadPayload(TOO_DEEP) from None
-        if kind == "adapter":
-            try:
-                return self.model.validate_json(d.body)
-            except ValidationError as exc:
-                raise BadPayload(_adapter_reason(self.model, exc)) from None
+                reason = _validation_reason if kind == "model" else _adapter_reason
+                raise BadPayload(reason(model, exc)) from None
             except RecursionError:
                 raise BadPayload(TOO_DEEP) from None
         value = decode_json(d.body)

@@ -24,7 +24,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .._connection import addresses
@@ -50,13 +50,7 @@ class QueueRow:
     consumers: int | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "ready": self.ready,
-            "unacked": self.unacked,
-            "total": self.total,
-            "consumers": self.consumers,
-        }
+        return asdict(self)
 
 
 @dataclass

@@ -551,12 +551,16 @@ class Holder:
             if ch.is_open:
                 ch.close()
 
+    def _next_work(self) -> tuple[Callable[[], Any], Future[Any]] | None:
+        """The next call waiting for the I/O thread, or None when none waits."""
+        try:
+            return self._work.get_nowait()
+        except queue.Empty:
+            return None
+
     def _do_work(self) -> None:
-        while True:
-            try:
-                fn, fut = self._work.get_nowait()
-            except queue.Empty:
-                return
+        while (work := self._next_work()) is not None:
+            fn, fut = work
             if not fut.set_running_or_notify_cancel():
                 continue
             try:
@@ -568,11 +572,8 @@ class Holder:
                 fut.set_exception(exc)
 
     def _fail_pending(self) -> None:
-        while True:
-            try:
-                _fn, fut = self._work.get_nowait()
-            except queue.Empty:
-                return
+        while (work := self._next_work()) is not None:
+            _fn, fut = work
             if fut.set_running_or_notify_cancel():
                 fut.set_exception(ConnectionError("the console lost its broker connection"))
 
