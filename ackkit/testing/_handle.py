@@ -9,6 +9,7 @@ their kind of broker can do.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
 import urllib.parse
@@ -23,14 +24,19 @@ from ._helpers import KitHelpers, counts_not_reached, counts_reached, wanted_cou
 from ._policies import PolicyControl
 from ._queries import (
     QueueCounts,
+    _bindings_expr,
+    _close_all_expr,
     _close_named_expr,
     _counts_all_expr,
     _exchange_names_expr,
+    _exchange_types_expr,
     _parse_list_exchanges_json,
     _parse_list_queues_json,
     _queue_counts_expr,
+    _read_bindings,
     _read_counts_all,
     _read_exchange_names,
+    _read_exchange_types,
     _read_queue_counts,
 )
 from ._util import amqp_greets as _amqp_greets
@@ -300,6 +306,50 @@ class BrokerHandle(KitHelpers, PolicyControl):
         )
         return _parse_list_exchanges_json(text)
 
+    def exchange_types(self) -> dict[str, str]:
+        """The exchanges of the vhost by name, each with its type ("direct", "topic",
+        "fanout", "headers", or a plugin's, e.g. "x-delayed-message"); the default
+        exchange is ``""``."""
+        out = self._erl_eval(_exchange_types_expr(self.vhost))
+        if out is not None:
+            try:
+                return _read_exchange_types(out)
+            except ValueError:
+                log.debug("fast exchange_types output not understood: %r", out[:300])
+        text = self.ctl(
+            "list_exchanges", "-p", self.vhost, "--formatter", "json", "--quiet", "name", "type"
+        )
+        start = text.find("[")
+        try:
+            rows = json.loads(text[start:]) if start >= 0 else []
+        except ValueError as exc:
+            raise BrokerError(f"unexpected list_exchanges output: {text[:500]!r}") from exc
+        return {str(r["name"]): str(r["type"]) for r in rows}
+
+    def bindings(self, queue: str) -> set[tuple[str, str]]:
+        """``(exchange, routing key)`` of every binding of ``queue``, the default
+        exchange's ``("", queue)`` included (empty when the queue does not exist)."""
+        out = self._erl_eval(_bindings_expr(self.vhost, queue))
+        if out is not None:
+            try:
+                return _read_bindings(out)
+            except ValueError:
+                log.debug("fast bindings output not understood: %r", out[:300])
+        text = self.ctl(
+            "list_bindings", "-p", self.vhost, "--formatter", "json", "--quiet",
+            "source_name", "destination_name", "destination_kind", "routing_key",
+        )  # fmt: skip
+        start = text.find("[")
+        try:
+            rows = json.loads(text[start:]) if start >= 0 else []
+        except ValueError as exc:
+            raise BrokerError(f"unexpected list_bindings output: {text[:500]!r}") from exc
+        return {
+            (str(r["source_name"]), str(r["routing_key"]))
+            for r in rows
+            if r["destination_name"] == queue and r["destination_kind"] == "queue"
+        }
+
     def _ctl_counts(self) -> dict[str, QueueCounts]:
         return _parse_list_queues_json(self.ctl(*ctl_list_queues(self.vhost)))
 
@@ -349,7 +399,8 @@ class BrokerHandle(KitHelpers, PolicyControl):
 
     def close_connections(self, reason: str = "closed by the ackkit test kit") -> None:
         """Force-close every client connection of the node (or vhost for AMQP_URL brokers)."""
-        self.ctl("close_all_connections", "--global", reason)
+        if self._erl_eval(_close_all_expr(reason)) is None:
+            self.ctl("close_all_connections", "--global", reason)
 
     def close_connections_named(
         self, name: str, reason: str = "closed by the ackkit test kit"

@@ -118,6 +118,61 @@ def _read_exchange_names(out: str) -> list[str]:
     return sorted(bytes.fromhex(h).decode("utf-8") for h in out.split(";") if h)
 
 
+def _hex(expr: str) -> str:
+    """An Erlang list expression: the bytes of the binary ``expr`` as hex digits."""
+    return f'[io_lib:format("~2.16.0b", [B]) || <<B>> <= {expr}]'
+
+
+def _exchange_types_expr(vhost: str) -> str:
+    """Answers "OK;" then "<hex name>,<type>;" for every exchange of ``vhost``."""
+    return (
+        f'lists:flatten(["OK;" | [[{_hex("element(4, element(2, X))")}, ",", '
+        'atom_to_list(element(3, X)), ";"] || X <- rabbit_exchange:list('
+        f"{_erl_binary(vhost)})]])."
+    )
+
+
+def _read_exchange_types(out: str) -> dict[str, str]:
+    """The exchanges in an answer to ``_exchange_types_expr``; ValueError when the
+    answer is not understood."""
+    result: dict[str, str] = {}
+    for item in filter(None, out.split(";")):
+        hexname, kind = item.split(",")
+        result[bytes.fromhex(hexname).decode("utf-8")] = kind
+    return result
+
+
+def _bindings_expr(vhost: str, queue: str) -> str:
+    """Answers "OK;" then "<hex source>,<hex routing key>;" for every binding of the
+    queue (the default exchange's included, as rabbitmqctl lists it)."""
+    return (
+        f"R = rabbit_misc:r({_erl_binary(vhost)}, queue, {_erl_binary(queue)}), "
+        "Bs = case rabbit_amqqueue:lookup(R) of {ok, _} -> "
+        "rabbit_binding:list_for_destination(R); _ -> [] end, "
+        f'lists:flatten(["OK;" | [[{_hex("element(4, element(2, Bd))")}, ",", '
+        f'{_hex("element(3, Bd)")}, ";"] || Bd <- Bs]]).'
+    )
+
+
+def _read_bindings(out: str) -> set[tuple[str, str]]:
+    """The (source, routing key) pairs in an answer to ``_bindings_expr``; ValueError
+    when the answer is not understood."""
+    result: set[tuple[str, str]] = set()
+    for item in filter(None, out.split(";")):
+        source, key = item.split(",")
+        result.add((bytes.fromhex(source).decode("utf-8"), bytes.fromhex(key).decode("utf-8")))
+    return result
+
+
+def _close_all_expr(reason: str) -> str:
+    """Force-closes every client connection in the cluster; answers "OK;<how many>"."""
+    return (
+        "Ps = rabbit_networking:connections(), "
+        f"[rabbit_networking:close_connection(P, binary_to_list({_erl_binary(reason)})) "
+        '|| P <- Ps], lists:flatten(["OK;", integer_to_list(length(Ps))]).'
+    )
+
+
 def _close_named_expr(name: str, reason: str) -> str:
     """Force-closes the client connections named ``name`` (their ``connection_name``
     client property) anywhere in the cluster; answers "OK;<how many>"."""

@@ -386,4 +386,4 @@ class _OwnNode(_NodeFiles, BrokerHandle):
     def close_connections(self, reason: str = "closed by the ackkit test kit") -> None:
         # The broker sends connection.close to every client at once; a client sees it
         # as soon as it reads from its socket (ConnectionClosedByBroker, code 320).
-        self.ctl("close_all_connections", "--global", reason)
+        super().close_connections(reason)  # erl_call, else rabbitmqctl

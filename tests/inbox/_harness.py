@@ -175,9 +175,5 @@ def running(kind: str, app: Any) -> Iterator[Any]:
 
 def close_connections_named(broker: Any, name: str) -> int:
     """Force-close the broker connections whose connection_name is `name`."""
-    out = broker.ctl("list_connections", "-p", broker.vhost, "pid", "client_properties", "--quiet")
-    mine = f'{{"connection_name","{name}"}}'
-    pids = [ln.split("\t", 1)[0] for ln in out.splitlines() if ln.startswith("<") and mine in ln]
-    for pid in pids:
-        broker.ctl("close_connection", pid, "closed by the inbox tests")
-    return len(pids)
+    closed: int = broker.close_connections_named(name, "closed by the inbox tests")
+    return closed

@@ -8,7 +8,6 @@ counted where they land.
 from __future__ import annotations
 
 import contextlib
-import json
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -41,27 +40,14 @@ def exchanges(rabbitmq: Any) -> Iterator[Any]:
 
 
 def bindings(rabbitmq: Any, queue: str) -> set[tuple[str, str]]:
-    """(exchange, routing key) of every binding of `queue`, as rabbitmqctl lists them."""
-    text = rabbitmq.ctl(
-        "list_bindings",
-        "-p",
-        "/",
-        "--formatter",
-        "json",
-        "--quiet",
-        "source_name",
-        "destination_name",
-        "routing_key",
-    )
-    rows = json.loads(text)
-    return {(r["source_name"], r["routing_key"]) for r in rows if r["destination_name"] == queue}
+    """(exchange, routing key) of every binding of `queue`, as the broker lists them."""
+    result: set[tuple[str, str]] = rabbitmq.bindings(queue)
+    return result
 
 
 def exchange_types(rabbitmq: Any) -> dict[str, str]:
-    text = rabbitmq.ctl(
-        "list_exchanges", "-p", "/", "--formatter", "json", "--quiet", "name", "type"
-    )
-    return {r["name"]: r["type"] for r in json.loads(text)}
+    result: dict[str, str] = rabbitmq.exchange_types()
+    return result
 
 
 def pub(r: Runner, *args: Any, **kw: Any) -> None:

@@ -16,6 +16,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 import pika
 import pika.exceptions
@@ -173,6 +174,37 @@ def test_fast_counts_agree_with_rabbitmqctl(
     # (only our queues: an AMQP_URL broker may hold others' queues that change meanwhile)
     fast_all = rabbitmq.counts_all()
     assert fast_all[q] == via_ctl[q] and fast_all[odd] == via_ctl[odd]
+
+
+def test_fast_topology_agrees_with_rabbitmqctl(
+    rabbitmq: BrokerHandle, queue_factory: QueueFactory
+) -> None:
+    """exchange_types() and bindings(q) read the node through erl_call where the kit owns
+    it: the same answers as with that path off (rabbitmqctl), odd names included."""
+    q = queue_factory("bound ünï", declare=True)
+    ex, hx = f"{q}.tøpic", f"{q}.headers"
+    with channel(rabbitmq) as ch:
+        ch.exchange_declare(ex, "topic")
+        ch.exchange_declare(hx, "headers")
+        ch.queue_bind(q, ex, "a.*.ü")
+        ch.queue_bind(q, ex, "#")
+        ch.queue_bind(q, hx, "", arguments={"x-match": "all", "k": "v"})
+    try:
+        fast_types, fast_bindings = rabbitmq.exchange_types(), rabbitmq.bindings(q)
+        assert fast_types[ex] == "topic" and fast_types[hx] == "headers"
+        assert fast_types[""] == "direct" and fast_types["amq.fanout"] == "fanout"
+        assert fast_bindings == {("", q), (ex, "a.*.ü"), (ex, "#"), (hx, "")}
+        assert rabbitmq.bindings(f"{q}.absent") == set()
+        with mock.patch.object(rabbitmq, "_erl_eval", return_value=None):
+            via_ctl_types, via_ctl_bindings = rabbitmq.exchange_types(), rabbitmq.bindings(q)
+        assert {k: via_ctl_types[k] for k in (ex, hx, "")} == {
+            k: fast_types[k] for k in (ex, hx, "")
+        }
+        assert via_ctl_bindings == fast_bindings
+    finally:
+        with channel(rabbitmq) as ch:
+            ch.exchange_delete(ex)
+            ch.exchange_delete(hx)
 
 
 def test_wait_for_reports_last_counts(rabbitmq: BrokerHandle, queue_factory: QueueFactory) -> None:

@@ -31,14 +31,9 @@ def output_ids(spark: Any, output: Path) -> list[str]:
 
 def close_source_connection(broker: Any, queue: str) -> int:
     """Force-close the source's broker connection (found by its connection name)."""
-    text = broker.ctl("list_connections", "pid", "client_properties", "--quiet")
-    marker = f'{{"connection_name","ackkit-spark:{queue}"}}'
-    closed = 0
-    for line in text.splitlines():
-        pid, _, props = line.partition("\t")
-        if marker in props:
-            broker.ctl("close_connection", pid.strip(), "ackkit spark test: reconnect")
-            closed += 1
+    closed: int = broker.close_connections_named(
+        f"ackkit-spark:{queue}", "ackkit spark test: reconnect"
+    )
     return closed
 
 
