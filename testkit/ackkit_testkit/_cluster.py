@@ -81,6 +81,30 @@ _RUNNING_EXPR = (
     'lists:flatten(["OK;", J(R), ";", J(P)]).'
 )
 
+
+def _erl_binary(text: str) -> str:
+    """An Erlang binary literal for ``text`` that needs no escaping: <<104,105>>."""
+    return "<<" + ",".join(str(b) for b in text.encode("utf-8")) + ">>"
+
+
+def _quorum_expr(vhost: str, queue: str) -> str:
+    """What ``list_queues name type leader members online`` reports of one queue, asked
+    of the node itself (the same ``rabbit_quorum_queue:info/2``): answers
+    "OK;quorum;<leader>;<member>,...;<online member>,...", "OK;type;<module>" for
+    another kind of queue, or "OK;missing"."""
+    return (
+        f"R = rabbit_misc:r({_erl_binary(vhost)}, queue, {_erl_binary(queue)}), "
+        'N = fun(X) when is_atom(X) -> atom_to_list(X); (_) -> "" end, '
+        'J = fun(L) when is_list(L) -> lists:join(",", [N(X) || X <- L]); (_) -> "" end, '
+        "A = case rabbit_amqqueue:lookup(R) of {ok, Q} -> case amqqueue:get_type(Q) of "
+        "rabbit_quorum_queue -> I = rabbit_quorum_queue:info(Q, [leader, members, online]), "
+        '["quorum;", N(proplists:get_value(leader, I)), ";", '
+        'J(proplists:get_value(members, I)), ";", J(proplists:get_value(online, I))]; '
+        'T -> ["type;", atom_to_list(T)] end; _ -> "missing" end, '
+        'lists:flatten(["OK;", A]).'
+    )
+
+
 _T = TypeVar("_T")
 
 
@@ -342,8 +366,28 @@ class ClusterHandle:
         """Leader and members of quorum queue ``queue``, as node ``via`` reports them
         (``rabbitmqctl list_queues name leader members online``). BrokerError when the
         report has no such queue, which is also what a node says of a queue whose leader
-        it cannot reach (just after a kill or freeze): :meth:`wait_leader` waits that out."""
-        text = self._via(via).ctl(
+        it cannot reach (just after a kill or freeze): :meth:`wait_leader` waits that out.
+        Asked through erl_call (the node's own answer, in milliseconds); rabbitmqctl when
+        that does not answer. Through erl_call the node reports the leader it last knew
+        until a new one is elected, so wait with ``not_on`` for a leader to move."""
+        node = self._via(via)
+        out = node._erl_eval(_quorum_expr(vhost, queue))
+        if out is not None:
+            kind, _, rest = out.partition(";")
+            if kind == "quorum":
+                leader, members, online = [*rest.split(";"), "", ""][:3]
+                return QuorumStatus(
+                    leader=leader,
+                    members=tuple(sorted(filter(None, members.split(",")))),
+                    online=tuple(sorted(filter(None, online.split(",")))),
+                )
+            if kind == "type":
+                queue_type = rest.removeprefix("rabbit_").removesuffix("_queue")
+                raise BrokerError(f"queue {queue!r} is a {queue_type} queue")
+            if kind == "missing":
+                raise BrokerError(f"queue {queue!r} does not exist (vhost {vhost!r})")
+            log.debug("fast quorum_status output not understood: %r", out[:300])
+        text = node.ctl(
             "list_queues", "-p", vhost, "--formatter", "json", "--quiet",
             "name", "type", "leader", "members", "online",
         )  # fmt: skip

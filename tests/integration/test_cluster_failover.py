@@ -7,7 +7,7 @@ while messages are in flight; the app reconnects to the next address (node 1), a
 every message published before and after the kill is handled and acked: the broker
 ends with the queue empty, nothing unacked, and one consumer (the app's), and the
 app's connection is on another node. Everything is read from the brokers
-(``rabbitmqctl list_connections``, the queue's counts). On 4.x the queue's
+(the node's list of connections, the queue's counts). On 4.x the queue's
 ``x-consumer-disconnected-timeout`` is 5 s: the broker holds the messages the dead
 node's consumer had for that long before it delivers them again (its default is longer
 than the test's minute).
@@ -18,7 +18,6 @@ addresses in order again after the broker closes their connection.
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 import time
@@ -28,6 +27,7 @@ from typing import Any
 import pika
 import pytest
 from _apps import Runner
+from _cluster_support import connection_ports
 from _retry_support import wait_until
 
 from ackkit import App, AsyncApp, AsyncDelivery, Delivery, Queue
@@ -59,11 +59,10 @@ def publish(broker: BrokerHandle, queue: str, ids: range) -> None:
 def app_ports(cluster: ClusterHandle, via: int) -> list[int]:
     """The server ports of the app's connections, as node `via` lists them (every
     node's connections)."""
-    out = cluster[via].ctl(
-        "list_connections", "client_properties", "port", "--formatter", "json", "--quiet"
-    )
-    rows = json.loads(out or "[]")  # the client properties' shape differs across versions
-    return [r["port"] for r in rows if f'"{NAME}"' in json.dumps(r["client_properties"])]
+    ports = connection_ports(cluster, NAME, via)
+    if isinstance(ports, str):
+        raise BrokerError(ports)
+    return ports
 
 
 def wait_on_node(cluster: ClusterHandle, index: int, via: int) -> None:

@@ -7,7 +7,7 @@ One module, so that both share one cluster (starting one takes about a minute). 
 queues are quorum queues led by node 1 (declared there, leader client-local): what is
 tested is the tool's connection moving off node 0, not a queue's leader election
 (tests/integration/test_cluster_failover.py covers that for apps). Everything is read
-from the brokers: the tool's connection (``rabbitmqctl list_connections``), the queues'
+from the brokers: the tool's connection (the node's list of connections), the queues'
 messages, the outbox table.
 """
 
@@ -22,12 +22,12 @@ import time
 
 import psycopg
 import pytest
+from _cluster_support import connection_ports
 from _retry_support import wait_until
 from typer.testing import CliRunner
 
 from ackkit.cli import build_cli
 from ackkit.inbox import SCHEMA, enqueue
-from ackkit.testing import BrokerError
 from ackkit.testing.plugin import QueueFactory
 from ackkit_testkit import ClusterHandle
 
@@ -72,18 +72,6 @@ def take_ids(cluster: ClusterHandle, queue: str, via: int = 2) -> list[str]:
             out.append(str(props.message_id))
     finally:
         conn.close()
-
-
-def connection_ports(cluster: ClusterHandle, name: str, via: int) -> list[int] | str:
-    """The server ports of the connections named `name`, as node `via` lists them."""
-    try:
-        out = cluster[via].ctl(
-            "list_connections", "client_properties", "port", "--formatter", "json", "--quiet"
-        )
-    except BrokerError as exc:  # a node just killed may fail the listing once
-        return str(exc)[:300]
-    rows = json.loads(out or "[]")
-    return [r["port"] for r in rows if f'"{name}"' in json.dumps(r["client_properties"])]
 
 
 def test_cli_given_three_addresses_with_the_first_node_down(
