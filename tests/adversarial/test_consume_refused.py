@@ -27,6 +27,7 @@ from ackkit._connection.io import FatalConnectError
 from ackkit.errors import ConsumeRefused
 from ackkit.flow import FlowState
 from ackkit.metrics import PrometheusMetrics
+from tests._users import user as broker_user
 from tests.adversarial.test_handlers import run_until
 from tests.contract.conftest import IO, Broker, Runtime, eventually
 
@@ -150,11 +151,9 @@ def test_no_read_permission_fails_start_with_the_brokers_reason(
     q = queue_factory(declare=True)
     h = broker.handle
     user = f"zombie-{uuid.uuid4().hex[:8]}"
-    h.ctl("add_user", user, "pw")
-    try:
-        # may configure and write everything, may read nothing
-        h.ctl("set_permissions", "-p", h.vhost, user, ".*", ".*", "^$")
-        runtime.url = h.url.replace("guest:guest", f"{user}:pw")
+    # may configure and write everything, may read nothing
+    with broker_user(h, user, "pw", configure=".*", write=".*", read="^$") as url:
+        runtime.url = url
         app = runtime.app(startup_timeout=120)
         runtime.listen(app, q, Seen().behaviour(), dict, dead_letter=None)
         t = time.monotonic()
@@ -165,8 +164,6 @@ def test_no_read_permission_fails_start_with_the_brokers_reason(
         assert user in str(err.value) and q in str(err.value)
         assert not app.is_running  # type: ignore[attr-defined]
         assert broker.counts(q).consumers == 0
-    finally:
-        h.ctl("delete_user", user)
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from typer.testing import CliRunner
 
 from ackkit._core import headers as H
 from ackkit.cli import build_cli, main
+from tests._users import user as broker_user
 
 pytestmark = pytest.mark.integration
 
@@ -37,16 +37,14 @@ def cli(*args: str, url: str) -> Any:
 @pytest.fixture(scope="module")
 def secret_url(rabbitmq: Any) -> Iterator[str]:
     """The broker URL with a user whose password must never be printed."""
+    made = broker_user(rabbitmq, "ackkit_cli", SECRET, configure=".*", write=".*", read=".*")
     try:
-        rabbitmq.ctl("add_user", "ackkit_cli", SECRET)
-        rabbitmq.ctl("set_permissions", "-p", rabbitmq.vhost, "ackkit_cli", ".*", ".*", ".*")
+        url = made.__enter__()
     except Exception as exc:
         pytest.skip(f"cannot add a user on this broker: {exc}")
-    p = urllib.parse.urlsplit(rabbitmq.url)
-    netloc = f"ackkit_cli:{SECRET}@{p.hostname}:{p.port}"
-    yield urllib.parse.urlunsplit((p.scheme, netloc, p.path, p.query, p.fragment))
+    yield url
     with contextlib.suppress(Exception):
-        rabbitmq.ctl("delete_user", "ackkit_cli")
+        made.__exit__(None, None, None)
 
 
 def dead_letters(url: str, q: str, n: int) -> None:

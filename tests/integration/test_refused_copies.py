@@ -18,7 +18,6 @@ import inspect
 import logging
 import threading
 import time
-import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -39,6 +38,7 @@ from ackkit import (
 )
 from ackkit.errors import PublishError
 from ackkit.flow import FlowState
+from tests._users import user as broker_user
 
 pytestmark = pytest.mark.integration
 
@@ -251,16 +251,16 @@ def test_a_full_listener_queue_keeps_a_redelivery_whose_restamp_is_refused(
 def reader(rabbitmq: Any) -> Iterator[str]:
     """A user who may read and declare, but not write to any exchange (the default one,
     where dead letters go, included)."""
-    user = f"reader-{uuid.uuid4().hex[:6]}"
+    made = broker_user(
+        rabbitmq, f"reader-{uuid.uuid4().hex[:6]}", "pw", configure=".*", write="^$", read=".*"
+    )
     try:
-        rabbitmq.ctl("add_user", user, "pw")
-        rabbitmq.ctl("set_permissions", "-p", rabbitmq.vhost, user, ".*", "^$", ".*")
+        url = made.__enter__()
     except Exception as exc:
         pytest.skip(f"cannot add a user on this broker: {exc}")
-    p = urllib.parse.urlsplit(rabbitmq.url)
-    yield urllib.parse.urlunsplit(p._replace(netloc=f"{user}:pw@{p.hostname}:{p.port}"))
+    yield url
     with contextlib.suppress(Exception):
-        rabbitmq.ctl("delete_user", user)
+        made.__exit__(None, None, None)
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
