@@ -9,7 +9,6 @@ their kind of broker can do.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 import urllib.parse
@@ -28,14 +27,12 @@ from ._queries import (
     _close_all_expr,
     _close_named_expr,
     _counts_all_expr,
-    _exchange_names_expr,
     _exchange_types_expr,
-    _parse_list_exchanges_json,
+    _json_rows,
     _parse_list_queues_json,
     _queue_counts_expr,
     _read_bindings,
     _read_counts_all,
-    _read_exchange_names,
     _read_exchange_types,
     _read_queue_counts,
 )
@@ -51,6 +48,7 @@ if TYPE_CHECKING:
 
 _H = TypeVar("_H", bound="BrokerHandle")
 _A = TypeVar("_A", bound="AppBase")
+_R = TypeVar("_R")
 
 
 def _pika() -> Any:
@@ -282,73 +280,55 @@ class BrokerHandle(KitHelpers, PolicyControl):
 
     def counts_all(self) -> dict[str, QueueCounts]:
         """Counts of every queue of the vhost."""
-        out = self._erl_eval(_counts_all_expr(self.vhost))
-        if out is not None:
-            try:
-                return _read_counts_all(out)
-            except (ValueError, TypeError):
-                log.debug("fast counts_all output not understood: %r", out[:300])
-        return self._ctl_counts()
+        fast = self._fast(_counts_all_expr(self.vhost), _read_counts_all)
+        return fast if fast is not None else self._ctl_counts()
 
     def queue_names(self) -> list[str]:
         return sorted(self.counts_all())
 
     def exchange_names(self) -> list[str]:
         """Names of the exchanges of the vhost (including the default '' and amq.*)."""
-        out = self._erl_eval(_exchange_names_expr(self.vhost))
-        if out is not None:
-            try:
-                return _read_exchange_names(out)
-            except ValueError:
-                log.debug("fast exchange_names output not understood: %r", out[:300])
-        text = self.ctl(
-            "list_exchanges", "-p", self.vhost, "--formatter", "json", "--quiet", "name"
-        )
-        return _parse_list_exchanges_json(text)
+        return sorted(self.exchange_types())
 
     def exchange_types(self) -> dict[str, str]:
         """The exchanges of the vhost by name, each with its type ("direct", "topic",
         "fanout", "headers", or a plugin's, e.g. "x-delayed-message"); the default
         exchange is ``""``."""
-        out = self._erl_eval(_exchange_types_expr(self.vhost))
-        if out is not None:
-            try:
-                return _read_exchange_types(out)
-            except ValueError:
-                log.debug("fast exchange_types output not understood: %r", out[:300])
+        fast = self._fast(_exchange_types_expr(self.vhost), _read_exchange_types)
+        if fast is not None:
+            return fast
         text = self.ctl(
             "list_exchanges", "-p", self.vhost, "--formatter", "json", "--quiet", "name", "type"
         )
-        start = text.find("[")
-        try:
-            rows = json.loads(text[start:]) if start >= 0 else []
-        except ValueError as exc:
-            raise BrokerError(f"unexpected list_exchanges output: {text[:500]!r}") from exc
-        return {str(r["name"]): str(r["type"]) for r in rows}
+        return {str(r["name"]): str(r["type"]) for r in _json_rows(text, "list_exchanges")}
 
     def bindings(self, queue: str) -> set[tuple[str, str]]:
         """``(exchange, routing key)`` of every binding of ``queue``, the default
         exchange's ``("", queue)`` included (empty when the queue does not exist)."""
-        out = self._erl_eval(_bindings_expr(self.vhost, queue))
-        if out is not None:
-            try:
-                return _read_bindings(out)
-            except ValueError:
-                log.debug("fast bindings output not understood: %r", out[:300])
+        fast = self._fast(_bindings_expr(self.vhost, queue), _read_bindings)
+        if fast is not None:
+            return fast
         text = self.ctl(
             "list_bindings", "-p", self.vhost, "--formatter", "json", "--quiet",
             "source_name", "destination_name", "destination_kind", "routing_key",
         )  # fmt: skip
-        start = text.find("[")
-        try:
-            rows = json.loads(text[start:]) if start >= 0 else []
-        except ValueError as exc:
-            raise BrokerError(f"unexpected list_bindings output: {text[:500]!r}") from exc
         return {
             (str(r["source_name"]), str(r["routing_key"]))
-            for r in rows
+            for r in _json_rows(text, "list_bindings")
             if r["destination_name"] == queue and r["destination_kind"] == "queue"
         }
+
+    def _fast(self, expr: str, read: Callable[[str], _R]) -> _R | None:
+        """``read`` of the node's answer to ``expr`` through erl_call; None when there is
+        no answer (not a node of the kit's own) or it is not understood."""
+        out = self._erl_eval(expr)
+        if out is None:
+            return None
+        try:
+            return read(out)
+        except (ValueError, TypeError):
+            log.debug("erl_call answer not understood: %r", out[:300])
+            return None
 
     def _ctl_counts(self) -> dict[str, QueueCounts]:
         return _parse_list_queues_json(self.ctl(*ctl_list_queues(self.vhost)))

@@ -82,12 +82,16 @@ def _read_queue_counts(out: str) -> QueueCounts | None:
     return None
 
 
+def _hex(expr: str) -> str:
+    """An Erlang list expression: the bytes of the binary ``expr`` as hex digits."""
+    return f'[io_lib:format("~2.16.0b", [B]) || <<B>> <= {expr}]'
+
+
 def _counts_all_expr(vhost: str) -> str:
     """Answers "OK;" then "<hex name>,r,u,t,c;" for every queue of ``vhost``."""
     return (
         _COUNT_FUN + f"L = rabbit_amqqueue:list({_erl_binary(vhost)}), "
-        'lists:flatten(["OK;" | [[[io_lib:format("~2.16.0b", [B]) || '
-        "<<B>> <= element(4, amqqueue:get_name(Q))], "
+        f'lists:flatten(["OK;" | [[{_hex("element(4, amqqueue:get_name(Q))")}, '
         'io_lib:format(",~w,~w,~w,~w;", C(Q))] || Q <- L]]).'
     )
 
@@ -101,26 +105,6 @@ def _read_counts_all(out: str) -> dict[str, QueueCounts]:
         name = bytes.fromhex(hexname).decode("utf-8")
         result[name] = QueueCounts(*(int(v) for v in values))
     return result
-
-
-def _exchange_names_expr(vhost: str) -> str:
-    """Answers "OK;" then "<hex name>;" for every exchange of ``vhost``."""
-    return (
-        'lists:flatten(["OK;" | [[[io_lib:format("~2.16.0b", [B]) || '
-        '<<B>> <= element(4, element(2, X))], ";"] || X <- rabbit_exchange:list('
-        f"{_erl_binary(vhost)})]])."
-    )
-
-
-def _read_exchange_names(out: str) -> list[str]:
-    """The sorted names in an answer to ``_exchange_names_expr``; ValueError when
-    the answer is not understood."""
-    return sorted(bytes.fromhex(h).decode("utf-8") for h in out.split(";") if h)
-
-
-def _hex(expr: str) -> str:
-    """An Erlang list expression: the bytes of the binary ``expr`` as hex digits."""
-    return f'[io_lib:format("~2.16.0b", [B]) || <<B>> <= {expr}]'
 
 
 def _exchange_types_expr(vhost: str) -> str:
@@ -209,11 +193,12 @@ def _parse_list_queues_json(text: str) -> dict[str, QueueCounts]:
     return result
 
 
-def _parse_list_exchanges_json(text: str) -> list[str]:
-    """Sorted exchange names from ``rabbitmqctl list_exchanges --formatter json name``."""
+def _json_rows(text: str, command: str) -> list[dict[str, object]]:
+    """The rows of ``rabbitmqctl <command> --formatter json`` (none when it printed no
+    table); BrokerError when the output is not JSON."""
     start = text.find("[")
     try:
-        rows = json.loads(text[start:]) if start >= 0 else []
+        rows: list[dict[str, object]] = json.loads(text[start:]) if start >= 0 else []
     except ValueError as exc:
-        raise BrokerError(f"unexpected list_exchanges output: {text[:500]!r}") from exc
-    return sorted(str(r["name"]) for r in rows)
+        raise BrokerError(f"unexpected {command} output: {text[:500]!r}") from exc
+    return rows
