@@ -73,7 +73,7 @@ from ._handle import BrokerHandle
 from ._helpers import NotRouted, QueuedMessage, wait_until, wait_until_async
 from ._memory import InMemoryBroker
 from ._options import NodeTLS
-from ._queries import QueueCounts
+from ._queries import DeclaredQueue, QueueCounts
 from ._util import mask_url
 
 __all__ = [
@@ -81,6 +81,7 @@ __all__ = [
     "BrokerHandle",
     "BrokerNotOwned",
     "BrokerUnavailable",
+    "DeclaredQueue",
     "InMemoryBroker",
     "NodeTLS",
     "NotRouted",

@@ -22,17 +22,21 @@ from ._errors import BrokerError, BrokerNotOwned, QueueNotFound
 from ._helpers import KitHelpers, counts_not_reached, counts_reached, wanted_counts
 from ._policies import PolicyControl
 from ._queries import (
+    DeclaredQueue,
     QueueCounts,
     _bindings_expr,
     _close_all_expr,
     _close_named_expr,
     _counts_all_expr,
+    _declared_expr,
     _exchange_types_expr,
     _json_rows,
     _parse_list_queues_json,
     _queue_counts_expr,
     _read_bindings,
     _read_counts_all,
+    _read_declared,
+    _read_declared_json,
     _read_exchange_types,
     _read_queue_counts,
 )
@@ -317,6 +321,32 @@ class BrokerHandle(KitHelpers, PolicyControl):
             for r in _json_rows(text, "list_bindings")
             if r["destination_name"] == queue and r["destination_kind"] == "queue"
         }
+
+    def declared(self, queue: str) -> DeclaredQueue | None:
+        """``queue`` as the node holds it: ``.type`` ("classic", "quorum", "stream") and
+        ``.arguments`` (what it was declared with); None when there is no such queue."""
+        out = self._erl_eval(_declared_expr(self.vhost, queue))
+        if out is not None:
+            try:
+                return _read_declared(out)
+            except (ValueError, TypeError):
+                log.debug("erl_call answer not understood: %r", out[:300])
+        text = self.ctl(
+            "list_queues", "-p", self.vhost, "--formatter", "json", "--quiet",
+            "name", "type", "arguments",
+        )  # fmt: skip
+        return _read_declared_json(text, queue)
+
+    def eval_erlang(self, expr: str) -> str:
+        """The value of the Erlang expression ``expr`` evaluated on the node, as ``~0p``
+        prints it (``rabbitmqctl eval`` prints it as ``~p``): through erl_call on nodes
+        of the kit's own (milliseconds), else ``rabbitmqctl eval`` (an Erlang VM of its
+        own, a second or more)."""
+        body = expr.strip().removesuffix(".")
+        out = self._erl_eval(f'lists:flatten(["OK;", io_lib:format("~0p", [begin {body} end])]).')
+        if out is not None:
+            return out.replace('\\"', '"').replace("\\\\", "\\")
+        return self.ctl("eval", body + ".").strip()
 
     def _fast(self, expr: str, read: Callable[[str], _R]) -> _R | None:
         """``read`` of the node's answer to ``expr`` through erl_call; None when there is

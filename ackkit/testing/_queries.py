@@ -14,7 +14,7 @@ import json
 from ..cli._queues import COUNTS
 from ._errors import BrokerError
 
-__all__ = ["QueueCounts"]
+__all__ = ["DeclaredQueue", "QueueCounts"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +146,73 @@ def _read_bindings(out: str) -> set[tuple[str, str]]:
         source, key = item.split(",")
         result.add((bytes.fromhex(source).decode("utf-8"), bytes.fromhex(key).decode("utf-8")))
     return result
+
+
+@dataclasses.dataclass(frozen=True)
+class DeclaredQueue:
+    """A queue as the node holds it: its ``type`` ("classic", "quorum", "stream") and
+    the ``arguments`` it was declared with (strings, numbers, booleans)."""
+
+    type: str
+    arguments: dict[str, object]
+
+
+def _declared_expr(vhost: str, queue: str) -> str:
+    """Answers "OK;missing", or "OK;<type module>;" then "<hex key>,<tag><value>;" for
+    each argument: s<hex> a string, i an integer, b a boolean, f a float, t<hex> any
+    other term as ``~0p`` prints it."""
+    return (
+        f"R = rabbit_misc:r({_erl_binary(vhost)}, queue, {_erl_binary(queue)}), "
+        f"H = fun(B) -> {_hex('B')} end, "
+        'V = fun(_, X) when is_binary(X) -> ["s", H(X)]; '
+        '(_, X) when is_integer(X) -> ["i", integer_to_list(X)]; '
+        '(_, X) when is_boolean(X) -> ["b", atom_to_list(X)]; '
+        '(_, X) when is_float(X) -> ["f", float_to_list(X)]; '
+        '(_, X) -> ["t", H(list_to_binary(io_lib:format("~0p", [X])))] end, '
+        "A = case rabbit_amqqueue:lookup(R) of {ok, Q} -> "
+        '[atom_to_list(amqqueue:get_type(Q)), ";" | [[H(K), ",", V(T, X), ";"] '
+        '|| {K, T, X} <- amqqueue:get_arguments(Q)]]; _ -> "missing" end, '
+        'lists:flatten(["OK;", A]).'
+    )
+
+
+def _read_declared(out: str) -> DeclaredQueue | None:
+    """The queue in an answer to ``_declared_expr`` (None: "missing"); ValueError when
+    the answer is not understood."""
+    if out == "missing":
+        return None
+    module, *items = out.split(";")
+    kind = module.removeprefix("rabbit_").removesuffix("_queue")
+    arguments: dict[str, object] = {}
+    for item in filter(None, items):
+        key, value = item.split(",")
+        tag, raw = value[:1], value[1:]
+        read: object
+        if tag == "s" or tag == "t":
+            read = bytes.fromhex(raw).decode("utf-8")
+        elif tag == "i":
+            read = int(raw)
+        elif tag == "b":
+            read = raw == "true"
+        elif tag == "f":
+            read = float(raw)
+        else:
+            raise ValueError(f"argument value {value!r}")
+        arguments[bytes.fromhex(key).decode("utf-8")] = read
+    return DeclaredQueue(kind, arguments)
+
+
+def _read_declared_json(text: str, queue: str) -> DeclaredQueue | None:
+    """``queue`` in ``rabbitmqctl list_queues name type arguments --formatter json``:
+    arguments as a mapping, or (3.x) a list of [key, type, value]."""
+    for row in _json_rows(text, "list_queues"):
+        if row["name"] == queue:
+            args = row.get("arguments") or {}
+            if isinstance(args, list):
+                args = {a[0]: a[-1] for a in args}
+            assert isinstance(args, dict)
+            return DeclaredQueue(str(row["type"]), dict(args))
+    return None
 
 
 def _close_all_expr(reason: str) -> str:

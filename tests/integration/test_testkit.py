@@ -207,6 +207,38 @@ def test_fast_topology_agrees_with_rabbitmqctl(
             ch.exchange_delete(hx)
 
 
+def test_fast_declared_and_eval_agree_with_rabbitmqctl(
+    rabbitmq: BrokerHandle, queue_factory: QueueFactory
+) -> None:
+    """declared(q) and eval_erlang(expr) ask the node through erl_call where the kit owns
+    it: the same answers as with that path off (rabbitmqctl), odd names and every kind
+    of argument value included."""
+    quorum, classic = queue_factory("qüorum"), queue_factory("clässic")
+    with channel(rabbitmq) as ch:
+        ch.queue_declare(quorum, durable=True, arguments={
+            "x-queue-type": "quorum", "x-delivery-limit": 5,
+            "x-dead-letter-exchange": "dlx ü", "x-single-active-consumer": True,
+        })  # fmt: skip
+        ch.queue_declare(classic, arguments={"x-message-ttl": 400, "x-max-priority": 3})
+    fast = {q: rabbitmq.declared(q) for q in (quorum, classic, f"{classic}.absent")}
+    assert fast[quorum] is not None and fast[quorum].type == "quorum"
+    assert fast[quorum].arguments == {
+        "x-queue-type": "quorum", "x-delivery-limit": 5,
+        "x-dead-letter-exchange": "dlx ü", "x-single-active-consumer": True,
+    }  # fmt: skip
+    assert fast[classic] is not None and fast[classic].type == "classic"
+    # 4.x names the default queue type among a classic queue's arguments; 3.x does not
+    assert {k: v for k, v in fast[classic].arguments.items() if k != "x-queue-type"} == {
+        "x-message-ttl": 400, "x-max-priority": 3,
+    }  # fmt: skip
+    assert fast[classic].arguments.get("x-queue-type", "classic") == "classic"
+    assert fast[f"{classic}.absent"] is None
+    assert rabbitmq.eval_erlang("lists:sum([1, 2, 3]).") == "6"
+    with mock.patch.object(rabbitmq, "_erl_eval", return_value=None):
+        assert {q: rabbitmq.declared(q) for q in fast} == fast
+        assert rabbitmq.eval_erlang("lists:sum([1, 2, 3]).") == "6"
+
+
 def test_wait_for_reports_last_counts(rabbitmq: BrokerHandle, queue_factory: QueueFactory) -> None:
     q = queue_factory(declare=True)
     with pytest.raises(AssertionError, match=r"ready=0, unacked=0, total=0"):
