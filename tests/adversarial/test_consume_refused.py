@@ -248,7 +248,7 @@ def test_more_listeners_than_channel_max_fail_start_naming_the_numbers(
 ) -> None:
     h = broker.handle
     qs = [queue_factory(declare=True) for _ in range(3)]
-    h.ctl("eval", "application:set_env(rabbit, channel_max, 3).")
+    h.eval_erlang("application:set_env(rabbit, channel_max, 3).")
     try:
         app = runtime.app(startup_timeout=120)
         for q in qs:
@@ -259,7 +259,7 @@ def test_more_listeners_than_channel_max_fail_start_naming_the_numbers(
         print(f"FIG channel-max {runtime.kind}: {time.monotonic() - t:.2f} s, {err.value}")
         assert time.monotonic() - t < 30  # promptly, not after startup_timeout (120 s)
     finally:
-        h.ctl("eval", "application:set_env(rabbit, channel_max, 2047).")
+        h.eval_erlang("application:set_env(rabbit, channel_max, 2047).")
     assert all(broker.counts(q).consumers == 0 for q in qs)
 
 

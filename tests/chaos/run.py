@@ -113,10 +113,9 @@ class Log:
 
 def configure_node(broker: BrokerHandle, consumer_timeout_ms: int) -> None:
     """Short consumer timeout, checked every second (set again after every restart)."""
-    broker.ctl(
-        "eval",
+    broker.eval_erlang(
         f"application:set_env(rabbit, consumer_timeout, {consumer_timeout_ms}), "
-        "application:set_env(rabbit, channel_tick_interval, 1000).",
+        "application:set_env(rabbit, channel_tick_interval, 1000)."
     )
 
 

@@ -42,11 +42,9 @@ def _queue_arguments(broker: Broker, queue: str) -> str:
     if isinstance(broker.handle, InMemoryBroker):
         with broker.handle.model.lock:
             return json.dumps(broker.handle.model.queues[queue].arguments)
-    text = broker.handle.ctl(
-        "list_queues", "-p", broker.handle.vhost, "name", "arguments", "--formatter", "json", "-q"
-    )
-    (row,) = [r for r in json.loads(text[text.find("[") :]) if r["name"] == queue]
-    return json.dumps(row["arguments"])
+    declared = broker.handle.declared(queue)
+    assert declared is not None, f"no queue {queue!r}"
+    return json.dumps(declared.arguments)
 
 
 @pytest.fixture
@@ -338,13 +336,9 @@ def test_quorum_delayed_retry_on_43_and_refused_before(
     (dead,) = broker.take_all(f"{q}.dlq")
     assert dead.headers["ackkit-attempts"] == 4
     assert dead.headers["ackkit-reason"] == "attempts exhausted (4 of 4)"
-    text = broker.handle.ctl(
-        "list_queues", "-p", broker.handle.vhost, "name", "arguments", "--formatter", "json", "-q"
-    )
-    rows = json.loads(text[text.find("[") :])
-    assert not [r for r in rows if r["name"].startswith(f"{q}.retry.")]  # no delay queue
-    (row,) = [r for r in rows if r["name"] == q]
-    assert "x-delayed-retry-type" in json.dumps(row["arguments"])
+    names = broker.handle.queue_names()
+    assert not [n for n in names if n.startswith(f"{q}.retry.")]  # no delay queue
+    assert "x-delayed-retry-type" in _queue_arguments(broker, q)
 
 
 def test_a_requeue_loop_ends_at_the_4x_default_delivery_limit(

@@ -82,10 +82,9 @@ def test_a_3x_consumer_timeout_closes_the_channel_and_app_consumes_again(
     broker = own_rabbitmq
     if _traits(broker).timeout_cancels_consumer:
         pytest.skip("RabbitMQ 4.3+ cancels the consumer instead")
-    broker.ctl(
-        "eval",
+    broker.eval_erlang(
         "application:set_env(rabbit, consumer_timeout, 1000), "
-        "application:set_env(rabbit, channel_tick_interval, 500).",
+        "application:set_env(rabbit, channel_tick_interval, 500)."
     )
     q = f"t.timeout-3x.{uuid.uuid4().hex[:6]}"
     calls: list[float] = []
@@ -108,10 +107,9 @@ def test_a_3x_consumer_timeout_closes_the_channel_and_app_consumes_again(
             broker.wait_for(q, ready=0, unacked=0, consumers=1)
             (stats,) = app.stats().values()
     finally:
-        broker.ctl(
-            "eval",
+        broker.eval_erlang(
             "application:set_env(rabbit, consumer_timeout, 1800000), "
-            "application:set_env(rabbit, channel_tick_interval, 60000).",
+            "application:set_env(rabbit, channel_tick_interval, 60000)."
         )
         broker.delete_many([q, f"{q}.dlq"])
     assert stats["consumer_cancelled"] == 0  # before 4.3: no basic.cancel

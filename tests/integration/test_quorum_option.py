@@ -5,7 +5,6 @@ a TopologyConflict naming it and the mismatch (nothing is converted)."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections import Counter
@@ -19,26 +18,19 @@ from ackkit import App, AsyncApp, AsyncDelivery, Delivery, Queue, Retry
 from ackkit._core.topology import DLQ_DELIVERY_LIMIT
 from ackkit.dead_letters import inspect_dead_letters
 from ackkit.errors import TopologyConflict
+from ackkit.testing import DeclaredQueue
 
 pytestmark = pytest.mark.integration
 
 RETRY = Retry(max_attempts=3, initial_interval=0.2, multiplier=2.0)  # tiers 200 and 400 ms
 
 
-def queue_rows(broker: Any, prefix: str) -> dict[str, dict[str, Any]]:
-    """`rabbitmqctl list_queues name type arguments messages` for the queues named
-    `prefix`...: what the broker itself says."""
-    out = broker.ctl(
-        "list_queues", "name", "type", "arguments", "messages", "--formatter", "json", "--quiet"
-    )
-    return {r["name"]: r for r in json.loads(out or "[]") if r["name"].startswith(prefix)}
-
-
-def arguments_of(row: dict[str, Any]) -> dict[str, Any]:
-    args = row["arguments"]  # a mapping, or a list of [key, type, value] (3.10)
-    if isinstance(args, list):
-        return {a[0]: a[-1] for a in args}
-    return dict(args)
+def queues_named(broker: Any, prefix: str) -> dict[str, DeclaredQueue]:
+    """The queues named `prefix`..., each with its type and arguments, as the node itself
+    reports them (erl_call on the kit's node, rabbitmqctl elsewhere)."""
+    names = [name for name in broker.queue_names() if name.startswith(prefix)]
+    found = {name: broker.declared(name) for name in names}
+    return {name: d for name, d in found.items() if d is not None}
 
 
 def register(app: App | AsyncApp, queue: str, seen: Counter[str], lock: threading.Lock) -> None:
@@ -77,11 +69,11 @@ def test_every_queue_is_quorum_and_retry_and_dead_letter_work(
     r = Runner(app)
     r.start()
     try:
-        rows = queue_rows(rabbitmq, q)
+        rows = queues_named(rabbitmq, q)
         assert sorted(rows) == sorted([q, f"{q}.dlq", f"{q}.retry.200ms", f"{q}.retry.400ms"])
-        assert {name: row["type"] for name, row in rows.items()} == dict.fromkeys(rows, "quorum")
-        assert arguments_of(rows[f"{q}.dlq"])["x-delivery-limit"] == DLQ_DELIVERY_LIMIT
-        delay = arguments_of(rows[f"{q}.retry.400ms"])
+        assert {name: row.type for name, row in rows.items()} == dict.fromkeys(rows, "quorum")
+        assert rows[f"{q}.dlq"].arguments["x-delivery-limit"] == DLQ_DELIVERY_LIMIT
+        delay = rows[f"{q}.retry.400ms"].arguments
         assert delay["x-message-ttl"] == 400
         assert delay["x-dead-letter-strategy"] == "at-least-once"
         for body in ("ok", "flaky", "bad"):
@@ -130,6 +122,6 @@ def test_an_existing_classic_queue_is_named_never_converted(
     assert time.monotonic() - t0 < 30  # at once, not after the startup timeout
     # nothing converted: it is still a classic queue (with its message; the delay queue's
     # TTL has sent its own on to the listener's queue)
-    row = queue_rows(rabbitmq, name)[name]
-    assert row["type"] == "classic"
-    assert row["messages"] == (0 if which == "delay" else 1)
+    declared = rabbitmq.declared(name)
+    assert declared is not None and declared.type == "classic"
+    rabbitmq.wait_for(name, total=0 if which == "delay" else 1, timeout=10)
