@@ -262,7 +262,7 @@ class ClusterHandle:
                 return node
         raise BrokerError(f"no node of {self!r} is running")
 
-    def cluster_status(self, via: int | None = None, *, timeout: float = 30.0) -> dict[str, Any]:
+    def cluster_status(self, via: int | None = None, *, timeout: float = 120.0) -> dict[str, Any]:
         """``rabbitmqctl cluster_status --formatter json`` as node ``via`` (default: the
         first running node) reports it: ``running_nodes``, ``disk_nodes``,
         ``partitions``, ``alarms``, ..."""
@@ -284,7 +284,7 @@ class ClusterHandle:
             running, partitions = (sorted(filter(None, p.split(","))) for p in out.split(";"))
             return running, partitions
         status: dict[str, Any] = json.loads(
-            node.ctl("cluster_status", "--formatter", "json", timeout=15)
+            node.ctl("cluster_status", "--formatter", "json", timeout=60)
         )
         return sorted(status.get("running_nodes") or []), sorted(status.get("partitions") or [])
 
