@@ -234,8 +234,10 @@ def test_fast_declared_and_eval_agree_with_rabbitmqctl(
     assert fast[classic].arguments.get("x-queue-type", "classic") == "classic"
     assert fast[f"{classic}.absent"] is None
     assert rabbitmq.eval_erlang("lists:sum([1, 2, 3]).") == "6"
+    # rabbitmqctl for the queue with every kind of value (each run is a VM: 10-15 s on
+    # a busy machine)
     with mock.patch.object(rabbitmq, "_erl_eval", return_value=None):
-        assert {q: rabbitmq.declared(q) for q in fast} == fast
+        assert rabbitmq.declared(quorum) == fast[quorum]
         assert rabbitmq.eval_erlang("lists:sum([1, 2, 3]).") == "6"
 
 
