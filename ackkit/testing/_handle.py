@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
 _H = TypeVar("_H", bound="BrokerHandle")
 _A = TypeVar("_A", bound="AppBase")
 _R = TypeVar("_R")
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r"}  # of an Erlang string; any other is the character
 
 
 def _pika() -> Any:
@@ -344,8 +346,8 @@ class BrokerHandle(KitHelpers, PolicyControl):
         own, a second or more)."""
         body = expr.strip().removesuffix(".")
         out = self._erl_eval(f'lists:flatten(["OK;", io_lib:format("~0p", [begin {body} end])]).')
-        if out is not None:
-            return out.replace('\\"', '"').replace("\\\\", "\\")
+        if out is not None:  # erl_call prints the answer as an Erlang string: unescape it
+            return re.sub(r"\\(.)", lambda m: _ESCAPES.get(m[1], m[1]), out)
         return self.ctl("eval", body + ".").strip()
 
     def _fast(self, expr: str, read: Callable[[str], _R]) -> _R | None:

@@ -151,7 +151,8 @@ def _read_bindings(out: str) -> set[tuple[str, str]]:
 @dataclasses.dataclass(frozen=True)
 class DeclaredQueue:
     """A queue as the node holds it: its ``type`` ("classic", "quorum", "stream") and
-    the ``arguments`` it was declared with (strings, numbers, booleans)."""
+    the ``arguments`` it was declared with (strings, numbers and booleans as such; a
+    table or an array as the node prints it)."""
 
     type: str
     arguments: dict[str, object]
@@ -210,7 +211,8 @@ def _read_declared_json(text: str, queue: str) -> DeclaredQueue | None:
             args = row.get("arguments") or {}
             if isinstance(args, list):
                 args = {a[0]: a[-1] for a in args}
-            assert isinstance(args, dict)
+            if not isinstance(args, dict):
+                raise BrokerError(f"unexpected list_queues arguments: {args!r}")
             return DeclaredQueue(str(row["type"]), dict(args))
     return None
 
