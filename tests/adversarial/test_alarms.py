@@ -38,35 +38,21 @@ pytestmark = [pytest.mark.integration, pytest.mark.legs_share()]
 Alarm = Callable[[], AbstractContextManager[None]]
 
 ALARMS = {
-    # (raise it, clear it): an expression evaluated on the node through erl_call (where the
-    # kit owns it: milliseconds), else the same as rabbitmqctl arguments (an Erlang VM's
-    # start each)
+    # (raise it, clear it): expressions evaluated on the node (the handle's eval_erlang:
+    # erl_call where the kit owns it, milliseconds; else rabbitmqctl eval)
     "memory": (
-        ("vm_memory_monitor:set_vm_memory_high_watermark(0.0000001)",
-         ("set_vm_memory_high_watermark", "0.0000001")),
-        ("vm_memory_monitor:set_vm_memory_high_watermark(0.4)",
-         ("set_vm_memory_high_watermark", "0.4")),
+        "vm_memory_monitor:set_vm_memory_high_watermark(0.0000001)",
+        "vm_memory_monitor:set_vm_memory_high_watermark(0.4)",
     ),
     "disk": (
-        ("rabbit_disk_monitor:set_disk_free_limit(100000000000000)",
-         ("set_disk_free_limit", "100000GB")),
-        ("rabbit_disk_monitor:set_disk_free_limit(50000000)", ("set_disk_free_limit", "50MB")),
+        "rabbit_disk_monitor:set_disk_free_limit(100000000000000)",
+        "rabbit_disk_monitor:set_disk_free_limit(50000000)",
     ),
-}  # fmt: skip
-
-
-def _on_node(broker: Broker, expr: str, ctl: tuple[str, ...]) -> str:
-    """What ``expr`` returns on the node (printed as Erlang terms), or rabbitmqctl's output."""
-    out = broker.handle._erl_eval(
-        f'R = ({expr}), lists:flatten(["OK;", io_lib:format("~w", [R])]).'
-    )
-    if out is None:
-        out = broker.handle.ctl(*ctl)
-    return str(out).strip()
+}
 
 
 def _alarms_on(broker: Broker) -> str:
-    return _on_node(broker, "rabbit_alarm:get_alarms()", ("eval", "rabbit_alarm:get_alarms()."))
+    return broker.handle.eval_erlang("rabbit_alarm:get_alarms()")
 
 
 @pytest.fixture(params=sorted(ALARMS))
@@ -78,16 +64,16 @@ def alarm(request: pytest.FixtureRequest, broker: Broker) -> Iterator[Alarm]:
 
     @contextmanager
     def raised() -> Iterator[None]:
-        _on_node(broker, *on)
+        broker.handle.eval_erlang(on)
         try:
             eventually(lambda: _alarms_on(broker) != "[]", timeout=30, what="the alarm")
             yield
         finally:
-            _on_node(broker, *off)
+            broker.handle.eval_erlang(off)
             eventually(lambda: _alarms_on(broker) == "[]", timeout=30, what="no alarm")
 
     yield raised
-    _on_node(broker, *off)
+    broker.handle.eval_erlang(off)
 
 
 # Both alarms block a publishing connection the same way (connection.blocked, then no
