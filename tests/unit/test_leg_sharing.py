@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,7 +21,15 @@ MODULES = [
 ]
 
 
-def collect(**env: str) -> set[str]:
+def collect(*, fresh: bool = False, **env: str) -> set[str]:
+    """The test ids pytest collects with `env`: from this run's cache, or `fresh`."""
+    key = tuple(sorted(env.items()))
+    return set(_collect.__wrapped__(key) if fresh else _collect(key))
+
+
+@cache  # each collection a pytest process of its own (3-4 s): the whole set once a run
+def _collect(env_items: tuple[tuple[str, str], ...]) -> frozenset[str]:
+    env = dict(env_items)
     out = subprocess.run(
         [
             sys.executable,
@@ -38,7 +47,7 @@ def collect(**env: str) -> set[str]:
         text=True,
         check=True,
     ).stdout
-    return {line.strip() for line in out.splitlines() if "::" in line}
+    return frozenset(line.strip() for line in out.splitlines() if "::" in line)
 
 
 def test_the_two_legs_together_run_every_run_once_and_each_leg_both_runtimes() -> None:
@@ -65,7 +74,7 @@ def test_the_two_legs_together_run_every_run_once_and_each_leg_both_runtimes() -
         alarms = [i.split("::")[1].split("[")[0] for i in runs if "test_alarms" in i]
         assert len(alarms) == len(set(alarms)) == 3  # one run of each alarm test
     # stable from run to run (a leg that changed its mind would drop some runs)
-    assert collect(ACKKIT_TEST_RUNTIMES="pick:0", **shared) == first
+    assert collect(fresh=True, ACKKIT_TEST_RUNTIMES="pick:0", **shared) == first
 
 
 def test_a_module_one_leg_runs_alone_is_not_shared_out() -> None:
