@@ -45,7 +45,7 @@ ONCE := $(filter-out tests/integration/test_testkit_cluster.py, \
         tests/integration/test_quiet_probes.py tests/inbox/test_outbox_relay_cli.py \
         tests/inbox/test_outbox_docs_example.py tests/inbox/test_inbox_memory_db.py
 # The modules that start a 3-node cluster of the kit's own (a minute or more each, most of
-# it the nodes' start): the 4.3 leg runs them, both runtimes (production clusters run 4.x);
+# it the nodes' start): the 4.3 integration leg runs them, both runtimes (production clusters run 4.x);
 # make test-matrix runs them on every version.
 CLUSTER := tests/integration/test_testkit_cluster.py tests/integration/test_cluster_failover.py \
            tests/integration/test_cluster_tools.py tests/integration/test_cluster_quorum_retry.py
