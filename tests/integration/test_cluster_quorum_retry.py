@@ -113,12 +113,14 @@ def test_delayed_retries_survive_the_loss_of_the_delay_queues_leader(
     others = [i for i in range(len(cluster)) if i != victim]
     via = others[-1]
 
+    # all published before the app consumes: published one by one beside it, the first
+    # messages left the 5 s delay queue before the last arrived (seen once under load)
+    publish(cluster, via, queue, MESSAGES)
     app = make_app(app_cls, [cluster.url(i) for i in others], queue, calls, done)
     runner = Runner(app)
     runner.start()
     killed_at = 0.0
     try:
-        publish(cluster, via, queue, MESSAGES)
         # every message failed once and waits in the 5 s delay queue
         assert wait_until(lambda: ready(cluster, via, delay) == MESSAGES, timeout=30), ready(
             cluster, via, delay
