@@ -77,7 +77,9 @@ def take_all(broker: BrokerHandle, queue: str, timeout: float = 90.0) -> list[by
                     ch.basic_ack(method.delivery_tag)
                     bodies.append(body)
         except pika.exceptions.ConnectionClosedByBroker as exc:
-            if exc.reply_code != 541 or time.monotonic() > deadline:
+            if exc.reply_code != 541:
+                raise
+            if time.monotonic() > deadline:
                 raise AssertionError(
                     f"{queue} not served through that node within {timeout:.0f} s "
                     f"of the node running again: {exc}"
