@@ -94,8 +94,9 @@ def _in_memory_transport(item: pytest.Item) -> bool:
 # share them out: with ACKKIT_TEST_RUNTIMES=pick:0 (the 3.10 leg) and pick:1 (the 4.3 leg)
 # each such test runs on one runtime per leg, the other runtime on the other leg, picked by
 # the test's name and its other parameters (stable from run to run, each runtime about
-# half the time). Together the legs still run every test on both runtimes and on both
-# brokers. The contract suite is shared out the same way (its in-memory broker's runs,
+# half the time; the App over AMQP 1.0, the contract suite's third runtime, on the 4.3
+# leg only: it needs RabbitMQ 4.0+). Together the legs still run every test on both
+# runtimes and on both brokers. The contract suite is shared out the same way (its in-memory broker's runs,
 # which one leg runs alone, are not; the Docker leg runs both runtimes on a container).
 # A test marked `legs_share("name")` shares out its parameter `name` instead (each value
 # on one leg; the test's other parameters meet every value across the legs), one marked
@@ -139,6 +140,12 @@ def _shared_param(item: pytest.Item) -> str | None:
     return runtime[0] if len(runtime) == 1 else None
 
 
+def _amqp10(item: pytest.Item) -> bool:
+    """A run on the App over AMQP 1.0 (the contract suite's `amqp10` runtime)."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return any(params.get(n) == "amqp10" for n in _RUNTIME_PARAMS)
+
+
 def _one_leg(item: pytest.Item) -> bool:
     """`item` is marked `one_leg` in a suite both broker legs run (not one a leg runs
     alone): it runs on one leg only."""
@@ -158,6 +165,10 @@ def _left_to_the_other_leg(items: list[pytest.Item]) -> set[str]:
     shared = []
     gone = set()
     for item in items:
+        if _amqp10(item) and not _in_memory_transport(item):  # RabbitMQ 4.0+: the 4.3 leg
+            if PICK != 1:
+                gone.add(item.nodeid)
+            continue
         name = _shared_param(item)
         if name is None:
             if _one_leg(item) and (zlib.crc32(item.nodeid.encode()) + (PICK or 0)) % 2:

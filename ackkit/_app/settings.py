@@ -20,6 +20,10 @@ from .._connection.url import check_url, mask_url
 from .._core import checks as C
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2f"
+AMQP091 = "amqp0-9-1"
+AMQP10 = "amqp1.0"
+PROTOCOLS = (AMQP091, AMQP10)
+"""The protocols an App speaks to RabbitMQ (`protocol=`)."""
 _DAY = 86_400.0
 T = TypeVar("T")
 
@@ -45,6 +49,8 @@ class Settings:
     """The `tls=` option as given (kept to rebuild `tls` for another URL)."""
     tls: tuple[ssl.SSLContext, str | None] | None = None
     """(context, server name) for an amqps:// URL, None for amqp://."""
+    protocol: str = AMQP091
+    """"amqp0-9-1" (pika) or "amqp1.0" (python-qpid-proton; RabbitMQ 4.0+)."""
 
     @property
     def safe_url(self) -> str:
@@ -71,6 +77,7 @@ class Settings:
         startup_timeout: float = 60.0,
         connection_name: str = "ackkit",
         tls: TLS | ssl.SSLContext | None = None,
+        protocol: str = AMQP091,
     ) -> Settings:
         """The settings, each checked: ValueError/TypeError naming the bad option.
 
@@ -80,6 +87,22 @@ class Settings:
         url = check_url(urls[0])
         if tls is not None and not isinstance(tls, (TLS, ssl.SSLContext)):
             raise TypeError(f"tls must be an ackkit.TLS, an ssl.SSLContext or None, got {tls!r}")
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+        if protocol == AMQP10:
+            try:
+                import proton  # noqa: F401
+            except ImportError:
+                raise ValueError(
+                    "protocol='amqp1.0' needs python-qpid-proton: pip install 'ackkit[amqp10]'"
+                ) from None
+            for u in urls:
+                scheme = u.split(":", 1)[0].lower()
+                if scheme != "amqp":
+                    raise ValueError(
+                        f"protocol='amqp1.0' connects to amqp:// URLs only (no TLS and no "
+                        f"in-memory broker over AMQP 1.0 yet), got a {scheme}: URL"
+                    )
         return cls(
             url=url,
             urls=urls,
@@ -95,6 +118,7 @@ class Settings:
             # amqps:// URLs: the files load here, so a bad path or an amqp:// URL with
             # tls= fails at construction, not at the first connect.
             tls=client_tls(url, tls),
+            protocol=protocol,
         )
 
     def replace(self, **changes: object) -> Settings:
@@ -107,6 +131,7 @@ class Settings:
             "startup_timeout": self.startup_timeout,
             "connection_name": self.connection_name,
             "tls": self.tls_option,
+            "protocol": self.protocol,
         }
         unknown = set(changes) - set(opts)
         if unknown:
@@ -185,6 +210,9 @@ class SettingsView:
         "Seconds `start()` / `run()` waits for a first connection."
     )
     connection_name: _Option[str] = _Option("The name the broker shows for the app's connection.")
+    protocol: _Option[str] = _Option(
+        'The protocol spoken to the broker: "amqp0-9-1" (pika) or "amqp1.0" (RabbitMQ 4.0+).'
+    )
 
     @property
     def tls(self) -> tuple[ssl.SSLContext, str | None] | None:

@@ -79,6 +79,9 @@ class AppBase(SettingsView):
       before raising `ConnectFailed`; 60.
     - `connection_name`: the name the broker shows for the connection; "ackkit".
     - `tls`: an `ackkit.TLS` or an `ssl.SSLContext` for an amqps:// URL.
+    - `protocol`: "amqp0-9-1" (the default) or "amqp1.0": the App's listeners consume
+      and publish over AMQP 1.0 (RabbitMQ 4.0 or later, python-qpid-proton installed:
+      ``pip install ackkit[amqp10]``); see the AMQP 1.0 guide. AsyncApp speaks 0-9-1.
     """
 
     _runtime: RunState | None = None
@@ -93,6 +96,7 @@ class AppBase(SettingsView):
         startup_timeout: float = 60.0,
         connection_name: str = "ackkit",
         tls: TLS | ssl.SSLContext | None = None,
+        protocol: str = "amqp0-9-1",
     ) -> None:
         self.settings = Settings.check(
             url,
@@ -102,6 +106,7 @@ class AppBase(SettingsView):
             startup_timeout=startup_timeout,
             connection_name=connection_name,
             tls=tls,
+            protocol=protocol,
         )
         self.specs: list[ListenerSpec] = []
         self._declared: tuple[Exchange | Queue, ...] = ()  # app.declare(...)

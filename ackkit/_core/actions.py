@@ -51,6 +51,11 @@ class Nack:
     tag: int
     multiple: bool = False
     requeue: bool = True
+    counts: bool = field(default=True, compare=False)
+    """Does the return count as a failed delivery? False for work that never failed: a
+    delivery given back unstarted (a stop, a pause, the flow gate) or the succeeded
+    handlers of a rolled-back transaction. basic.nack cannot say it; over AMQP 1.0 it is
+    the outcome (`ackkit._core.settlement`)."""
 
 
 @dataclass(frozen=True, slots=True)

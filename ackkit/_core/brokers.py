@@ -48,6 +48,9 @@ class CountSource(str, Enum):
     """The quorum queue's x-delivery-count, read on redeliveries only."""
     ACQUIRED_COUNT = "x-acquired-count"
     """RabbitMQ 4.3's x-acquired-count, read on redeliveries only."""
+    TRANSFER = "delivery-count"
+    """AMQP 1.0's own count: the delivery-count of the message's header, which the broker
+    writes on every delivery (never a header a publisher could set)."""
 
     def __str__(self) -> str:
         return self.value
@@ -92,6 +95,10 @@ class BrokerTraits:
     """The broker reads x-death a publisher set (ignored on 4.0+)."""
     modulus_hash_exchange: bool = False
     """The x-modulus-hash exchange type is built in (4.3+)."""
+    amqp10: bool = False
+    """The connection speaks AMQP 1.0 (`amqp10_traits`): `modified(delivery-failed)`
+    counts an attempt on classic and quorum queues alike, `released` does not, and the
+    count comes with every delivery, in the message's header (`count_source`)."""
     quorum_ttl_dead_letter: bool = True
     """Quorum queues take a queue-level x-message-ttl and dead-letter at-least-once
     (`x-dead-letter-strategy`), which a quorum delay queue needs (3.10+). True for an
@@ -105,8 +112,13 @@ class BrokerTraits:
         - quorum on 4.3+: x-acquired-count: x-delivery-count misses a consumer
           timeout's return (the message would loop) and keeps a publisher's forged
           value until the broker first increments it;
-        - anything else, or an unknown broker: the redelivered flag.
+        - anything else, or an unknown broker: the redelivered flag;
+        - over AMQP 1.0: a quorum queue on 4.3+ as over 0-9-1 (x-acquired-count, an
+          annotation there: the header's delivery-count misses a consumer timeout's
+          return), any other queue the header's delivery-count.
         """
+        if self.amqp10 and not (queue_type == "quorum" and self.acquired_count):
+            return CountSource.TRANSFER
         if queue_type != "quorum":
             return CountSource.REDELIVERED
         if self.acquired_count:
@@ -177,6 +189,21 @@ def traits_for(raw_version: object) -> BrokerTraits:
     else:
         return UNKNOWN
     return replace(base, version=v)
+
+
+def amqp10_traits(traits: BrokerTraits, where: str) -> BrokerTraits:
+    """`traits` for a connection speaking AMQP 1.0 to that broker. RabbitMQ serves AMQP
+    1.0 natively from 4.0 on (3.x needs a plugin with other addresses and outcomes):
+    ValueError naming the version (and `where`, the masked URL) for anything older or
+    unreadable."""
+    v = traits.version
+    if v is None or v[0] < 4:
+        seen = "an unreadable version" if v is None else f"RabbitMQ {v[0]}.{v[1]}.{v[2]}"
+        raise ValueError(
+            f"protocol='amqp1.0' needs RabbitMQ 4.0 or later, which serves AMQP 1.0 "
+            f"natively; {where} reports {seen}: use protocol='amqp0-9-1' there"
+        )
+    return replace(traits, amqp10=True)
 
 
 def traits_of(server_properties: Any) -> BrokerTraits:

@@ -76,7 +76,7 @@ class Gating(Part):
         self._ledger.gone(t)
         self.flow.owe(t.message_id)
         self._emit(Stage.RETURNED, t, why)
-        return [Nack(t.tag, requeue=True)]
+        return [Nack(t.tag, requeue=True, counts=False)]
 
     def start(self, go: list[Tracked], acts: list[Action], waited: bool) -> Step:
         """`begin`'s part with flow control on: the rate limit's wait, then the deliveries

@@ -172,6 +172,7 @@ def attempt_of(
     count_header: str | None = None,
     returned: int = 0,
     wire: Mapping[str, Any] | None = None,
+    count: int | None = None,
 ) -> int:
     """The 1-based attempt number of a delivery.
 
@@ -185,11 +186,20 @@ def attempt_of(
     passes a publisher's value through until it increments the count itself).
     Elsewhere the redelivered flag says "at least one". `returned`: deliveries of
     this copy that ackkit itself gave back unstarted (a paused listener, a tripped
-    breaker), not counted. The result saturates at ATTEMPT_CEILING. Raises
-    BadAttemptHeader for a forged or garbage ackkit-attempt header.
+    breaker), not counted. `count`: the protocol's own count of previous deliveries
+    (AMQP 1.0's header delivery-count), taken as it is instead of the above: such a
+    broker never counts a return ackkit made unstarted (`released`). The result
+    saturates at ATTEMPT_CEILING. Raises BadAttemptHeader for a forged or garbage
+    ackkit-attempt header.
     """
     base = 1
     extra = 1 if redelivered else 0
+    if count is not None:
+        if headers:
+            raw = (wire if wire is not None else headers).get(ATTEMPT, _MISSING)
+            if raw is not _MISSING:
+                base = attempt_value(raw)
+        return min(base + max(count, 0), ATTEMPT_CEILING)
     if headers:
         raw = (wire if wire is not None else headers).get(ATTEMPT, _MISSING)
         if raw is not _MISSING:

@@ -250,7 +250,7 @@ class Ledger:
         acts: list[Action] = []
         counts = self._counters.counts
         for tag in self.window.take_stragglers():
-            acts.append(Nack(tag, requeue=True))
+            acts.append(Nack(tag, requeue=True, counts=False))
             counts[Stage.ACKED] -= 1
             counts[Stage.REQUEUED] += 1
         return acts

@@ -150,6 +150,7 @@ class ListenerCore:
         self.queues.use(broker)
         self._count = broker.count_source(self.policy.queue_type)
         self._count_header = self._count.header
+        self.shutdown.returns_free = self._count is CountSource.TRANSFER
 
     @property
     def generation(self) -> int:
@@ -209,6 +210,7 @@ class ListenerCore:
         unreadable: str | None = None,
         wire_headers: Mapping[str, Any] | None = None,
         properties: Any = None,
+        count: int | None = None,
     ) -> Tracked:
         """Track a delivery. If `verdict` is set on the result, do not run the handler:
         carry out the verdict's actions instead. An empty verdict holds the delivery:
@@ -230,6 +232,10 @@ class ListenerCore:
         `wire_headers`: the same headers as they were on the wire ({name: wire.Field}),
         when the runtime kept them: the attempt header is read from there, because a
         client library may have changed its type (pika reads a double as an int).
+
+        `count`: the protocol's own count of this copy's previous deliveries (AMQP 1.0's
+        header delivery-count), read when the listener counts that way
+        (`CountSource.TRANSFER`); its headers' counts are not read then.
         """
         # a redelivery of one we returned unstarted (paused, tripped) is not an attempt
         flow = self._flow
@@ -241,6 +247,7 @@ class ListenerCore:
                 count_header=self._count_header,
                 returned=back,
                 wire=wire_headers,
+                count=count if self._count is CountSource.TRANSFER else None,
             )
             bad: str | None = None
         except H.BadAttemptHeader as exc:

@@ -68,6 +68,10 @@ class Shutdown(Part):
         """The stop has no time left for copies (`give_back`): no more are sent."""
         self._holding = False
         """Stopping, the consumer not cancelled yet (`hold`): nothing goes back yet."""
+        self.returns_free = False
+        """The broker counts no attempt for a return that says it never failed (AMQP 1.0's
+        `released`, where attempts are the header's delivery-count): an unstarted
+        delivery goes back as it is, without a copy (`ListenerCore.use_broker` sets it)."""
 
     def startable(self, t: Tracked) -> bool:
         """May a handler start on `t` now (called just before)? Not when its channel closed
@@ -161,12 +165,14 @@ class Shutdown(Part):
         (`started`: its task was cancelled at the shutdown timeout).
 
         A started one goes back with basic.nack requeue: its run counts as an attempt.
-        An unstarted one costs no attempt: the broker counts every return (the
-        redelivered flag on classic queues, x-delivery-count on quorum queues before
-        4.3, x-acquired-count on 4.3), so a copy carrying the attempt it had (and its
-        crash count) goes back to its queue instead, and the original is acked once the
-        copy is confirmed: its next delivery runs as the attempt it would have run as
-        now. The copy joins the back of the queue.
+        An unstarted one costs no attempt. Where the broker counts no return that says
+        so (`returns_free`: AMQP 1.0's `released`), it goes back as it is. Else the
+        broker counts every return (the redelivered flag on classic queues,
+        x-delivery-count on quorum queues before 4.3, x-acquired-count on 4.3), so a
+        copy carrying the attempt it had (and its crash count) goes back to its queue
+        instead, and the original is acked once the copy is confirmed: its next delivery
+        runs as the attempt it would have run as now. The copy joins the back of the
+        queue.
         """
         leave = self._gating.leave(t)  # it will not run (again) here: its key goes on
         if t.settled or not self._ledger.current(t):
@@ -174,8 +180,8 @@ class Shutdown(Part):
         if started or self.mode is AckMode.NONE:
             self._ledger.gone(t)
             self._emit(Stage.RETURNED, t, "handler cancelled at shutdown")
-            return [Nack(t.tag, requeue=True), *leave]
-        if self._given_back:
+            return [Nack(t.tag, requeue=True), *leave]  # its run counts
+        if self._given_back or self.returns_free:
             return [*self._as_it_is([t]), *leave]
         if self._holding or len(self._confirms) >= STOP_COPIES:
             self._returning.append(t)  # its turn comes with `stop`, or a confirm
@@ -220,14 +226,20 @@ class Shutdown(Part):
         return Step(self._ledger.generation, self._as_it_is(waiting))
 
     def _as_it_is(self, ts: Sequence[Tracked]) -> list[Action]:
-        """Unstarted `ts` back to their queue without a copy (`give_back`)."""
+        """Unstarted `ts` back to their queue without a copy (`give_back`, or
+        `returns_free`)."""
         acts: list[Action] = []
+        why = (
+            "shutdown before start: released, no attempt counted"
+            if self.returns_free
+            else "shutdown before start: no time left for a copy"
+        )
         for t in ts:
             if t.settled or not self._ledger.current(t):
                 continue
             self._ledger.gone(t)
-            self._emit(Stage.RETURNED, t, "shutdown before start: no time left for a copy")
-            acts.append(Nack(t.tag, requeue=True))
+            self._emit(Stage.RETURNED, t, why)
+            acts.append(Nack(t.tag, requeue=True, counts=False))
         if acts and self.mode is AckMode.TRANSACTED:
             acts.append(TxCommit())
         return acts

@@ -335,6 +335,15 @@ def _with_floats(value: Any, exact: Any) -> Any:
     return value
 
 
+def field_value(f: Field) -> Any:
+    """A `Field`'s value as Python reads it (as `lenient_table` reads a table's values;
+    None for one that cannot be read)."""
+    try:
+        return _lenient_value(f.raw, 0, len(f.raw), 0)[0]
+    except _UNREADABLE:
+        return None
+
+
 def lenient_table(data: bytes) -> dict[str, Any]:
     """A field table (with its 4-octet size) read as far as it can be read, as Python
     values: what a client library refused whole (a timestamp past year 9999, a header

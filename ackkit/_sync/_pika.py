@@ -48,19 +48,29 @@ PROPERTY_FIELDS = tuple(n for n in wire.PROPERTY_NAMES if n != "cluster_id")
 """The basic properties pika reads and writes (cluster_id is deprecated and left out)."""
 
 
+class Amqp10Parameters(pika.URLParameters):  # type: ignore[misc]
+    """pika's parameters for a URL, marked for an AMQP 1.0 connection (`select_connection`
+    opens `ackkit._amqp10.connection.Connection` with them; a blocking connection, the
+    topology's, is still AMQP 0-9-1)."""
+
+    amqp10 = True
+
+
 def parameters(
     url: str,
     *,
     heartbeat: int | None = None,
     name: str = "ackkit",
     tls: tuple[ssl.SSLContext, str | None] | None = None,
+    amqp10: bool = False,
 ) -> Any:
     """pika parameters for `url`; amqps:// with `tls` (from `client_tls`) or, when it is
-    None, certificates verified against the system's trust store."""
+    None, certificates verified against the system's trust store. `amqp10`: the
+    consuming connection speaks AMQP 1.0 (`Amqp10Parameters`)."""
     memory = broker_for(url)
     if memory is not None:  # ackkit.testing.InMemoryBroker
         return memory.pika_parameters(name)
-    params = pika.URLParameters(url)
+    params = Amqp10Parameters(url) if amqp10 else pika.URLParameters(url)
     tls = tls or client_tls(url, None)
     if tls is not None:
         params.ssl_options = pika.SSLOptions(tls[0], tls[1])
@@ -104,6 +114,10 @@ def select_connection(params: Any, **callbacks: Any) -> Any:
     memory = getattr(params, "memory_broker", None)
     if memory is not None:
         return memory.select_connection(params, **callbacks)
+    if getattr(params, "amqp10", False):  # App(protocol="amqp1.0")
+        from .._amqp10.connection import Connection
+
+        return Connection(params, **callbacks)
     conn = FaithfulConnection(params, **callbacks)
     name = str((params.client_properties or {}).get("connection_name", ""))
     conn.add_on_connection_blocked_callback(

@@ -179,6 +179,7 @@ class Consumer(Executor):
                     unreadable=why,
                     wire_headers=getattr(props, "wire_headers", None),
                     properties=None if why else props,
+                    count=getattr(method, "delivery_count", None),  # AMQP 1.0's own count
                 )
             except Exception as exc:  # never let one delivery take the connection down
                 why = f"receiving it failed: {describe(exc)}"

@@ -156,11 +156,14 @@ class Executor:
             self._drop(step)
             return
         ch = self.channel
+        by_outcome = getattr(ch, "settle", None)  # AMQP 1.0: the outcome the core's rule gives
         try:
             for _, op, x in operations(step, self.originals):
                 if op is Op.SETTLE:
                     t = type(x)
-                    if t is Ack:
+                    if by_outcome is not None:
+                        by_outcome(x)
+                    elif t is Ack:
                         ch.basic_ack(x.tag, x.multiple)
                     elif t is Reject:
                         ch.basic_reject(x.tag, x.requeue)

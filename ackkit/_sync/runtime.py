@@ -17,10 +17,12 @@ from typing import Any
 
 from .._app.declaring import declaration
 from .._app.launch import Launch
+from .._app.settings import AMQP10
 from .._connection.io import ConnectFailed, FatalConnectError
-from .._core.brokers import traits_of
+from .._core.brokers import amqp10_traits, traits_of
 from .._core.consume import check_channels, spare_channels
 from .._core.errors import TopologyConflict
+from .._core.settlement import unsupported
 from .._core.shutdown import LAST_COPIES
 from .._core.stop_budget import COPY_GRACE, StopBudget, may_close
 from .._interpreter import stopping
@@ -45,6 +47,7 @@ class Runtime(Engine):
             settings.url, settings.safe_url, settings.reconnect_max_interval, settings.urls
         )
         self.settings = settings
+        self.settings_specs = launch.specs
         # Exchanges, bindings and the queues no listener consumes: the app's `_plan()`.
         self.exchanges = launch.exchanges
         # `observer` (ackkit's log lines) is called in place; the app's registered
@@ -66,6 +69,13 @@ class Runtime(Engine):
     # -- lifecycle (caller's thread) -------------------------------------------
 
     def start(self) -> None:
+        if self.settings.protocol == AMQP10:
+            for spec in self.settings_specs:
+                why = unsupported(
+                    spec.name, spec.policy.mode, spec.exclusive, spec.consumer_arguments
+                )
+                if why is not None:
+                    raise ValueError(why)
         if self.events is not None:
             self.events.start()
         for c in self.consumers:
@@ -233,7 +243,11 @@ class Runtime(Engine):
     def parameters(self) -> Any:
         s = self.settings
         return parameters(
-            self.url, heartbeat=s.heartbeat, name=s.connection_name, tls=s.tls_for(self.url)
+            self.url,
+            heartbeat=s.heartbeat,
+            name=s.connection_name,
+            tls=s.tls_for(self.url),
+            amqp10=s.protocol == AMQP10,
         )
 
     def declare(self, conn: Any) -> None:
@@ -244,6 +258,11 @@ class Runtime(Engine):
         spare = spare_channels(len(self.consumers), negotiated)
         self.exchange_channels = min(EXCHANGE_CHANNELS, spare)
         broker = traits_of(conn._impl.server_properties)
+        if self.settings.protocol == AMQP10:
+            try:
+                broker = amqp10_traits(broker, self.safe_url)
+            except ValueError as exc:
+                raise FatalConnectError(str(exc)) from None  # from start(): no retry fixes it
         for c in self.consumers:
             with c.lock:
                 c.core.use_broker(broker)  # before anything of this connection is decided

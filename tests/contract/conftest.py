@@ -258,6 +258,21 @@ class SyncRuntime(Runtime):
             yield SyncPull(conn)
 
 
+class Amqp10Runtime(SyncRuntime):
+    """The App over AMQP 1.0 (`protocol="amqp1.0"`): RabbitMQ 4.0 and later only."""
+
+    kind = "amqp10"
+
+    def app(self, **kw: Any) -> AppBase:
+        kw.setdefault("protocol", "amqp1.0")
+        return super().app(**kw)
+
+    @contextlib.contextmanager
+    def pull(self) -> Iterator[Any]:
+        pytest.skip("pull mode speaks AMQP 0-9-1 only")
+        yield None
+
+
 class SyncPull:
     def __init__(self, conn: Any) -> None:
         self.conn = conn
@@ -414,8 +429,14 @@ def queue_factory(request: pytest.FixtureRequest, broker: Broker) -> Iterator[An
     factory.cleanup()
 
 
-@pytest.fixture(params=["sync", "async"])
-def runtime(request: pytest.FixtureRequest, broker: Broker) -> Runtime:
+@pytest.fixture(params=["sync", "async", "amqp10"])
+def runtime(request: pytest.FixtureRequest, broker: Broker, transport: str) -> Runtime:
     if request.param == "sync":
         return SyncRuntime(broker)
+    if request.param == "amqp10":
+        if transport != "rabbitmq":
+            pytest.skip("AMQP 1.0 runs against a real RabbitMQ 4.x (no in-memory broker yet)")
+        if int(broker.handle.server_version().split(".")[0]) < 4:
+            pytest.skip("AMQP 1.0 needs RabbitMQ 4.0 or later")
+        return Amqp10Runtime(broker)
     return AsyncRuntime(broker, request.getfixturevalue("loop_thread"))

@@ -397,7 +397,11 @@ def test_a_handlers_reject_counts_and_its_nack_does_not_on_43(
         eventually(lambda: len(seen) == 3, what="three deliveries")
         broker.wait_for(q, ready=0, unacked=0)
     third = seen[2]
-    if traits.reject_counts_nack_does_not:
+    if runtime.kind == "amqp10":
+        # over AMQP 1.0 both are modified(delivery-failed), which the broker counts: a
+        # handler's requeue counts as over 0-9-1 on 4.3 (x-acquired-count), and is bounded
+        assert (third["x-delivery-count"], third["x-acquired-count"]) == (2, 2)
+    elif traits.reject_counts_nack_does_not:
         assert (third["x-delivery-count"], third["x-acquired-count"]) == (1, 2)
     else:
         assert third["x-delivery-count"] == 2

@@ -86,8 +86,10 @@ def test_pause_cancels_the_consumer_and_returns_held_deliveries(
         eventually(lambda: len(seen) == 1, what="the first handler running")
         app.pause()  # type: ignore[attr-defined]
         eventually(lambda: set(app.flow_state().values()) == {FlowState.PAUSED})
-        # the 19 held ones are back at once; the one in its handler still runs
-        broker.wait_for(q, consumers=0, unacked=1, ready=39)
+        # the 19 held ones are back at once; the one in its handler still runs (over AMQP
+        # 1.0 its link stays attached, without credit, until it is settled: a detach
+        # would return it)
+        broker.wait_for(q, consumers=int(runtime.kind == "amqp10"), unacked=1, ready=39)
         gate.set()
         broker.wait_for(q, consumers=0, unacked=0, ready=39)
         time.sleep(0.3)
@@ -328,6 +330,11 @@ def test_consumer_priority_and_exclusive_reach_the_broker(
 
     app = runtime.app()
     runtime.listen(app, q, handle, consumer=Consumer(priority=7, exclusive=True))
+    if runtime.kind == "amqp10":  # no exclusive consumers over AMQP 1.0: said at start
+        with pytest.raises(ValueError, match="exclusive consumer is an AMQP 0-9-1 option"):
+            app.start()  # type: ignore[attr-defined]
+        app = runtime.app()
+        runtime.listen(app, q, handle, consumer=Consumer(priority=7))
     with runtime.running(app):
         broker.wait_for(q, consumers=1)
         out = broker.handle.ctl(
@@ -335,6 +342,8 @@ def test_consumer_priority_and_exclusive_reach_the_broker(
         )
         line = next(ln for ln in out.splitlines() if ln.startswith(q + "\t"))
         assert "x-priority" in line and "7" in line, line
+        if runtime.kind == "amqp10":
+            return
         # an exclusive consumer: nobody else may consume the queue
         conn = broker.handle.connect()
         try:
