@@ -71,10 +71,14 @@ def plain(value: Any, depth: int = 0) -> Any:
     """An AMQP 1.0 value as a value a 0-9-1 header can carry."""
     if depth > _DEPTH:
         return None
-    if value is None or isinstance(value, (bool, int, float, bytes)):
-        if isinstance(value, timestamp):
-            return _EPOCH + int(value) * _MS
+    if value is None or isinstance(value, (bool, bytes)):
         return value
+    if isinstance(value, timestamp):  # an int subclass: before int
+        return _EPOCH + int(value) * _MS
+    if isinstance(value, int):  # int32, ulong, ...: plain ints, as ackkit's checks expect
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
     if isinstance(value, str):  # symbol, char
         return str(value)
     if isinstance(value, memoryview):

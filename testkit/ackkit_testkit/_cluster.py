@@ -594,16 +594,23 @@ def own_cluster(
     return handle
 
 
+JOIN_STEP_TIMEOUT = 240.0
+"""Each step of a join, at most (s). A stop_app of a freshly booted node took more than
+60 s once on a loaded machine (a make test leg beside two busy loops and another suite);
+the steps wait for the node, so a generous ceiling costs nothing when it is quick."""
+
+
 def _join(cluster: ClusterHandle) -> None:
     """Nodes 2.. join node 1: stop_app (in parallel), join_cluster (one at a time, as
     RabbitMQ asks), start_app (in parallel)."""
     first, rest = cluster.nodes[0], cluster.nodes[1:]
     if not rest:
         return
-    _in_parallel([functools.partial(n.ctl, "stop_app") for n in rest])
+    t = JOIN_STEP_TIMEOUT
+    _in_parallel([functools.partial(n.ctl, "stop_app", timeout=t) for n in rest])
     for node in rest:
-        node.ctl("join_cluster", str(first.node_name))
-    _in_parallel([functools.partial(n.ctl, "start_app") for n in rest])
+        node.ctl("join_cluster", str(first.node_name), timeout=t)
+    _in_parallel([functools.partial(n.ctl, "start_app", timeout=t) for n in rest])
 
 
 # -- the command ----------------------------------------------------------------------------
