@@ -24,6 +24,7 @@ EXAMPLES = [
     ("pull_mode", "Pull mode: basic.get, reject-requeue, ack"),
     ("retry_dead_letter", "Retry with max attempts, then the DLQ, then replay"),
     ("async_app", "AsyncApp on aio-pika: the same semantics with asyncio"),
+    ("amqp10", "The App over AMQP 1.0 (RabbitMQ 4.x): the same listener, one option"),
     ("publishing", "Publishing from handlers, confirmed: a result, a reply, an unroutable one"),
     ("exchanges", "Exchanges and bindings declared by listeners; the app's AsyncAPI"),
     ("throughput", "Throughput: ackkit AUTO next to raw pika, same run"),

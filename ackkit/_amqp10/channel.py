@@ -38,8 +38,10 @@ import pika.frame
 import pika.spec
 from proton import Condition, Delivery, Link, Message, int32, symbol
 
+from .._core import amqp10
 from .._core.actions import Ack, Nack, Reject
 from .._core.settlement import Outcome, outcome
+from .._core.settlement import redelivered as was_delivered
 from .._sync._frames import UnreadableProperties
 from . import messages
 
@@ -60,6 +62,14 @@ _CODES = {
     "amqp:not-allowed": 403,
     "amqp:resource-deleted": 404,
 }
+_NAMES = {
+    320: "CONNECTION_FORCED",
+    403: "ACCESS_REFUSED",
+    404: "NOT_FOUND",
+    405: "RESOURCE_LOCKED",
+    406: "PRECONDITION_FAILED",
+    541: "INTERNAL_ERROR",
+}
 _STATES = {
     Outcome.ACCEPTED: Delivery.ACCEPTED,
     Outcome.RELEASED: Delivery.RELEASED,
@@ -68,12 +78,33 @@ _STATES = {
 }
 
 
+class _Garbled:
+    """An error condition proton could not read (its description not UTF-8: RabbitMQ
+    echoes a hostile message's bytes in some): its name and what could be said."""
+
+    def __init__(self, exc: Exception) -> None:
+        self.name = "amqp:internal-error"
+        self.description = f"an error whose text could not be read ({type(exc).__name__})"
+
+
+def condition_of(endpoint: Any, attr: str = "remote_condition") -> Any:
+    """`endpoint`'s error condition (a link's, a session's, a connection's, a transport's),
+    never raising: a condition proton cannot decode must not end ackkit's I/O thread."""
+    try:
+        return getattr(endpoint, attr)
+    except Exception as exc:  # UnicodeDecodeError, seen; anything else alike
+        return _Garbled(exc)
+
+
 def reply_code(condition: Condition | None) -> tuple[int, str]:
-    """0-9-1's (reply code, text) for an AMQP 1.0 error condition."""
+    """0-9-1's (reply code, text) for an AMQP 1.0 error condition: the text as RabbitMQ
+    words it over 0-9-1 ("NOT_FOUND - no queue ..."), with the AMQP 1.0 condition after
+    it, so a log line reads the same over either protocol."""
     if condition is None:
-        return 320, "detached by the broker"
+        return 320, "CONNECTION_FORCED - detached by the broker"
     name = str(condition.name)
-    return _CODES.get(name, 541), f"{name}: {condition.description or ''}".strip()
+    code = _CODES.get(name, 541)
+    return code, f"{_NAMES[code]} - {condition.description or ''} ({name})"
 
 
 class _Method:
@@ -341,7 +372,7 @@ class Channel:
             cb(None)
 
     def link_closed(self, link: Any) -> None:
-        code, text = reply_code(link.remote_condition)
+        code, text = reply_code(condition_of(link))
         if link.state & Link.LOCAL_ACTIVE:
             link.close()
         if link.is_sender:
@@ -398,17 +429,18 @@ class Channel:
         try:
             msg.decode(data)
             count = int(msg.delivery_count or 0)
-            # RabbitMQ writes the header on every delivery: first-acquirer false once any
-            # link acquired the message before (a release counts no delivery, but this)
-            redelivered = count > 0 or not msg.first_acquirer
+            acquired = symbol("x-acquired-count") in (msg.annotations or {})
+            redelivered = was_delivered(count, bool(msg.first_acquirer), acquired)
             body = messages.body_of(msg)
             props, exchange, rk = messages.properties_of(msg)
         except messages.Unreadable as exc:
-            props, exchange, rk = _salvage(msg, str(exc))
+            props, exchange, rk = messages.properties_of(msg)
+            props = UnreadableProperties(str(exc), message_id=props.message_id)
             body = exc.body
         except Exception as exc:  # never let one message take the connection down
-            props, exchange, rk = _salvage(msg, f"its AMQP 1.0 encoding could not be read: {exc}")
-            body = bytes(data)
+            why = f"its AMQP 1.0 encoding could not be read: {exc}"
+            props, body = _salvage(bytes(data), why)
+            exchange = rk = ""
         if c.auto_ack or dlv.settled:
             dlv.settle()
         else:
@@ -544,10 +576,21 @@ class Channel:
             cb(self, reason)
 
 
-def _salvage(msg: Message, why: str) -> tuple[Any, str, str]:
-    """Unreadable properties for a message that cannot go to a handler, with what could
-    be read of it."""
-    fields: dict[str, Any] = {}
-    with contextlib.suppress(Exception):  # what a message that did not decode holds
-        fields["message_id"] = None if msg.id is None else str(msg.id)
-    return UnreadableProperties(why, **fields), "", ""
+def _salvage(data: bytes, why: str) -> tuple[Any, bytes]:
+    """Properties and body for a message proton could not decode (a property or header
+    name that is not UTF-8, ...): what ackkit's lenient reader gets of it (its message
+    id, content type and application properties, names and text not UTF-8 replaced),
+    marked unreadable, and its body (the data sections; else the encoded message whole),
+    so its dead letter keeps what can be kept."""
+    got = amqp10.read(data)
+    if got is None:
+        return UnreadableProperties(why), data
+    headers = {k: messages.plain(v) for k, v in got.application_properties.items()}
+    mid, ct = got.message_id, got.content_type
+    props = UnreadableProperties(
+        why,
+        message_id=None if mid is None else str(mid),
+        content_type=None if ct is None else str(ct),
+        headers=headers or None,
+    )
+    return props, data if got.body is None else got.body

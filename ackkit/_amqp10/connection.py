@@ -20,7 +20,7 @@ from proton import Handler, symbol
 from proton.reactor import Container
 
 from .._connection.url import mask_text
-from .channel import Channel, reply_code
+from .channel import Channel, condition_of, reply_code
 from .loop import Loop
 
 log = logging.getLogger("ackkit")
@@ -41,7 +41,7 @@ class _Events(Handler):
 
     def on_connection_remote_close(self, event: Any) -> None:
         c = event.connection
-        self.conn.remote_closed(c.remote_condition)
+        self.conn.remote_closed(condition_of(c))
         if c.state & c.LOCAL_ACTIVE:
             c.close()
 
@@ -54,7 +54,7 @@ class _Events(Handler):
         ssn = event.session
         ch = ssn.context
         if isinstance(ch, Channel):
-            ch.closed_by_broker(ssn.remote_condition)
+            ch.closed_by_broker(condition_of(ssn))
         if ssn.state & ssn.LOCAL_ACTIVE:
             ssn.close()
 
@@ -81,7 +81,7 @@ class _Events(Handler):
             ch.delivery(event.delivery)
 
     def on_transport_error(self, event: Any) -> None:
-        cond = event.transport.condition
+        cond = condition_of(event.transport, "condition")
         self.conn.transport_failed(cond)
 
     def on_transport_closed(self, event: Any) -> None:

@@ -85,6 +85,8 @@ class AppBase(SettingsView):
     """
 
     _runtime: RunState | None = None
+    _protocols: tuple[str, ...] = ("amqp0-9-1", "amqp1.0")
+    """The `protocol` values this kind of app runs on."""
 
     def __init__(
         self,
@@ -108,12 +110,21 @@ class AppBase(SettingsView):
             tls=tls,
             protocol=protocol,
         )
+        self._check_protocol()
         self.specs: list[ListenerSpec] = []
         self._declared: tuple[Exchange | Queue, ...] = ()  # app.declare(...)
         self._observers: list[Observer] = []
         self._instruments: list[Instrument] = []
         # listener name -> (spec, core) of the latest runtime; kept after it stops
         self._cores: dict[str, tuple[ListenerSpec, ListenerCore]] = {}
+
+    def _check_protocol(self) -> None:
+        p = self.settings.protocol
+        if p not in self._protocols:
+            raise ValueError(
+                f"{type(self).__name__} speaks {' and '.join(self._protocols)}, not "
+                f"protocol={p!r}: over AMQP 1.0, run your listeners on App"
+            )
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.safe_url} listeners={len(self.specs)}>"
@@ -173,6 +184,7 @@ class AppBase(SettingsView):
         errors name it) is not running already and has a listener."""
         if self._runtime is not None:
             raise RuntimeError(f"{kind} is already running")
+        self._check_protocol()
         if not self.specs:
             raise RuntimeError(f"{kind} has no listeners: register one with @app.listener(...)")
         rt = runtime(

@@ -48,6 +48,8 @@ class AsyncApp(AppBase):
     not finished, and one slow handler does not hold back everyone else's acks.
     """
 
+    _protocols = ("amqp0-9-1",)
+
     _runtime: AsyncRuntime | None = None
     _stop_request: asyncio.Event | None = None
 

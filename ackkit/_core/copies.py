@@ -22,7 +22,8 @@ dropped on every copy
     (`BROKER_OWNED`: x-death, x-first-death-*, x-last-death-*,
     x-delivery-count, x-acquired-count, x-stream-offset) and the
     sender-selected distribution headers CC and BCC (on a copy they would
-    route it to those queues once more: a duplicate for another consumer);
+    route it to those queues once more: a duplicate for another consumer),
+    and their AMQP 1.0 forms (x-opt-deaths, x-cc);
     `user_id` when it names another user than ackkit's connection (the broker
     refuses such a publish; kept in ackkit-original-user-id).
 dropped on retry and dead-letter copies
@@ -67,6 +68,9 @@ BROKER_OWNED = frozenset(
         "x-stream-offset",  # written on deliveries from a stream
         "CC",  # sender-selected distribution: would route the copy again
         "BCC",
+        # the same, as RabbitMQ 4.x hands them to an AMQP 1.0 consumer (annotations)
+        "x-cc",
+        "x-opt-deaths",
     }
 )
 BROKER_OWNED_PREFIXES = ("x-first-death-", "x-last-death-")

@@ -78,3 +78,16 @@ def unsupported(
             "x-priority does: the link property rabbitmq:priority)"
         )
     return None
+
+
+def redelivered(delivery_count: int, first_acquirer: bool, acquired: bool) -> bool:
+    """Was this message delivered before (AMQP 0-9-1's redelivered flag, over AMQP 1.0)?
+
+    `delivery_count` is the header's (the broker's count of failed deliveries);
+    `first_acquirer` the header's flag; `acquired`: the message carries the annotation
+    x-acquired-count. RabbitMQ 4.3 clears first-acquirer on a message dead-lettered into
+    the queue (a retry copy back from its delay queue: never delivered from here), and
+    passes a publisher's x-acquired-count through on a first delivery; a release (a
+    consumer timeout's, a stop's) raises neither count but the acquired one. So: a
+    counted delivery, or first-acquirer cleared on a message the queue has acquired."""
+    return delivery_count > 0 or (not first_acquirer and acquired)

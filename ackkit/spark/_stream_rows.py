@@ -16,7 +16,7 @@ import pyarrow as pa
 from pydantic import BaseModel
 from pyspark.sql.types import DataType, LongType, StringType, TimestampType
 
-from ._core import amqp10
+from .._core import amqp10
 from ._rows import decode
 from ._schema import MESSAGE_FIELDS, SourceSchema, _timestamps, arrow_batch, header_text
 

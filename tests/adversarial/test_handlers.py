@@ -198,7 +198,7 @@ def test_retry_later_forever_waits_a_capped_day_in_a_delay_queue(
 def run_until(runtime: Runtime, app: Any, done: Callable[[], bool]) -> BaseException | None:
     """Run `app` with its own `running()` context (not the harness's start/stop), until
     `done()`. Returns what running() raised (start or exit), None if nothing."""
-    if runtime.kind == "sync":
+    if not runtime.is_async:
         try:
             with app.running():
                 eventually(done, what="the app stops itself")

@@ -50,7 +50,7 @@ def counts_are(
 def settle(runtime: Runtime, pull: Any, d: Delivery, kind: str, **kw: bool) -> None:
     """`d.ack(...)` / `d.nack(...)` / `d.reject(...)` on either runtime."""
     done = getattr(d, kind)(**kw)
-    if runtime.kind == "async":
+    if runtime.is_async:
         pull.lt.run(done)
 
 

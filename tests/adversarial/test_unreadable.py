@@ -240,7 +240,11 @@ def test_routing_key_not_utf8(runtime: Runtime, broker: Broker, queue_factory: A
             eventually(lambda: seen.bodies == [b"good"], what="the good message handled")
         (dead,) = broker.take_all(f"{q}.dlq")
         assert dead.body == b"bad-key"
-        assert "routing key is not UTF-8" in dead.headers["ackkit-reason"]
+        why = dead.headers["ackkit-reason"]
+        if runtime.kind == "amqp10":  # the whole transfer fails to decode: proton's word
+            assert why.startswith("unreadable message: its AMQP 1.0 encoding could not")
+        else:
+            assert "routing key is not UTF-8" in why
     finally:
         conn.channel().exchange_delete(ex)
         conn.close()

@@ -17,12 +17,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--messages", type=int, help="override the number of messages")
     ap.add_argument("--seed", type=int, help="random seed (message mix and fault plan)")
     ap.add_argument("--workdir", type=Path, help="keep records and logs here")
+    ap.add_argument(
+        "--runtimes",
+        default="sync,async",
+        help="the consumers' runtimes in turn: sync, async, amqp10 (comma separated)",
+    )
     args = ap.parse_args(argv)
     s = Settings.quick() if args.quick else Settings()
     if args.messages:
         s.messages = args.messages
     if args.seed is not None:
         s.seed = args.seed
+    s.runtimes = tuple(r.strip() for r in args.runtimes.split(",") if r.strip())
     result = run(s, args.workdir)
     print(table(result))
     if args.json:

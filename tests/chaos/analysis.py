@@ -111,6 +111,7 @@ def analyse(
     faults: Sequence[Fault],
     max_attempts: int,
     slack: float = 1.0,
+    expected: Mapping[str, str | tuple[str, ...]] = EXPECTED_REASON,
 ) -> dict[str, int]:
     idx = FaultIndex(faults)
     fig = defaultdict(int)
@@ -160,14 +161,19 @@ def analyse(
         fig[kind if kind in ("poison", "slow") else "bad"] += 1
         if kind in HOSTILE_KINDS:
             fig["hostile"] += 1
-        want = EXPECTED_REASON[kind]
-        if any(LOST_LAST in reason and want not in reason for reason, _ in s.dead):
+        want = expected[kind]
+        wants = (want,) if isinstance(want, str) else want
+
+        def fits(reason: str, wants: tuple[str, ...] = wants) -> bool:
+            return any(w in reason for w in wants)
+
+        if any(LOST_LAST in reason and not fits(reason) for reason, _ in s.dead):
             # Redelivered past max_attempts before its body was looked at: the attempt
             # limit is checked first (decoding may be what kills a consumer).
             fig["dead_lettered_after_losses"] += 1
         if (
             not copies
-            or any(want not in reason and LOST_LAST not in reason for reason, _ in s.dead)
+            or any(not fits(reason) and LOST_LAST not in reason for reason, _ in s.dead)
             or (copies > 1 and not life_faults)
         ):
             fig["dead_letter_mismatch"] += 1

@@ -91,14 +91,15 @@ def queue_of(queue: str, quorum: bool) -> Queue:
     return Queue(queue, arguments={"x-queue-type": "quorum"} if quorum else {})
 
 
-def build_sync(args: argparse.Namespace, rec: Recorder) -> App:
+def build_sync(args: argparse.Namespace, rec: Recorder, protocol: str = "amqp0-9-1") -> App:
     app = App(
         args.url,
+        protocol=protocol,
         heartbeat=10,
         reconnect_max_interval=2.0,
         shutdown_timeout=5.0,
         startup_timeout=180.0,
-        connection_name=f"chaos-sync-{os.getpid()}",
+        connection_name=f"chaos-{'sync' if protocol == 'amqp0-9-1' else 'amqp10'}-{os.getpid()}",
     )
 
     def handle(order: Order, d: Delivery) -> None:
@@ -152,7 +153,7 @@ def queues(args: argparse.Namespace) -> list[tuple[str, bool]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.chaos.consumer")
-    ap.add_argument("--runtime", choices=("sync", "async"), required=True)
+    ap.add_argument("--runtime", choices=("sync", "async", "amqp10"), required=True)
     ap.add_argument("--url", required=True)
     ap.add_argument("--classic", required=True)
     ap.add_argument("--quorum", required=True)
@@ -171,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     rec = Recorder(args.record)
     if args.runtime == "sync":
         build_sync(args, rec).run()
+    elif args.runtime == "amqp10":
+        build_sync(args, rec, protocol="amqp1.0").run()
     else:
         asyncio.run(build_async(args, rec).run())
     return 0

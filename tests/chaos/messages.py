@@ -34,6 +34,14 @@ EXPECTED_REASON = {
     "huge_headers": "attempts exhausted",
     "unreadable": "unreadable message",
 }
+OVER_AMQP10: dict[str, str | tuple[str, ...]] = {
+    **EXPECTED_REASON,
+    # RabbitMQ converts the headers for an AMQP 1.0 consumer: a timestamp past year 9999
+    # arrives as a (wrapped) timestamp, so the poison body runs its attempts; a name that
+    # is not UTF-8 still cannot be read, and proton's decode fails: "unreadable message"
+    "unreadable": ("unreadable message", "attempts exhausted"),
+}
+"""The reasons when every consumer is the App over AMQP 1.0 (`Settings.runtimes`)."""
 BAD_KINDS = (
     "invalid_json",
     "wrong_schema",

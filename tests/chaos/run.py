@@ -44,7 +44,7 @@ from ackkit.testing import BrokerHandle, BrokerUnavailable, provision_broker
 
 from .analysis import Fault, Story, analyse, parse_records
 from .consumer import RETRY
-from .messages import Message, plan
+from .messages import EXPECTED_REASON, OVER_AMQP10, Message, plan
 
 REPO = Path(__file__).resolve().parents[2]
 CLASSIC, QUORUM = "chaos.classic", "chaos.quorum"
@@ -69,6 +69,9 @@ class Settings:
     drain_timeout: float = 900.0
     seed: int = 7
     mode: str = "full"
+    runtimes: tuple[str, ...] = ("sync", "async")
+    """The consumers' runtimes, by slot in turn: "sync" (App), "async" (AsyncApp),
+    "amqp10" (App over AMQP 1.0: RabbitMQ 4.0+)."""
 
     @classmethod
     def quick(cls) -> Settings:
@@ -250,7 +253,7 @@ def _ts(v: Any) -> float:
 
 
 class Consumers:
-    """The consumer processes: slot i runs the sync runtime when i is even, async when odd."""
+    """The consumer processes: slot i runs runtime i of `Settings.runtimes` (in turn)."""
 
     def __init__(self, s: Settings, url: str, work: Path, log: Log) -> None:
         self.s, self.url, self.work, self.log = s, url, work, log
@@ -262,7 +265,7 @@ class Consumers:
         (work / "logs").mkdir(parents=True, exist_ok=True)
 
     def runtime(self, slot: int) -> str:
-        return "sync" if slot % 2 == 0 else "async"
+        return self.s.runtimes[slot % len(self.s.runtimes)]
 
     def spawn(self, slot: int) -> None:
         self.spawns += 1
@@ -364,6 +367,9 @@ def run(s: Settings, workdir: Path | None = None, *, quiet: bool = False) -> Res
         return Result({}, str(work), skipped=f"no broker node of the suite's own: {exc}")
     with broker:
         log(f"broker node {broker.node_name} up: {broker.masked_url}; work dir {work}")
+        version = broker.server_version()
+        if "amqp10" in s.runtimes and int(version.split(".")[0]) < 4:
+            return Result({}, str(work), skipped=f"AMQP 1.0 needs RabbitMQ 4.0+, not {version}")
         return _run(s, broker, work, log)
 
 
@@ -535,7 +541,10 @@ def _figures(
     (work / "broker.log").write_text(broker_log)
     # Each closure shows in the broker log and in the consumer's log: count it once.
     stale = max(stale_consumers, len(STALE_TAG.findall(broker_log)))
-    fig = analyse([m.message_id for m in msgs], stories, faults, RETRY.max_attempts)
+    expected = OVER_AMQP10 if set(s.runtimes) == {"amqp10"} else EXPECTED_REASON
+    fig = analyse(
+        [m.message_id for m in msgs], stories, faults, RETRY.max_attempts, expected=expected
+    )
     fig = {
         "messages": len(msgs),
         "poison": fig.get("poison", 0),

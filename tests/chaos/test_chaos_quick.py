@@ -12,8 +12,29 @@ from .run import Settings, run, table
 pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.timeout(600)]
 
 
-def test_chaos_quick(tmp_path: Path) -> None:
-    result = run(Settings.quick(), tmp_path / "chaos", quiet=True)
+@pytest.mark.parametrize(
+    "runtimes",
+    [
+        ("sync", "async"),
+        pytest.param(
+            ("amqp10",),
+            marks=pytest.mark.skip(
+                reason="AMQP 1.0 (issue 35): in the quick run on 4.3, 16 of the 120 hostile "
+                "messages (header names not UTF-8, timestamps past year 9999) in the quorum "
+                "queue left it with no dead letter and no handler run; lost 0, every other "
+                "figure as over 0-9-1. Not explained yet; run it with "
+                "ACKKIT_TEST_RABBITMQ=4.3 python -m tests.chaos --quick --runtimes amqp10"
+            ),
+        ),
+    ],
+    ids=["pika-aiopika", "amqp10"],
+)
+def test_chaos_quick(tmp_path: Path, runtimes: tuple[str, ...]) -> None:
+    """The quick chaos run, its consumers on App and AsyncApp, then on the App over AMQP
+    1.0 (RabbitMQ 4.x: the 4.3 leg)."""
+    s = Settings.quick()
+    s.runtimes = runtimes
+    result = run(s, tmp_path / "chaos", quiet=True)
     if result.skipped:
         pytest.skip(result.skipped)
     print(table(result))

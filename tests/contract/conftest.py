@@ -182,6 +182,8 @@ class Runtime:
     """Adapter: build an app, register a behaviour as a listener, run the app."""
 
     kind = "?"
+    is_async = False
+    """AsyncApp (an event loop in a thread) rather than App (threads)."""
 
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
@@ -290,6 +292,7 @@ class SyncPull:
 
 class AsyncRuntime(Runtime):
     kind = "async"
+    is_async = True
 
     def __init__(self, broker: Broker, loop: LoopThread) -> None:
         super().__init__(broker)

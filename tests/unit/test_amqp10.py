@@ -20,7 +20,7 @@ rstream = pytest.importorskip("rstream")
 from rstream import amqp_decoder  # noqa: E402
 from rstream._pyamqp.message import Header, Properties  # noqa: E402
 
-from ackkit.spark._core import amqp10  # noqa: E402
+from ackkit._core import amqp10  # noqa: E402
 from ackkit.spark._schema import header_text  # noqa: E402
 from ackkit.spark._stream_rows import StreamRowSchema, record  # noqa: E402
 

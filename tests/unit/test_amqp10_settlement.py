@@ -135,3 +135,22 @@ def test_listener_options_amqp10_cannot_carry_are_refused_by_name() -> None:
     assert "exclusive" in (unsupported("l", AckMode.AUTO, True, {}) or "")
     why = unsupported("l", AckMode.MANUAL, False, {"x-stream-offset": "first", "x-priority": 1})
     assert why is not None and "x-stream-offset" in why and why.startswith("l: ")
+
+
+@pytest.mark.parametrize(
+    ("count", "first", "acquired", "again", "seen_as"),
+    [
+        (0, True, False, False, "a first delivery"),
+        (0, True, True, False, "a publisher's forged x-acquired-count (4.3 passes it on)"),
+        (0, False, False, False, "a retry copy dead-lettered back from its delay queue"),
+        (0, False, True, True, "released by a consumer timeout, acquired again"),
+        (1, False, True, True, "modified(delivery-failed), or a lost consumer"),
+        (3, True, False, True, "a counted delivery, whatever the flag says"),
+    ],
+)
+def test_what_counts_as_a_redelivery_over_amqp10(
+    count: int, first: bool, acquired: bool, again: bool, seen_as: str
+) -> None:
+    from ackkit._core.settlement import redelivered
+
+    assert redelivered(count, first, acquired) is again, seen_as

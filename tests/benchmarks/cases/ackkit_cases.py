@@ -63,6 +63,32 @@ def ackkit_sync_manual(url: str, queue: str, n: int) -> None:
     _run_app_until(app, n, _acked)
 
 
+def _amqp10_available() -> None:
+    try:
+        import proton  # noqa: F401
+    except ImportError as exc:
+        raise CaseUnavailable(f"python-qpid-proton missing: {exc}") from None
+
+
+@case("ackkit.amqp10.auto", available=_amqp10_available, requires=("ackkit", "proton"))
+def ackkit_amqp10_auto(url: str, queue: str, n: int) -> None:
+    """App over AMQP 1.0 (python-qpid-proton; RabbitMQ 4.x), AUTO mode, a no-op handler."""
+    from ackkit import App
+
+    app = App(url, connection_name="bench-amqp10-auto", protocol="amqp1.0")
+
+    @app.listener(Queue(queue, declare=False))
+    def noop(body: bytes) -> None:
+        pass
+
+    try:
+        _run_app_until(app, n, _acked)
+    except Exception as exc:
+        if "needs RabbitMQ 4.0" in str(exc):
+            raise CaseUnavailable(str(exc)) from None
+        raise
+
+
 def _async_available() -> None:
     try:
         import aio_pika  # noqa: F401

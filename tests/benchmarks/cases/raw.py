@@ -7,6 +7,7 @@ docstring of :mod:`tests.benchmarks.cases` for the case protocol).
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import aio_pika
 import pika
@@ -184,3 +185,87 @@ async def _publish_confirmed(url: str, queue: str, n: int) -> None:
 def publish_confirm(url: str, queue: str, n: int) -> None:
     """aio-pika confirmed publish into an empty queue, batches of 1000 awaited."""
     asyncio.run(_publish_confirmed(url, queue, n))
+
+
+# -- AMQP 1.0 (python-qpid-proton; RabbitMQ 4.x) -----------------------------------------
+
+
+def _proton_available() -> None:
+    from . import CaseUnavailable
+
+    try:
+        import proton  # noqa: F401
+    except ImportError as exc:
+        raise CaseUnavailable(f"python-qpid-proton missing: {exc}") from None
+
+
+@case("amqp10.raw", available=_proton_available, requires=("proton",))
+def amqp10_raw(url: str, queue: str, n: int) -> dict[str, float] | None:
+    """A lean proton consumer (RabbitMQ 4.x): receive, decode, accept each, credit
+    topped up as deliveries are settled (window 1000), no framework around it."""
+    import urllib.parse
+
+    from proton import Delivery, Handler, Message
+    from proton.reactor import Container
+
+    from . import CaseUnavailable
+
+    parts = urllib.parse.urlsplit(url)
+    done = [0]
+    watchdog = Watchdog(n)
+    failure: list[BaseException] = []
+
+    class Consume(Handler):
+        def on_connection_remote_open(self, event: Any) -> None:
+            ssn = event.connection.session()
+            ssn.open()
+            rcv = ssn.receiver(f"bench-{queue}")
+            rcv.source.address = "/queues/" + urllib.parse.quote(queue, safe="")
+            rcv.open()
+            rcv.flow(PREFETCH)
+
+        def on_delivery(self, event: Any) -> None:
+            dlv = event.delivery
+            if not dlv.readable or dlv.partial:
+                return
+            rcv = dlv.link
+            msg = Message()
+            msg.decode(rcv.recv(dlv.pending))
+            rcv.advance()
+            dlv.update(Delivery.ACCEPTED)
+            dlv.settle()
+            done[0] += 1
+            if rcv.credit < PREFETCH // 2:
+                rcv.flow(PREFETCH - rcv.credit)
+            if done[0] >= n:
+                event.connection.close()
+
+        def on_transport_error(self, event: Any) -> None:
+            cond = event.transport.condition
+            failure.append(CaseUnavailable(f"no AMQP 1.0 here: {cond and cond.description}"))
+
+        def on_timer_task(self, event: Any) -> None:
+            if done[0] >= n:
+                return
+            if watchdog.stalled(done[0]):
+                failure.append(watchdog.error(done[0]))
+                event.container.stop()
+                return
+            event.container.schedule(1.0, self)
+
+    handler = Consume()
+    container = Container()
+    container.connect(
+        url=f"amqp://{parts.hostname}:{parts.port or 5672}",
+        handler=handler,
+        reconnect=False,
+        user=urllib.parse.unquote(parts.username or "guest"),
+        password=urllib.parse.unquote(parts.password or "guest"),
+        allowed_mechs="PLAIN",
+        allow_insecure_mechs=True,
+    )
+    container.schedule(1.0, handler)
+    container.run()
+    if failure:
+        raise failure[0]
+    return None

@@ -1,4 +1,6 @@
-"""An AMQP 1.0 message's parts, read from its encoded bytes (what a stream record holds).
+"""An AMQP 1.0 message's parts, read from its encoded bytes: what a stream record holds
+(the rabbitmq-stream Spark source's rows), and what the AMQP 1.0 runtime salvages of a
+delivery proton could not decode (`ackkit._amqp10.channel`).
 
 RabbitMQ keeps each stream record as an encoded AMQP 1.0 message: sections, each a
 described value (0x00, the small-ulong descriptor 0x53 and the section's code, then the
