@@ -96,8 +96,9 @@ def _in_memory_transport(item: pytest.Item) -> bool:
 # the test's name and its other parameters (stable from run to run, each runtime about
 # half the time; the App over AMQP 1.0, the contract suite's third runtime, on the 4.3
 # leg only: it needs RabbitMQ 4.0+). Together the legs still run every test on both
-# runtimes and on both brokers. The contract suite is shared out the same way (its in-memory broker's runs,
-# which one leg runs alone, are not; the Docker leg runs both runtimes on a container).
+# runtimes and on both brokers. The contract suite is shared out the same way (its
+# in-memory broker's runs, which one leg runs alone, are not; the Docker leg runs both
+# runtimes on a container).
 # A test marked `legs_share("name")` shares out its parameter `name` instead (each value
 # on one leg; the test's other parameters meet every value across the legs), one marked
 # `legs_share()` its runs in their order (for runs that already pair the runtime with
