@@ -433,10 +433,10 @@ class Channel:
             redelivered = was_delivered(count, bool(msg.first_acquirer), acquired)
             body = messages.body_of(msg)
             props, exchange, rk = messages.properties_of(msg)
-        except messages.Unreadable as exc:
-            props, exchange, rk = messages.properties_of(msg)
-            props = UnreadableProperties(str(exc), message_id=props.message_id)
+        except messages.Unreadable as exc:  # its body: kept encoded on the dead letter
+            props, _ = _salvage(bytes(data), str(exc))
             body = exc.body
+            exchange = rk = ""
         except Exception as exc:  # never let one message take the connection down
             why = f"its AMQP 1.0 encoding could not be read: {exc}"
             props, body = _salvage(bytes(data), why)

@@ -26,6 +26,12 @@ from .loop import Loop
 log = logging.getLogger("ackkit")
 
 
+def _channel(event: Any) -> Channel | None:
+    """The channel (session) of a link event, if it is one of ours."""
+    ch = event.link.session.context
+    return ch if isinstance(ch, Channel) else None
+
+
 class _Events(Handler):
     """proton's events for one connection, handed to the stand-ins."""
 
@@ -59,25 +65,21 @@ class _Events(Handler):
             ssn.close()
 
     def on_link_remote_open(self, event: Any) -> None:
-        ch = event.link.session.context
-        if isinstance(ch, Channel):
+        if (ch := _channel(event)) is not None:
             ch.link_opened(event.link)
 
     def on_link_remote_close(self, event: Any) -> None:
-        ch = event.link.session.context
-        if isinstance(ch, Channel):
+        if (ch := _channel(event)) is not None:
             ch.link_closed(event.link)
 
     on_link_remote_detach = on_link_remote_close
 
     def on_link_flow(self, event: Any) -> None:
-        ch = event.link.session.context
-        if isinstance(ch, Channel):
+        if (ch := _channel(event)) is not None:
             ch.link_flow(event.link)
 
     def on_delivery(self, event: Any) -> None:
-        ch = event.link.session.context
-        if isinstance(ch, Channel):
+        if (ch := _channel(event)) is not None:
             ch.delivery(event.delivery)
 
     def on_transport_error(self, event: Any) -> None:
@@ -181,7 +183,6 @@ class Connection:
         if self._ended:
             return
         self._ended = True
-        was_open = self.is_open or any(ch.is_open for ch in self.channels)
         opened = bool(self.server_properties)
         self.is_open = False
         self.is_closed = True
@@ -191,7 +192,6 @@ class Connection:
             self._on_close(self, reason)
         else:
             self._on_open_error(self, reason)
-        del was_open
 
 
 def _text(v: Any) -> Any:
