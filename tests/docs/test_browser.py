@@ -112,7 +112,10 @@ def test_search_finds_dead_letter(page: Any, site_url: str) -> None:
     assert results.count() >= 3
     text = page.locator(".md-search-result").inner_text().lower()
     assert "dead" in text and "letter" in text
+    start = page.url
     results.first.locator("a").first.click()
+    # the click only starts the navigation: wait for the page it leads to
+    page.wait_for_url(lambda url: url != start, timeout=15000)
     page.wait_for_load_state("networkidle")
     assert page.url.startswith(site_url) and page.url != site_url
     assert page.errors == []
@@ -127,6 +130,7 @@ def test_the_site_opened_from_disk_follows_its_navigation(page: Any, built_site:
     page.locator(
         "nav.md-nav--primary a.md-nav__link", has_text="Failures, retry and the DLQ"
     ).first.click()
+    page.wait_for_url(lambda url: "failures" in url, timeout=15000)
     page.wait_for_load_state("load")
     assert page.url.startswith("file://") and page.url.endswith(".html"), page.url
     assert page.locator("article h1").first.inner_text().strip(" ¶\n") == (
@@ -155,7 +159,9 @@ def test_search_works_on_the_site_opened_from_disk(page: Any, built_site: Path) 
     results = page.locator(".md-search-result__item")
     results.first.wait_for(timeout=15000)
     assert results.count() >= 3
+    start = page.url
     results.first.locator("a").first.click()
+    page.wait_for_url(lambda url: url != start, timeout=15000)
     page.wait_for_load_state("load")
     assert page.url.startswith("file://") and ".html" in page.url, page.url
     assert page.errors == []

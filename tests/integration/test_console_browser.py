@@ -35,6 +35,7 @@ TOTAL = sum(KINDS.values())
 @pytest.fixture
 def browser() -> Any:
     sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+    sync_api.expect.set_options(timeout=15_000)
     with sync_api.sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         try:
@@ -46,6 +47,7 @@ def browser() -> Any:
 def test_three_groups_seen_and_one_replayed_from_the_browser(
     rabbitmq: Any, fresh_queue: str, browser: Any
 ) -> None:
+    expect = pytest.importorskip("playwright.sync_api").expect
     q, dlq = fresh_queue, f"{fresh_queue}.dlq"
     fixed: set[str] = set()
     handled: list[str] = []
@@ -67,9 +69,12 @@ def test_three_groups_seen_and_one_replayed_from_the_browser(
                 assert card.inner_text() == str(TOTAL)
                 assert page.locator("svg.chart rect").count() >= 1
 
+                # a click starts a navigation and returns: every read after one waits for
+                # what the new page shows (expect), never reads the page it left
                 page.click("text=Failure groups")
+                page.wait_for_url(f"{base}/groups")
                 rows = page.locator("tr.group-row")
-                assert rows.count() == 3
+                expect(rows).to_have_count(3)
                 seen = {
                     rows.nth(i).locator("code").inner_text(): int(
                         rows.nth(i).locator("td.count").inner_text()
@@ -83,11 +88,11 @@ def test_three_groups_seen_and_one_replayed_from_the_browser(
 
                 fixed.add("price")  # the fix is deployed
                 price.locator("a").click()
-                assert page.locator(".group-count").inner_text() == "5"
+                expect(page.locator(".group-count")).to_have_text("5")
                 page.click("#replay-group")
-                assert "Yes, replay 5 dead letters" in page.inner_text("#confirm")
+                expect(page.locator("#confirm")).to_contain_text("Yes, replay 5 dead letters")
                 page.click("#confirm")
-                assert re.match(r"replay: 5 of 5 \(5 to ", page.inner_text("#result"))
+                expect(page.locator("#result")).to_have_text(re.compile(r"^replay: 5 of 5 \(5 to "))
 
                 # on the broker: the DLQ is lower by exactly that group, the service handled it
                 rabbitmq.wait_for(dlq, total=TOTAL - 5, timeout=15)
@@ -96,9 +101,11 @@ def test_three_groups_seen_and_one_replayed_from_the_browser(
                 rabbitmq.wait_for(q, ready=0, unacked=0)
 
                 page.goto(f"{base}/groups")
-                assert page.locator("tr.group-row").count() == 2  # the other two are left
+                expect(page.locator("tr.group-row")).to_have_count(2)  # the other two are left
                 page.click("text=Audit log")
-                assert "replay" in page.inner_text("table") and "5 of 5" in page.inner_text("table")
+                page.wait_for_url(re.compile(r".*/audit.*"))
+                expect(page.locator("table")).to_contain_text("replay")
+                expect(page.locator("table")).to_contain_text("5 of 5")
         finally:
             holder.stop()
     # the console gone, the other dead letters are back in the queue, nothing lost
