@@ -50,6 +50,9 @@ REPO = Path(__file__).resolve().parents[2]
 CLASSIC, QUORUM = "chaos.classic", "chaos.quorum"
 STALE_TAG = re.compile(r"unknown delivery tag", re.I)
 CLOSED_BY_BROKER = re.compile(r"channel closed by (the )?broker", re.I)
+# RabbitMQ 4.3 ends a timed-out consumer with a basic.cancel instead of closing the
+# channel (ackkit logs it with this line); chaos deletes no queue, so here it is a timeout
+CANCELLED_BY_BROKER = re.compile(r"the broker cancelled the consumer", re.I)
 PASS_KEYS = ("lost", "dead_letter_mismatch", "over_attempts", "stale_tag_channel_errors")
 
 
@@ -532,7 +535,8 @@ def _figures(
         for line in lf.read_text(encoding="utf-8", errors="replace").splitlines():
             if STALE_TAG.search(line) and CLOSED_BY_BROKER.search(line):
                 stale_consumers += 1  # ackkit's own line about the closure (pika logs one too)
-            if CLOSED_BY_BROKER.search(line) and "timed out" in line:
+            timed_out = CLOSED_BY_BROKER.search(line) and "timed out" in line
+            if timed_out or CANCELLED_BY_BROKER.search(line):
                 timeouts += 1
                 with contextlib.suppress(ValueError, IndexError):
                     t = float(line.split()[0])
