@@ -17,6 +17,10 @@ pika channel (`ackkit._sync`: the consumer, the executor, the publisher).
   missing queue, an exclusive one in use) closes the channel with 0-9-1's reply code
   for it, as a refused basic.consume does; a consumer the broker ends (its queue was
   deleted) is a basic.cancel from the broker.
+- After RabbitMQ ended a connection on a message it could not convert for AMQP 1.0
+  (`ackkit._core.conversion`), a consumer of the next connection first takes the head
+  of its queue over AMQP 0-9-1 (`_fetch`): those deliveries reach the consumer as any
+  other, and are settled on that 0-9-1 channel; its link is granted credit after.
 - `confirm_delivery` attaches an anonymous sender link; `basic_publish` sends unsettled
   to the publish's address, and the broker's outcome is the confirm: `accepted` an
   ack, `released` (no queue took it) a basic.return then an ack, `rejected` or
@@ -26,6 +30,7 @@ pika channel (`ackkit._sync`: the consumer, the executor, the publisher).
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import logging
 import threading
@@ -38,7 +43,7 @@ import pika.frame
 import pika.spec
 from proton import Condition, Delivery, Link, Message, int32, symbol
 
-from .._core import amqp10
+from .._core import amqp10, conversion
 from .._core.actions import Ack, Nack, Reject
 from .._core.settlement import Outcome, outcome
 from .._core.settlement import redelivered as was_delivered
@@ -113,7 +118,7 @@ class _Method:
     __slots__ = ("delivery_count", "delivery_tag", "exchange", "redelivered", "routing_key")
 
     def __init__(
-        self, tag: int, count: int, redelivered: bool, exchange: str, routing_key: str
+        self, tag: int, count: int | None, redelivered: bool, exchange: str, routing_key: str
     ) -> None:
         self.delivery_tag = tag
         self.delivery_count = count
@@ -125,16 +130,97 @@ class _Method:
 class _Consumer:
     """One receiver link: its callback, its credit, whether it was cancelled."""
 
-    __slots__ = ("auto_ack", "cancel_ok", "cancelled", "link", "on_message", "ready", "unsettled")
+    __slots__ = (
+        "auto_ack",
+        "cancel_ok",
+        "cancelled",
+        "delivered",
+        "fetch",
+        "link",
+        "on_message",
+        "queue",
+        "ready",
+        "unsettled",
+    )
 
-    def __init__(self, link: Any, on_message: Callable[..., None], auto_ack: bool) -> None:
+    def __init__(
+        self, link: Any, queue: str, on_message: Callable[..., None], auto_ack: bool
+    ) -> None:
         self.link = link
+        self.queue = queue
         self.on_message = on_message
         self.auto_ack = auto_ack
         self.ready: Callable[[Any], None] | None = None  # consume-ok, until it came
         self.cancelled = False
         self.cancel_ok: Callable[[Any], None] | None = None
         self.unsettled = 0
+        self.fetch = 0  # messages to take over AMQP 0-9-1 first; no credit until then
+        self.delivered = 0  # of them, how many the connection that ended had delivered
+
+
+class Suspects:
+    """The queues whose next consumer takes messages over AMQP 0-9-1 first, and how
+    many (`ackkit._core.conversion`): kept across connections, by node and queue."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queues: dict[tuple[str, int, str, str], tuple[int, int]] = {}
+
+    def add(self, params: Any, queue: str, n: int, delivered: int) -> None:
+        """`n` to take, of which the first `delivered` were delivered before the end."""
+        key = (params.host, params.port, params.virtual_host, queue)
+        with self._lock:
+            self._queues[key] = max((n, delivered), self._queues.get(key, (0, 0)))
+
+    def take(self, params: Any, queue: str) -> tuple[int, int]:
+        key = (params.host, params.port, params.virtual_host, queue)
+        with self._lock:
+            return self._queues.pop(key, (0, 0))
+
+
+SUSPECTS = Suspects()
+
+
+class _Held:
+    """An AMQP 0-9-1 channel holding deliveries taken by `_fetch`: closed (in a thread,
+    off the loop) once each is settled, or when the consumer's channel goes, which
+    gives back what is still unsettled."""
+
+    def __init__(self, conn: Any, channel: Any, count: int) -> None:
+        self.conn = conn
+        self.channel = channel
+        self.left = count
+
+    def settle(self, tag: int, state: Any) -> None:
+        with contextlib.suppress(Exception):  # its connection gone: the broker gave it back
+            if state == Delivery.ACCEPTED:
+                self.channel.basic_ack(tag)
+            else:
+                self.channel.basic_reject(tag, requeue=state != Delivery.REJECTED)
+        self.left -= 1
+        if self.left <= 0:
+            self.close()
+
+    def close(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            threading.Thread(target=_close, args=(conn,), daemon=True).start()
+
+
+def _close(conn: Any) -> None:
+    with contextlib.suppress(Exception):
+        if conn.is_open:
+            conn.close()
+
+
+class _Fetched:
+    """A delivery taken over AMQP 0-9-1, in `Channel.unsettled` as a proton delivery."""
+
+    __slots__ = ("held", "tag")
+
+    def __init__(self, held: _Held, tag: int) -> None:
+        self.held = held
+        self.tag = tag
 
 
 class Channel:
@@ -209,8 +295,9 @@ class Channel:
             props[symbol("rabbitmq:priority")] = int32(int(priority))  # an AMQP int, not a long
         if props:
             link.properties = props
-        c = _Consumer(link, on_message_callback, auto_ack)
+        c = _Consumer(link, queue, on_message_callback, auto_ack)
         c.ready = callback
+        c.fetch, c.delivered = SUSPECTS.take(self.connection.params, queue)
         link.context = c
         self.consumers[tag] = c
         link.open()
@@ -366,10 +453,13 @@ class Channel:
             return
         if not link.remote_source.address:
             return  # refused: the detach follows with the reason
-        self._grant(c)
         cb, c.ready = c.ready, None
         if cb is not None:
             cb(None)
+        if c.fetch:
+            self._fetch(c)
+        else:
+            self._grant(c)
 
     def link_closed(self, link: Any) -> None:
         code, text = reply_code(condition_of(link))
@@ -471,13 +561,82 @@ class Channel:
         for cb in list(self._cancel_callbacks):
             cb(frame)
 
+    def _fetch(self, c: _Consumer) -> None:
+        """Take up to `c.fetch` messages of the consumer's queue over AMQP 0-9-1 (a
+        connection in a thread of its own) and hand them to the consumer, on the loop;
+        then grant the link its credit."""
+        conn, queue, n = self.connection, c.queue, c.fetch
+        log.warning(
+            "queue %r: taking up to %d message(s) over AMQP 0-9-1 before consuming over "
+            "AMQP 1.0 again (the broker ended the last connection on a message it could "
+            "not convert)",
+            queue,
+            n,
+        )
+
+        def work() -> None:
+            got: list[tuple[Any, Any, bytes]] = []
+            bc: Any = None
+            ch: Any = None
+            err: BaseException | None = None
+            try:
+                from .._sync._pika import blocking_connection
+
+                params = copy.copy(conn.params)
+                params.heartbeat = 0  # a handler may take its time before the settle
+                bc = blocking_connection(params)
+                ch = bc.channel()
+                for _ in range(n):
+                    method, props, body = ch.basic_get(queue, auto_ack=c.auto_ack)
+                    if method is None:
+                        break
+                    got.append((method, props, body))
+            except BaseException as exc:  # told on the loop; the link consumes as before
+                err = exc
+
+            def done() -> None:
+                c.fetch = 0
+                if err is not None:
+                    log.warning("queue %r: taking messages over AMQP 0-9-1 failed: %s", queue, err)
+                live = self.is_open and not c.cancelled
+                held = _Held(bc, ch, len(got)) if live and got and not c.auto_ack else None
+                if held is None and bc is not None:  # nothing to settle there (or gone)
+                    _Held(bc, ch, 0).close()
+                if not live:
+                    return
+                for i, (method, props, body) in enumerate(got):
+                    tag = next(self._tags)
+                    if held is not None:
+                        self.unsettled[tag] = (_Fetched(held, method.delivery_tag), c)
+                        c.unsettled += 1
+                    again = conversion.redelivered(i, c.delivered, method.redelivered)
+                    m = _Method(tag, None, again, method.exchange, method.routing_key)
+                    c.on_message(self, m, props, body)
+                self._grant(c)
+
+            with contextlib.suppress(RuntimeError):  # gone: this channel went with it
+                conn.ioloop.add_callback_threadsafe(done)
+
+        threading.Thread(target=work, name="ackkit-amqp10-091", daemon=True).start()
+
     def closed_by_broker(self, condition: Condition | None) -> None:
         code, text = reply_code(condition)
         self._closed_by(code, text)
 
-    def connection_lost(self, reason: BaseException) -> None:
-        if not self.is_closed:
-            self._gone(reason)
+    def connection_lost(self, reason: BaseException, condition: Any = None) -> None:
+        """The connection ended (`condition`: the broker's error condition, if it ended
+        it): where it may have ended on a message the broker could not convert, the
+        queues consumed here are taken over AMQP 0-9-1 first by the next connection."""
+        if self.is_closed:
+            return
+        if condition is not None and conversion.unconvertible(
+            str(condition.name), condition.description
+        ):
+            for c in self.consumers.values():
+                if not c.cancelled:
+                    n = conversion.taken_over_091(self.prefetch, c.unsettled)
+                    SUSPECTS.add(self.connection.params, c.queue, n, c.unsettled)
+        self._gone(reason)
 
     # -- internals -------------------------------------------------------------------
 
@@ -491,11 +650,14 @@ class Channel:
             if entry is None:
                 continue  # never ours, or settled: 0-9-1 would close the channel (406)
             dlv, c = entry
-            if state == Delivery.MODIFIED:
+            if type(dlv) is _Fetched:
+                dlv.held.settle(dlv.tag, state)
+            elif state == Delivery.MODIFIED:
                 dlv.local.failed = True
                 dlv.local.undeliverable = False
-            dlv.update(state)
-            dlv.settle()
+            if type(dlv) is not _Fetched:
+                dlv.update(state)
+                dlv.settle()
             c.unsettled -= 1
             touched.add(id(c))
             if c.cancelled and c.unsettled == 0 and c.cancel_ok is None:
@@ -507,7 +669,7 @@ class Channel:
     def _grant(self, c: _Consumer) -> None:
         """Credit up to the prefetch, counting what is unsettled and what is granted."""
         link = c.link
-        if c.cancelled or not link.state & Link.LOCAL_ACTIVE:
+        if c.cancelled or c.fetch or not link.state & Link.LOCAL_ACTIVE:
             return
         window = self.prefetch or UNBOUNDED
         want = window - (0 if c.auto_ack else c.unsettled) - link.credit
@@ -568,6 +730,9 @@ class Channel:
     def _gone(self, reason: BaseException) -> None:
         self.is_open = False
         self.is_closed = True
+        for dlv, _c in self.unsettled.values():
+            if type(dlv) is _Fetched:
+                dlv.held.close()  # what it still holds goes back to its queue
         self.unsettled.clear()
         self.consumers.clear()
         self._sent.clear()  # the publisher reports its pending publishes lost

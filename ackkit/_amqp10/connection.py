@@ -170,7 +170,7 @@ class Connection:
     def remote_closed(self, condition: Any) -> None:
         # 320 (CONNECTION_FORCED), as 0-9-1 says it: the channels did not fail on their own
         text = "closed" if condition is None else reply_code(condition)[1]
-        self._end(pika.exceptions.ConnectionClosedByBroker(320, text))
+        self._end(pika.exceptions.ConnectionClosedByBroker(320, text), condition)
 
     def transport_failed(self, condition: Any) -> None:
         if condition is None:
@@ -179,7 +179,7 @@ class Connection:
             why = mask_text(f"{condition.name}: {condition.description or ''}")
         self._end(pika.exceptions.AMQPConnectionError(why))
 
-    def _end(self, reason: BaseException) -> None:
+    def _end(self, reason: BaseException, condition: Any = None) -> None:
         if self._ended:
             return
         self._ended = True
@@ -187,7 +187,7 @@ class Connection:
         self.is_open = False
         self.is_closed = True
         for ch in list(self.channels):
-            ch.connection_lost(reason)
+            ch.connection_lost(reason, condition)
         if opened:
             self._on_close(self, reason)
         else:

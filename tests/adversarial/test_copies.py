@@ -104,7 +104,8 @@ def test_every_amqp_type_survives_a_retry_and_a_dead_letter(
     """Byte for byte on the pika runtime (it reads the original's raw headers). aiormq
     hands ackkit decoded values only: integers come back in 'I'/'l' and a float as a
     double with the same value; every other type is byte for byte there too. The one
-    change on both is the broker's: 'L' becomes 'l' on the delay queue's hop."""
+    change on both is the broker's: 'L' becomes 'l' on the delay queue's hop. Over AMQP
+    1.0 the values survive, their 0-9-1 widths not (below)."""
     q = queue_factory(declare=True)
     runs = Runs()
 
@@ -128,7 +129,18 @@ def test_every_amqp_type_survives_a_retry_and_a_dead_letter(
     assert props["message_id"] == "m-typed" and props["priority"] == 3
     for k, want in EVERY_TYPE.items():
         got = h[k].raw
-        if runtime.kind == "async" and k[0] in "bBsuIiLlf":
+        if runtime.kind == "amqp10" and k[0] in "bBsuIiLlfDx":
+            # the decimal header ends the AMQP 1.0 connection (RabbitMQ cannot convert
+            # it), so the runtime took this message over 0-9-1; its retry copy went out
+            # over AMQP 1.0, whose types carry every value but not 0-9-1's widths
+            if k[0] == "D":
+                assert got == b"S\x00\x00\x00\x041.50", got  # 150 * 10**-2, as its text
+            elif k[0] == "x":
+                assert got == b"S" + want[1:], got  # the same bytes, as a string
+            else:
+                assert chr(got[0]) == ("d" if k == "f" else "l"), (k, got)
+                assert _number(got) == _number(want), k
+        elif runtime.kind == "async" and k[0] in "bBsuIiLlf":
             assert chr(got[0]) in ("d" if k == "f" else "Il"), (k, got)
             assert _number(got) == _number(want), k
         elif k == "L":

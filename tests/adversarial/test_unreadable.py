@@ -79,6 +79,9 @@ def test_unreadable_deliveries_are_dead_lettered_and_the_queue_flows(
     app = runtime.app()
     runtime.listen(app, q, _recorder(seen))
     publish_hostile(broker.handle.url, q, HOSTILE)
+    if runtime.kind == "amqp10":
+        _every_message_ends_once_over_amqp10(broker, q, app, runtime, seen)
+        return
     with runtime.running(app):
         broker.wait_for(f"{q}.dlq", ready=len(HOSTILE), timeout=30)
         broker.wait_for(q, ready=0, unacked=0)
@@ -98,6 +101,32 @@ def test_unreadable_deliveries_are_dead_lettered_and_the_queue_flows(
     assert broker.counts(q).total == 0
 
 
+def _every_message_ends_once_over_amqp10(
+    broker: Broker, q: str, app: Any, runtime: Runtime, seen: Seen
+) -> None:
+    """Over AMQP 1.0 RabbitMQ converts what it delivers: most of these messages reach
+    the handler readable (an array or nested table dropped from the headers, a
+    timestamp rewritten), some proton cannot decode (dead-lettered as unreadable), and
+    on some the broker ends the connection (a header timestamp past 9999). Then what
+    was in flight is delivered again, as after any connection loss, at most once more,
+    since the runtime takes the queue's head over 0-9-1 with the culprit in it
+    (ackkit._core.conversion). So: every message handled or dead-lettered, none more
+    than twice, the good ones handled, and the listener still consuming."""
+    with runtime.running(app):  # settled: a dead letter is confirmed before the ack
+        broker.wait_for(q, ready=0, unacked=0, timeout=30)
+        broker.publish(q, [b"good-2"])
+        eventually(lambda: b"good-2" in seen.bodies, what="the later message handled")
+        broker.wait_for(q, ready=0, unacked=0)
+    got = broker.take_all(f"{q}.dlq")
+    ends = seen.bodies + [m.body for m in got]
+    assert set(ends) == {*(n.encode() for n in HOSTILE), b"good-0", b"good-1", b"good-2"}
+    assert all(ends.count(b) <= 2 for b in ends), sorted(ends)
+    assert {b"good-0", b"good-1", b"good-2"} <= set(seen.bodies)
+    for m in got:
+        assert m.headers["ackkit-reason"].startswith("unreadable message: "), m.headers
+        assert m.headers["ackkit-original-queue"] == q
+
+
 def _dlx_queue(url: str, q: str, dlq: str) -> None:
     with RawClient(url) as c:
         c.queue_declare(dlq)
@@ -110,7 +139,11 @@ def test_without_a_dead_letter_queue_the_queues_own_route_takes_it_whole(
     q = queue_factory()
     dlq = queue_factory()
     _dlx_queue(broker.handle.url, q, dlq)
-    cases = {k: HOSTILE[k] for k in ("table nested 5000 deep", "message_id not UTF-8")}
+    # over AMQP 1.0, RabbitMQ 4.3 delivers the 5000-deep table's message without that
+    # header (readable: handled, not dead-lettered); a header timestamp past 9999 it
+    # cannot convert at all, and the runtime takes that message over 0-9-1
+    deep = "header timestamp past 9999" if runtime.kind == "amqp10" else "table nested 5000 deep"
+    cases = {k: HOSTILE[k] for k in (deep, "message_id not UTF-8")}
     seen = Seen()
     app = runtime.app()
     runtime.listen(app, q, _recorder(seen), dead_letter=None)
@@ -209,6 +242,16 @@ def test_generated_hostile_tables_are_dead_lettered(
             "", q, body, {}, raw_headers_table_bytes=encode_table(_inject(table, poison, path))
         )
         c.publish("", q, b"after", {})
+    if runtime.kind == "amqp10":
+        # RabbitMQ converts what it delivers over AMQP 1.0: it drops a nested table from
+        # the headers and rewrites some timestamps, so the message may be readable there.
+        # Whatever it made of it, the message ends in one place, once, and the queue flows.
+        with runtime.running(app):  # settled: a dead letter is confirmed before the ack
+            broker.wait_for(q, ready=0, unacked=0, timeout=30)
+        dead = broker.take_all(f"{q}.dlq")
+        assert sorted(seen.bodies + [d.body for d in dead]) == sorted([b"after", b"before", body])
+        assert all(d.headers["ackkit-reason"].startswith("unreadable message: ") for d in dead)
+        return
     with runtime.running(app):
         broker.wait_for(f"{q}.dlq", ready=1, timeout=30)
         broker.wait_for(q, ready=0, unacked=0)
