@@ -11,9 +11,9 @@ this room instead, so every decision stays the core's and every loop the interpr
 - `channel`: a channel is a session; a consumer is a receiver link whose credit is
   the prefetch, granted as deliveries are settled; a settle is the outcome the core's
   rule gives (`ackkit._core.settlement`); publishing is an unsettled send on an
-  anonymous sender link, whose outcome is the broker's confirm; after the broker ended
-  a connection on a message it could not convert, a consumer first takes its queue's
-  head over AMQP 0-9-1 (`ackkit._core.conversion`);
+  anonymous sender link, whose outcome is the broker's confirm;
+- `fallback`: after the broker ended a connection on a message it could not convert
+  (`ackkit._core.conversion`), a consumer first takes its queue's head over AMQP 0-9-1;
 - `messages`: an AMQP 1.0 message as the properties and body the runtime and the
   handlers know from AMQP 0-9-1, and back, mapped as RabbitMQ maps them.
 

@@ -19,7 +19,7 @@ pika channel (`ackkit._sync`: the consumer, the executor, the publisher).
   deleted) is a basic.cancel from the broker.
 - After RabbitMQ ended a connection on a message it could not convert for AMQP 1.0
   (`ackkit._core.conversion`), a consumer of the next connection first takes the head
-  of its queue over AMQP 0-9-1 (`_fetch`): those deliveries reach the consumer as any
+  of its queue over AMQP 0-9-1 (`fallback`): those deliveries reach the consumer as any
   other, and are settled on that 0-9-1 channel; its link is granted credit after.
 - `confirm_delivery` attaches an anonymous sender link; `basic_publish` sends unsettled
   to the publish's address, and the broker's outcome is the confirm: `accepted` an
@@ -30,7 +30,6 @@ pika channel (`ackkit._sync`: the consumer, the executor, the publisher).
 from __future__ import annotations
 
 import contextlib
-import copy
 import itertools
 import logging
 import threading
@@ -48,7 +47,7 @@ from .._core.actions import Ack, Nack, Reject
 from .._core.settlement import Outcome, outcome
 from .._core.settlement import redelivered as was_delivered
 from .._sync._frames import UnreadableProperties
-from . import messages
+from . import fallback, messages
 
 if TYPE_CHECKING:
     from .connection import Connection
@@ -158,71 +157,6 @@ class _Consumer:
         self.delivered = 0  # of them, how many the connection that ended had delivered
 
 
-class Suspects:
-    """The queues whose next consumer takes messages over AMQP 0-9-1 first, and how
-    many (`ackkit._core.conversion`): kept across connections, by node and queue."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._queues: dict[tuple[str, int, str, str], tuple[int, int]] = {}
-
-    def add(self, params: Any, queue: str, n: int, delivered: int) -> None:
-        """`n` to take, of which the first `delivered` were delivered before the end."""
-        key = (params.host, params.port, params.virtual_host, queue)
-        with self._lock:
-            self._queues[key] = max((n, delivered), self._queues.get(key, (0, 0)))
-
-    def take(self, params: Any, queue: str) -> tuple[int, int]:
-        key = (params.host, params.port, params.virtual_host, queue)
-        with self._lock:
-            return self._queues.pop(key, (0, 0))
-
-
-SUSPECTS = Suspects()
-
-
-class _Held:
-    """An AMQP 0-9-1 channel holding deliveries taken by `_fetch`: closed (in a thread,
-    off the loop) once each is settled, or when the consumer's channel goes, which
-    gives back what is still unsettled."""
-
-    def __init__(self, conn: Any, channel: Any, count: int) -> None:
-        self.conn = conn
-        self.channel = channel
-        self.left = count
-
-    def settle(self, tag: int, state: Any) -> None:
-        with contextlib.suppress(Exception):  # its connection gone: the broker gave it back
-            if state == Delivery.ACCEPTED:
-                self.channel.basic_ack(tag)
-            else:
-                self.channel.basic_reject(tag, requeue=state != Delivery.REJECTED)
-        self.left -= 1
-        if self.left <= 0:
-            self.close()
-
-    def close(self) -> None:
-        conn, self.conn = self.conn, None
-        if conn is not None:
-            threading.Thread(target=_close, args=(conn,), daemon=True).start()
-
-
-def _close(conn: Any) -> None:
-    with contextlib.suppress(Exception):
-        if conn.is_open:
-            conn.close()
-
-
-class _Fetched:
-    """A delivery taken over AMQP 0-9-1, in `Channel.unsettled` as a proton delivery."""
-
-    __slots__ = ("held", "tag")
-
-    def __init__(self, held: _Held, tag: int) -> None:
-        self.held = held
-        self.tag = tag
-
-
 class Channel:
     """A session, as a pika channel (see the module's docstring)."""
 
@@ -297,7 +231,7 @@ class Channel:
             link.properties = props
         c = _Consumer(link, queue, on_message_callback, auto_ack)
         c.ready = callback
-        c.fetch, c.delivered = SUSPECTS.take(self.connection.params, queue)
+        c.fetch, c.delivered = fallback.SUSPECTS.take(self.connection.params, queue)
         link.context = c
         self.consumers[tag] = c
         link.open()
@@ -562,62 +496,27 @@ class Channel:
             cb(frame)
 
     def _fetch(self, c: _Consumer) -> None:
-        """Take up to `c.fetch` messages of the consumer's queue over AMQP 0-9-1 (a
-        connection in a thread of its own) and hand them to the consumer, on the loop;
-        then grant the link its credit."""
-        conn, queue, n = self.connection, c.queue, c.fetch
-        log.warning(
-            "queue %r: taking up to %d message(s) over AMQP 0-9-1 before consuming over "
-            "AMQP 1.0 again (the broker ended the last connection on a message it could "
-            "not convert)",
-            queue,
-            n,
-        )
+        """Take up to `c.fetch` messages of the consumer's queue over AMQP 0-9-1
+        (`fallback.take`) and hand them to the consumer, on the loop; then grant the link
+        its credit."""
 
-        def work() -> None:
-            got: list[tuple[Any, Any, bytes]] = []
-            bc: Any = None
-            ch: Any = None
-            err: BaseException | None = None
-            try:
-                from .._sync._pika import blocking_connection
+        def deliver(got: list[tuple[Any, Any, bytes]], held: fallback.Held | None) -> None:
+            c.fetch = 0
+            if not self.is_open or c.cancelled:
+                if held is not None:
+                    held.close()  # gives them back
+                return
+            for i, (method, props, body) in enumerate(got):
+                tag = next(self._tags)
+                if held is not None:
+                    self.unsettled[tag] = (fallback.Fetched(held, method.delivery_tag), c)
+                    c.unsettled += 1
+                again = conversion.redelivered(i, c.delivered, method.redelivered)
+                m = _Method(tag, None, again, method.exchange, method.routing_key)
+                c.on_message(self, m, props, body)
+            self._grant(c)
 
-                params = copy.copy(conn.params)
-                params.heartbeat = 0  # a handler may take its time before the settle
-                bc = blocking_connection(params)
-                ch = bc.channel()
-                for _ in range(n):
-                    method, props, body = ch.basic_get(queue, auto_ack=c.auto_ack)
-                    if method is None:
-                        break
-                    got.append((method, props, body))
-            except BaseException as exc:  # told on the loop; the link consumes as before
-                err = exc
-
-            def done() -> None:
-                c.fetch = 0
-                if err is not None:
-                    log.warning("queue %r: taking messages over AMQP 0-9-1 failed: %s", queue, err)
-                live = self.is_open and not c.cancelled
-                held = _Held(bc, ch, len(got)) if live and got and not c.auto_ack else None
-                if held is None and bc is not None:  # nothing to settle there (or gone)
-                    _Held(bc, ch, 0).close()
-                if not live:
-                    return
-                for i, (method, props, body) in enumerate(got):
-                    tag = next(self._tags)
-                    if held is not None:
-                        self.unsettled[tag] = (_Fetched(held, method.delivery_tag), c)
-                        c.unsettled += 1
-                    again = conversion.redelivered(i, c.delivered, method.redelivered)
-                    m = _Method(tag, None, again, method.exchange, method.routing_key)
-                    c.on_message(self, m, props, body)
-                self._grant(c)
-
-            with contextlib.suppress(RuntimeError):  # gone: this channel went with it
-                conn.ioloop.add_callback_threadsafe(done)
-
-        threading.Thread(target=work, name="ackkit-amqp10-091", daemon=True).start()
+        fallback.take(self.connection, c.queue, c.fetch, c.auto_ack, deliver)
 
     def closed_by_broker(self, condition: Condition | None) -> None:
         code, text = reply_code(condition)
@@ -635,7 +534,7 @@ class Channel:
             for c in self.consumers.values():
                 if not c.cancelled:
                     n = conversion.taken_over_091(self.prefetch, c.unsettled)
-                    SUSPECTS.add(self.connection.params, c.queue, n, c.unsettled)
+                    fallback.SUSPECTS.add(self.connection.params, c.queue, n, c.unsettled)
         self._gone(reason)
 
     # -- internals -------------------------------------------------------------------
@@ -650,12 +549,12 @@ class Channel:
             if entry is None:
                 continue  # never ours, or settled: 0-9-1 would close the channel (406)
             dlv, c = entry
-            if type(dlv) is _Fetched:
-                dlv.held.settle(dlv.tag, state)
+            if type(dlv) is fallback.Fetched:
+                dlv.held.settle(dlv.tag, state == Delivery.ACCEPTED, state == Delivery.REJECTED)
             elif state == Delivery.MODIFIED:
                 dlv.local.failed = True
                 dlv.local.undeliverable = False
-            if type(dlv) is not _Fetched:
+            if type(dlv) is not fallback.Fetched:
                 dlv.update(state)
                 dlv.settle()
             c.unsettled -= 1
@@ -731,7 +630,7 @@ class Channel:
         self.is_open = False
         self.is_closed = True
         for dlv, _c in self.unsettled.values():
-            if type(dlv) is _Fetched:
+            if type(dlv) is fallback.Fetched:
                 dlv.held.close()  # what it still holds goes back to its queue
         self.unsettled.clear()
         self.consumers.clear()
